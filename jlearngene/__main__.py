@@ -1,0 +1,5 @@
+import sys
+
+from jlearngene.cli import main
+
+sys.exit(main())

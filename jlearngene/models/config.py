@@ -1,0 +1,167 @@
+"""ViT configuration: a frozen, hashable dataclass plus the table of named variants.
+
+The config is static data: it can be a `static_argnames` argument of `jax.jit`, a dict key,
+and it round-trips through `to_dict` / `from_dict` (checkpoints store it that way).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+POOLS = ('cls', 'avg')
+GELUS = ('exact', 'tanh')
+DTYPES = ('float32', 'bfloat16', 'float16')
+POOL_NORMS = ('before', 'after')
+
+# DeiT shapes (Touvron et al. 2021): width, heads, MLP size. Depth is free.
+VARIANTS: dict[str, dict[str, int]] = {
+    'Ti': dict(width=192, num_heads=3, mlp_dim=768),
+    'S': dict(width=384, num_heads=6, mlp_dim=1536),
+    'B': dict(width=768, num_heads=12, mlp_dim=3072),
+    'L': dict(width=1024, num_heads=16, mlp_dim=4096),
+}
+
+
+class ConfigError(ValueError):
+    """A model config field has an impossible value. The message names field and value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ViTConfig:
+    """Shape and numerics of a Vision Transformer.
+
+    Attributes:
+      image_size, patch_size, channels: input geometry (square images, NHWC).
+      width, depth, num_heads, mlp_dim: encoder shape (DeiT-Ti is 192/12/3/768).
+      num_classes: classifier outputs; 0 means no head (features only).
+      pool: 'cls' reads the class token, 'avg' averages the patch tokens.
+      class_token: whether a class token is prepended; defaults to `pool == 'cls'`.
+      distill_token: DeiT distillation token with its own head (`head_dist`).
+      pool_norm: where the final LayerNorm sits for 'avg' pooling: 'before' pooling
+        (mean of normalised tokens, TLEG's Aux-Net) or 'after' (timm's `fc_norm`).
+        For 'cls' pooling both are the same function.
+      ln_eps: LayerNorm epsilon (timm and flax default 1e-6).
+      gelu: 'exact' (erf, timm's nn.GELU) or 'tanh' (faster approximation).
+      dtype: computation dtype; parameters are always stored in float32.
+      qkv_bias: attention q/k/v projections carry biases (timm default True).
+      layer_scale: LayerScale (`ls1`, `ls2` per-channel gains, DeiT-3) is present.
+      drop_path: stochastic depth rate of the last block (linear from 0), used when train=True.
+      dropout: dropout after attention/MLP projections, used when train=True.
+      remat: rematerialise each block in the backward pass (saves memory, costs time).
+    """
+    image_size: int = 224
+    patch_size: int = 16
+    channels: int = 3
+    width: int = 192
+    depth: int = 12
+    num_heads: int = 3
+    mlp_dim: int = 768
+    num_classes: int = 1000
+    pool: str = 'cls'
+    class_token: bool | None = None
+    distill_token: bool = False
+    pool_norm: str = 'before'
+    ln_eps: float = 1e-6
+    gelu: str = 'exact'
+    dtype: str = 'float32'
+    qkv_bias: bool = True
+    layer_scale: bool = False
+    drop_path: float = 0.0
+    dropout: float = 0.0
+    remat: bool = False
+
+    def __post_init__(self):
+        if self.class_token is None:
+            object.__setattr__(self, 'class_token', self.pool == 'cls')
+        validate(self)
+
+    # Derived sizes -------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.num_heads
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return int(self.class_token) + int(self.distill_token)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_patches + self.num_prefix_tokens
+
+    def replace(self, **changes: Any) -> 'ViTConfig':
+        """A copy with some fields changed (validated again)."""
+        if 'pool' in changes and 'class_token' not in changes:
+            changes['class_token'] = None
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> 'ViTConfig':
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f'ViTConfig has no field(s) {unknown}; known fields: {sorted(known)}')
+        return cls(**dict(d))
+
+    def diff(self, other: 'ViTConfig') -> dict[str, tuple[Any, Any]]:
+        """Fields whose values differ: {name: (self_value, other_value)}."""
+        a, b = self.to_dict(), other.to_dict()
+        return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
+
+
+def _check(cond: bool, field: str, value: Any, why: str) -> None:
+    if not cond:
+        raise ConfigError(f'ViTConfig.{field}={value!r}: {why}')
+
+
+def validate(cfg: ViTConfig) -> None:
+    """Raise ConfigError naming the first impossible field."""
+    for name in ('image_size', 'patch_size', 'channels', 'width', 'depth', 'num_heads', 'mlp_dim'):
+        v = getattr(cfg, name)
+        _check(isinstance(v, int) and not isinstance(v, bool) and v > 0, name, v,
+               'must be a positive integer')
+    _check(isinstance(cfg.num_classes, int) and cfg.num_classes >= 0, 'num_classes',
+           cfg.num_classes, 'must be a non-negative integer (0 = no head)')
+    _check(cfg.image_size % cfg.patch_size == 0, 'image_size', cfg.image_size,
+           f'must be divisible by patch_size={cfg.patch_size}')
+    _check(cfg.width % cfg.num_heads == 0, 'width', cfg.width,
+           f'must be divisible by num_heads={cfg.num_heads}')
+    _check(cfg.pool in POOLS, 'pool', cfg.pool, f'unknown pool, expected one of {POOLS}')
+    _check(cfg.gelu in GELUS, 'gelu', cfg.gelu, f'unknown gelu, expected one of {GELUS}')
+    _check(cfg.dtype in DTYPES, 'dtype', cfg.dtype, f'unknown dtype, expected one of {DTYPES}')
+    _check(cfg.pool_norm in POOL_NORMS, 'pool_norm', cfg.pool_norm,
+           f'unknown pool_norm, expected one of {POOL_NORMS}')
+    _check(not (cfg.pool == 'cls' and not cfg.class_token), 'class_token', cfg.class_token,
+           "pool='cls' needs a class token")
+    _check(cfg.ln_eps > 0, 'ln_eps', cfg.ln_eps, 'must be positive')
+    _check(0.0 <= cfg.drop_path < 1.0, 'drop_path', cfg.drop_path, 'must be in [0, 1)')
+    _check(0.0 <= cfg.dropout < 1.0, 'dropout', cfg.dropout, 'must be in [0, 1)')
+
+
+def vit_config(variant: str = 'Ti', **overrides: Any) -> ViTConfig:
+    """A named DeiT-shaped config ('Ti', 'S', 'B', 'L'), optionally 'S/16' with a patch size.
+
+    Any field can be overridden: `vit_config('S', depth=6, num_classes=10, image_size=32,
+    patch_size=4)`.
+    """
+    name, _, patch = variant.partition('/')
+    if name not in VARIANTS:
+        raise ConfigError(f'unknown ViT variant {variant!r}; known variants: {sorted(VARIANTS)} '
+                          "(optionally with '/patch', e.g. 'S/16')")
+    fields = dict(VARIANTS[name])
+    if patch:
+        if not patch.isdigit():
+            raise ConfigError(f'variant {variant!r}: patch size {patch!r} is not an integer')
+        fields['patch_size'] = int(patch)
+    fields.update(overrides)
+    known = {f.name for f in dataclasses.fields(ViTConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ConfigError(f'vit_config got unknown field(s) {unknown}; known fields: {sorted(known)}')
+    return ViTConfig(**fields)

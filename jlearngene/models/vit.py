@@ -1,0 +1,299 @@
+"""A Vision Transformer as two pure functions over a canonical parameter tree.
+
+`init(cfg, key) -> params` and `apply(params, images, cfg, ...) -> (logits, aux)`.
+
+Canonical tree (stacked layout; L = depth, D = width, H = heads, Dh = head dim, M = MLP size,
+T = prefix tokens + patches, K = classes, p = patch size, C = channels):
+
+    patch_embed/kernel (p, p, C, D)   patch_embed/bias (D,)
+    cls_token (1, 1, D)               [if cfg.class_token]
+    dist_token (1, 1, D)              [if cfg.distill_token]
+    pos_embed (1, T, D)               includes the prefix-token slots (timm semantics)
+    blocks/norm1/{scale,bias} (L, D)
+    blocks/attn/{q,k,v}/kernel (L, D, H, Dh)   blocks/attn/{q,k,v}/bias (L, H, Dh)
+    blocks/attn/out/kernel (L, H, Dh, D)       blocks/attn/out/bias (L, D)
+    blocks/ls1/scale (L, D)           [if cfg.layer_scale]
+    blocks/norm2/{scale,bias} (L, D)
+    blocks/mlp/fc1/kernel (L, D, M)  blocks/mlp/fc1/bias (L, M)
+    blocks/mlp/fc2/kernel (L, M, D)  blocks/mlp/fc2/bias (L, D)
+    blocks/ls2/scale (L, D)           [if cfg.layer_scale]
+    norm/{scale,bias} (D,)
+    head/{kernel (D, K), bias (K,)}   [if cfg.num_classes]
+    head_dist/...                     [if cfg.distill_token and cfg.num_classes]
+
+In the list layout `blocks` is a list of per-block trees without the leading L axis; blocks
+may then differ in shape (e.g. head count). `apply` reads every block shape from the
+parameters, so the config only fixes numerics (eps, GELU, pooling, dtype).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from jlearngene.models.config import ViTConfig
+
+Params = dict[str, Any]
+CAPTURES = ('blocks', 'attn')
+
+
+# ----------------------------------------------------------------------------------------
+# Initialisation (timm / DeiT): trunc-normal(0.02) linear weights and embeddings, zero
+# biases, LayerNorm ones/zeros, PyTorch-default uniform(±1/sqrt(fan_in)) patch conv.
+
+def _trunc_normal(key, shape, std=0.02):
+    return std * jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)
+
+
+def init_block(cfg: ViTConfig, key: jax.Array, *, num_heads: int | None = None,
+               mlp_dim: int | None = None) -> Params:
+    """One encoder block (no layers axis); `num_heads`/`mlp_dim` override the config's."""
+    d, h = cfg.width, num_heads or cfg.num_heads
+    m = mlp_dim or cfg.mlp_dim
+    if d % h:
+        raise ValueError(f'init_block: width {d} is not divisible by num_heads={h}')
+    dh = d // h
+    kq, kk, kv, ko, k1, k2 = jax.random.split(key, 6)
+    ones, zeros = jnp.ones((d,), jnp.float32), jnp.zeros((d,), jnp.float32)
+
+    def proj(k):
+        p = {'kernel': _trunc_normal(k, (d, h, dh))}
+        if cfg.qkv_bias:
+            p['bias'] = jnp.zeros((h, dh), jnp.float32)
+        return p
+
+    block = {
+        'norm1': {'scale': ones, 'bias': zeros},
+        'attn': {'q': proj(kq), 'k': proj(kk), 'v': proj(kv),
+                 'out': {'kernel': _trunc_normal(ko, (h, dh, d)), 'bias': zeros}},
+        'norm2': {'scale': ones, 'bias': zeros},
+        'mlp': {'fc1': {'kernel': _trunc_normal(k1, (d, m)), 'bias': jnp.zeros((m,), jnp.float32)},
+                'fc2': {'kernel': _trunc_normal(k2, (m, d)), 'bias': zeros}},
+    }
+    if cfg.layer_scale:
+        block['ls1'] = {'scale': jnp.full((d,), 1e-5, jnp.float32)}
+        block['ls2'] = {'scale': jnp.full((d,), 1e-5, jnp.float32)}
+    return block
+
+
+def init_head(cfg: ViTConfig, key: jax.Array, num_classes: int | None = None) -> Params:
+    k = cfg.num_classes if num_classes is None else num_classes
+    return {'kernel': _trunc_normal(key, (cfg.width, k)), 'bias': jnp.zeros((k,), jnp.float32)}
+
+
+def init_embeddings(cfg: ViTConfig, key: jax.Array) -> Params:
+    """Everything outside the blocks: patch/position embeddings, prefix tokens, final norm, heads."""
+    kp, kb, kc, kd, kpos, kh, khd = jax.random.split(key, 7)
+    fan_in = cfg.patch_size * cfg.patch_size * cfg.channels
+    bound = fan_in ** -0.5
+    p, d = cfg.patch_size, cfg.width
+    params: Params = {
+        'patch_embed': {
+            'kernel': jax.random.uniform(kp, (p, p, cfg.channels, d), jnp.float32, -bound, bound),
+            'bias': jax.random.uniform(kb, (d,), jnp.float32, -bound, bound)},
+        'pos_embed': _trunc_normal(kpos, (1, cfg.num_tokens, d)),
+        'norm': {'scale': jnp.ones((d,), jnp.float32), 'bias': jnp.zeros((d,), jnp.float32)},
+    }
+    if cfg.class_token:
+        params['cls_token'] = _trunc_normal(kc, (1, 1, d))
+    if cfg.distill_token:
+        params['dist_token'] = _trunc_normal(kd, (1, 1, d))
+    if cfg.num_classes:
+        params['head'] = init_head(cfg, kh)
+        if cfg.distill_token:
+            params['head_dist'] = init_head(cfg, khd)
+    return params
+
+
+def init(cfg: ViTConfig, key: jax.Array) -> Params:
+    """Random parameters in the stacked layout (blocks on a leading `layers` axis)."""
+    k_emb, k_blocks = jax.random.split(key)
+    params = init_embeddings(cfg, k_emb)
+    params['blocks'] = jax.vmap(lambda k: init_block(cfg, k))(jax.random.split(k_blocks, cfg.depth))
+    return params
+
+
+# ----------------------------------------------------------------------------------------
+# Forward pass.
+
+def layer_norm(x: jax.Array, p: Params, eps: float) -> jax.Array:
+    """LayerNorm over the last axis, statistics in float32."""
+    x32 = x.astype(jnp.float32)
+    mean = x32.mean(-1, keepdims=True)
+    var = jnp.square(x32 - mean).mean(-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + eps)
+    return (y * p['scale'] + p['bias']).astype(x.dtype)
+
+
+def gelu(x: jax.Array, kind: str) -> jax.Array:
+    return jax.nn.gelu(x, approximate=(kind == 'tanh'))
+
+
+def _dense(x, p, spec):
+    y = jnp.einsum(spec, x, p['kernel'].astype(x.dtype))
+    return y + p['bias'].astype(x.dtype) if 'bias' in p else y
+
+
+def _drop_path(x, rate, key):
+    """Stochastic depth: drop the whole residual branch per sample."""
+    keep = 1.0 - rate
+    mask = jax.random.bernoulli(key, keep, (x.shape[0],) + (1,) * (x.ndim - 1))
+    return jnp.where(mask, x / jnp.maximum(keep, 1e-12), 0.0).astype(x.dtype)
+
+
+def _dropout(x, rate, key):
+    if rate == 0.0:
+        return x
+    keep = 1.0 - rate
+    mask = jax.random.bernoulli(key, keep, x.shape)
+    return jnp.where(mask, x / keep, 0.0).astype(x.dtype)
+
+
+def attention(p: Params, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Multi-head self-attention with explicit heads; returns (output, probabilities)."""
+    head_dim = p['q']['kernel'].shape[-1]
+    q = _dense(x, p['q'], 'btd,dhk->bthk')
+    k = _dense(x, p['k'], 'btd,dhk->bthk')
+    v = _dense(x, p['v'], 'btd,dhk->bthk')
+    logits = jnp.einsum('bqhk,bthk->bhqt', q * jnp.asarray(head_dim ** -0.5, q.dtype), k)
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(x.dtype)
+    o = jnp.einsum('bhqt,bthk->bqhk', probs, v)
+    return _dense(o, p['out'], 'bqhk,hkd->bqd'), probs
+
+
+def mlp(p: Params, x: jax.Array, gelu_kind: str) -> jax.Array:
+    h = gelu(_dense(x, p['fc1'], 'btd,dm->btm'), gelu_kind)
+    return _dense(h, p['fc2'], 'btm,md->btd')
+
+
+def block_apply(p: Params, x: jax.Array, cfg: ViTConfig, *, drop_rate=0.0, key=None,
+                train: bool = False) -> tuple[jax.Array, jax.Array]:
+    """One pre-norm encoder block; returns (new tokens, attention probabilities)."""
+    stochastic = train and key is not None
+    keys = jax.random.split(key, 4) if stochastic else [None] * 4
+    y, probs = attention(p['attn'], layer_norm(x, p['norm1'], cfg.ln_eps))
+    if stochastic:
+        y = _dropout(y, cfg.dropout, keys[0])
+    if 'ls1' in p:
+        y = y * p['ls1']['scale'].astype(y.dtype)
+    if stochastic and cfg.drop_path:
+        y = _drop_path(y, drop_rate, keys[1])
+    x = x + y
+    y = mlp(p['mlp'], layer_norm(x, p['norm2'], cfg.ln_eps), cfg.gelu)
+    if stochastic:
+        y = _dropout(y, cfg.dropout, keys[2])
+    if 'ls2' in p:
+        y = y * p['ls2']['scale'].astype(y.dtype)
+    if stochastic and cfg.drop_path:
+        y = _drop_path(y, drop_rate, keys[3])
+    return x + y, probs
+
+
+def embed(params: Params, images: jax.Array, cfg: ViTConfig) -> jax.Array:
+    """Patchify (a reshape + one matmul, equal to the strided conv), add prefix tokens and
+    position embeddings. Images are NHWC."""
+    b, hgt, wid, c = images.shape
+    kernel = params['patch_embed']['kernel']
+    p = kernel.shape[0]
+    if hgt % p or wid % p:
+        raise ValueError(f'image size {hgt}x{wid} is not divisible by the patch size {p}')
+    dtype = jnp.dtype(cfg.dtype)
+    x = images.astype(dtype).reshape(b, hgt // p, p, wid // p, p, c)
+    x = x.transpose(0, 1, 3, 2, 4, 5).reshape(b, (hgt // p) * (wid // p), p * p * c)
+    x = x @ kernel.reshape(p * p * c, -1).astype(dtype) + params['patch_embed']['bias'].astype(dtype)
+    prefix = [params[n] for n in ('cls_token', 'dist_token') if n in params]
+    if prefix:
+        prefix = jnp.concatenate(prefix, axis=1).astype(dtype)
+        x = jnp.concatenate([jnp.broadcast_to(prefix, (b,) + prefix.shape[1:]), x], axis=1)
+    pos = params['pos_embed']
+    if pos.shape[1] != x.shape[1]:
+        raise ValueError(f'pos_embed has {pos.shape[1]} positions but the input gives {x.shape[1]} '
+                         f'tokens ({x.shape[1] - len(prefix)} patches of {hgt}x{wid} images)')
+    return x + pos.astype(dtype)
+
+
+def _drop_rates(cfg: ViTConfig, depth: int) -> jax.Array:
+    if depth == 1:
+        return jnp.zeros((1,), jnp.float32)
+    return jnp.linspace(0.0, cfg.drop_path, depth, dtype=jnp.float32)
+
+
+def encode(blocks, x: jax.Array, cfg: ViTConfig, *, train=False, rng=None,
+           capture: Sequence[str] = ()) -> tuple[jax.Array, dict[str, Any]]:
+    """Run the encoder blocks in either layout; stacked blocks run under one `lax.scan`."""
+    want_blocks, want_attn = 'blocks' in capture, 'attn' in capture
+    stacked = isinstance(blocks, dict)
+    depth = jax.tree.leaves(blocks)[0].shape[0] if stacked else len(blocks)
+    rates = _drop_rates(cfg, depth)
+    keys = jax.random.split(rng, depth) if (train and rng is not None) else None
+    step = functools.partial(block_apply, cfg=cfg, train=train)
+    if cfg.remat:
+        step = jax.checkpoint(step)
+    aux: dict[str, Any] = {}
+    if stacked:
+        def body(h, xs):
+            p, rate, key = xs
+            h, probs = step(p, h, drop_rate=rate, key=key)
+            return h, (h if want_blocks else None, probs if want_attn else None)
+        x, (outs, probs) = jax.lax.scan(body, x, (blocks, rates, keys))
+    else:
+        outs, probs = [], []
+        for i, p in enumerate(blocks):
+            x, pr = step(p, x, drop_rate=rates[i], key=None if keys is None else keys[i])
+            outs.append(x)
+            probs.append(pr)
+        outs, probs = _stack_if_same(outs), _stack_if_same(probs)
+    if want_blocks:
+        aux['blocks'] = outs
+    if want_attn:
+        aux['attn'] = probs
+    return x, aux
+
+
+def _stack_if_same(xs):
+    if xs and all(x.shape == xs[0].shape for x in xs):
+        return jnp.stack(xs)
+    return xs
+
+
+def pool(params: Params, x: jax.Array, cfg: ViTConfig) -> jax.Array:
+    """Final LayerNorm and pooling to one feature vector per image (pre-logits)."""
+    n_prefix = sum(n in params for n in ('cls_token', 'dist_token'))
+    if cfg.pool == 'cls':
+        return layer_norm(x[:, 0], params['norm'], cfg.ln_eps)
+    patches = x[:, n_prefix:]
+    if cfg.pool_norm == 'after':
+        return layer_norm(patches.mean(axis=1), params['norm'], cfg.ln_eps)
+    return layer_norm(patches, params['norm'], cfg.ln_eps).mean(axis=1)
+
+
+def apply(params: Params, images: jax.Array, cfg: ViTConfig, *, train: bool = False,
+          rng: jax.Array | None = None, capture: Sequence[str] = ()) -> tuple[jax.Array, dict]:
+    """Forward pass. Returns `(logits, aux)`.
+
+    `aux['pre_logits']` is always present; `capture` may add 'blocks' (per-block token
+    outputs, (L, B, T, D)) and 'attn' (attention probabilities, (L, B, H, T, T)); in the
+    list layout with blocks of different shapes these are lists. With a distillation
+    token, `aux['logits_cls']` and `aux['logits_dist']` hold both heads; `logits` is their
+    mean in evaluation and the class head when `train=True` (DeiT semantics).
+    `rng` drives dropout and stochastic depth and is needed only when `train=True`.
+    """
+    for name in capture:
+        if name not in CAPTURES:
+            raise ValueError(f'unknown capture {name!r}; expected a subset of {CAPTURES}')
+    x = embed(params, images, cfg)
+    x, aux = encode(params['blocks'], x, cfg, train=train, rng=rng, capture=capture)
+    feats = pool(params, x, cfg)
+    aux['pre_logits'] = feats
+    if 'head' not in params:
+        return feats, aux
+    logits = _dense(feats, params['head'], 'bd,dk->bk')
+    if 'dist_token' in params and 'head_dist' in params:
+        dist_feats = layer_norm(x[:, 1], params['norm'], cfg.ln_eps)
+        logits_dist = _dense(dist_feats, params['head_dist'], 'bd,dk->bk')
+        aux['logits_cls'], aux['logits_dist'] = logits, logits_dist
+        if not train:
+            logits = (logits + logits_dist) / 2
+    return logits.astype(jnp.float32), aux

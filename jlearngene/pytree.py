@@ -1,0 +1,197 @@
+"""Pytree toolkit shared by every method: paths, regex selection, surgery, counts, comparison.
+
+Paths are '/'-joined keys ('blocks/attn/q/kernel'; list layout: 'blocks/3/attn/q/kernel').
+A pattern selects a leaf when it matches (`re.fullmatch`) the whole path or a suffix of it
+that starts after a '/': 'attn/q/kernel' selects the q kernels in both layouts,
+'blocks/attn/.*' only in the stacked layout, '.*bias' every bias.
+Built on `jax.tree_util` path functions and `optax.tree_utils` arithmetic.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Iterable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+PyTree = Any
+
+# Arithmetic: re-exported from optax so every method uses one implementation.
+tree_add = optax.tree_utils.tree_add
+tree_sub = optax.tree_utils.tree_sub
+tree_scale = optax.tree_utils.tree_scale
+tree_norm = optax.tree_utils.tree_norm
+tree_zeros_like = optax.tree_utils.tree_zeros_like
+
+
+def tree_lerp(a: PyTree, b: PyTree, t: float | jax.Array) -> PyTree:
+    """(1 - t)·a + t·b, leafwise."""
+    return jax.tree.map(lambda x, y: x + t * (y - x), a, b)
+
+
+def key_name(k) -> str:
+    """The string of one jax path entry (dict key, list index or attribute)."""
+    for attr in ('key', 'idx', 'name'):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def path_str(path: Iterable) -> str:
+    return '/'.join(key_name(k) for k in path)
+
+
+def flatten(tree: PyTree) -> dict[str, Any]:
+    """{path: leaf} in tree order."""
+    return {path_str(p): v for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict:
+    """Nested dicts from {path: leaf} (dict nodes only; list layouts come back as dicts
+    with '0', '1', ... keys, so prefer `jax.tree.map_with_path` for surgery)."""
+    out: dict = {}
+    for path, v in flat.items():
+        node = out
+        *parents, last = path.split('/')
+        for k in parents:
+            node = node.setdefault(k, {})
+        node[last] = v
+    return out
+
+
+def path_matches(pattern: str | re.Pattern, path: str) -> bool:
+    rx = re.compile(pattern) if isinstance(pattern, str) else pattern
+    if rx.fullmatch(path):
+        return True
+    return any(rx.fullmatch(path[i + 1:]) for i, ch in enumerate(path) if ch == '/')
+
+
+def _any_match(patterns, path):
+    if isinstance(patterns, (str, re.Pattern)):
+        patterns = (patterns,)
+    return any(path_matches(p, path) for p in patterns)
+
+
+def mask(tree: PyTree, patterns: str | Iterable[str]) -> PyTree:
+    """A tree of bools, True where a path matches any pattern (for optax masks)."""
+    return jax.tree_util.tree_map_with_path(lambda p, _: _any_match(patterns, path_str(p)), tree)
+
+
+def select(tree: PyTree, patterns: str | Iterable[str]) -> dict[str, Any]:
+    """{path: leaf} of the leaves whose path matches; raises when nothing matches."""
+    out = {k: v for k, v in flatten(tree).items() if _any_match(patterns, k)}
+    if not out:
+        raise KeyError(f'no leaf matches {patterns!r}; paths are e.g. {list(flatten(tree))[:6]}')
+    return out
+
+
+def map_selected(fn: Callable[[str, Any], Any], tree: PyTree,
+                 patterns: str | Iterable[str]) -> PyTree:
+    """Apply `fn(path, leaf)` to the matching leaves; others pass through unchanged."""
+    hit = []
+
+    def visit(p, leaf):
+        path = path_str(p)
+        if _any_match(patterns, path):
+            hit.append(path)
+            return fn(path, leaf)
+        return leaf
+
+    out = jax.tree_util.tree_map_with_path(visit, tree)
+    if not hit:
+        raise KeyError(f'no leaf matches {patterns!r}; paths are e.g. {list(flatten(tree))[:6]}')
+    return out
+
+
+def replace(tree: PyTree, patterns: str | Iterable[str], value: Any) -> PyTree:
+    """Replace matching leaves by `value` (an array, or a callable of the old leaf)."""
+    fn = value if callable(value) else (lambda _: value)
+    return map_selected(lambda _, leaf: fn(leaf), tree, patterns)
+
+
+def merge(base: PyTree, update: Mapping[str, Any]) -> PyTree:
+    """Copy of `base` with the leaves at the given exact paths replaced ({path: leaf})."""
+    missing = set(update) - set(flatten(base))
+    if missing:
+        raise KeyError(f'merge: paths not in the tree: {sorted(missing)}')
+    return jax.tree_util.tree_map_with_path(
+        lambda p, leaf: update.get(path_str(p), leaf), base)
+
+
+def size(x) -> int:
+    return int(np.prod(np.shape(x), dtype=np.int64))
+
+
+DEFAULT_GROUPS = (
+    ('embeddings', r'(patch_embed/.*|pos_embed|cls_token|dist_token)'),
+    ('blocks', r'blocks/.*'),
+    ('norm', r'norm/.*'),
+    ('head', r'(head|head_dist)/.*'),
+)
+
+
+def count_params(tree: PyTree, groups: Iterable[tuple[str, str]] | None = DEFAULT_GROUPS
+                 ) -> dict[str, int]:
+    """Parameter counts per group (first matching regex wins, anchored at the path start)
+    plus 'other' for unmatched leaves and 'total'."""
+    counts: dict[str, int] = {name: 0 for name, _ in (groups or ())}
+    counts['other'] = 0
+    for path, leaf in flatten(tree).items():
+        for name, rx in (groups or ()):
+            if re.fullmatch(rx, path):
+                counts[name] += size(leaf)
+                break
+        else:
+            counts['other'] += size(leaf)
+    counts['total'] = sum(counts.values())
+    if not counts['other']:
+        del counts['other']
+    return counts
+
+
+def structure_diff(a: PyTree, b: PyTree) -> dict[str, list]:
+    """Paths only in `a` ('missing' from b), only in `b` ('unexpected') and with differing
+    shapes ('shape': (path, shape_a, shape_b))."""
+    fa, fb = flatten(a), flatten(b)
+    return {
+        'missing': sorted(set(fa) - set(fb)),
+        'unexpected': sorted(set(fb) - set(fa)),
+        'shape': [(k, tuple(np.shape(fa[k])), tuple(np.shape(fb[k])))
+                  for k in fa if k in fb and np.shape(fa[k]) != np.shape(fb[k])],
+    }
+
+
+def describe_diff(diff: Mapping[str, list]) -> str:
+    parts = []
+    if diff['missing']:
+        parts.append(f"missing: {diff['missing']}")
+    if diff['unexpected']:
+        parts.append(f"unexpected: {diff['unexpected']}")
+    if diff['shape']:
+        parts.append('shape mismatch: ' + ', '.join(f'{k} {sa} vs {sb}' for k, sa, sb in diff['shape']))
+    return '; '.join(parts)
+
+
+def assert_same_structure(a: PyTree, b: PyTree, what: str = 'trees') -> None:
+    diff = structure_diff(a, b)
+    if any(diff.values()):
+        raise ValueError(f'{what} differ: {describe_diff(diff)}')
+
+
+def max_abs_diff(a: PyTree, b: PyTree) -> dict[str, float]:
+    """{path: max |a - b|} for trees of the same structure."""
+    assert_same_structure(a, b)
+    fb = flatten(b)
+    return {k: float(jnp.max(jnp.abs(jnp.asarray(v, jnp.float32) - jnp.asarray(fb[k], jnp.float32))))
+            if size(v) else 0.0 for k, v in flatten(a).items()}
+
+
+def trees_equal(a: PyTree, b: PyTree) -> bool:
+    """Exact (bitwise-value) equality of structure, shapes, dtypes and values."""
+    fa, fb = flatten(a), flatten(b)
+    if fa.keys() != fb.keys():
+        return False
+    return all(np.shape(fa[k]) == np.shape(fb[k]) and np.asarray(fa[k]).dtype == np.asarray(fb[k]).dtype
+               and np.array_equal(np.asarray(fa[k]), np.asarray(fb[k])) for k in fa)

@@ -1,0 +1,20 @@
+"""Test setup: 8 fake CPU devices (before any backend starts) and tiny configs."""
+import os
+
+os.environ.setdefault('XLA_FLAGS', '')
+if '--xla_force_host_platform_device_count' not in os.environ['XLA_FLAGS']:
+    os.environ['XLA_FLAGS'] += ' --xla_force_host_platform_device_count=8'
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update('jax_num_cpu_devices', 8)
+
+from jlearngene.models import vit_config  # noqa: E402
+
+
+@pytest.fixture
+def tiny_cfg():
+    """Width 32, 2 heads, depth 3, 16 px images in 4 px patches, 10 classes."""
+    return vit_config('Ti', width=32, num_heads=2, mlp_dim=64, depth=3, image_size=16,
+                      patch_size=4, num_classes=10)
