@@ -1,0 +1,47 @@
+"""Input data: sources (random access) and grain pipelines for training and evaluation.
+
+Usage (the trainer only needs `from_config`, `train_iterator`, `eval_batches`, `digits`)::
+
+    from jlearngene import data
+
+    # Infinite, shuffled, augmented, per-process sharded, checkpointable iterator.
+    it, info = data.from_config({'name': 'digits', 'image_size': 16}, 'train',
+                                batch_size=64, seed=0, train=True)
+    batch = next(it)   # {'image': float32 (B, H, W, C) normalised, 'label': int32 (B,)}
+                       # + 'label_soft': float32 (B, K) when mixup/cutmix is on
+    state = it.get_state()      # JSON-able; store it in the checkpoint
+    it.set_state(state)         # on a fresh iterator: continues exactly
+
+    # Finite, ordered pass over every example once; last batch padded, `mask` (B,) bool.
+    ev, info = data.from_config({'name': 'digits'}, 'test', batch_size=256, seed=0, train=False)
+    for b in ev:
+        b['image'], b['label'], b['mask']
+
+    info.num_classes, info.image_shape, info.name   # `DataInfo`
+
+Lower level::
+
+    src = data.digits('train', image_size=16)
+    len(src); src[0]   # {'image': uint8 (H, W, C), 'label': int}
+    it = data.train_iterator(src, batch_size=64, seed=0,
+                             augment=data.Augment(crop_padding=2, mixup_alpha=0.2))
+    ev = data.eval_batches(src, batch_size=256)
+
+Design: images are uint8 in sources and float32 `(x / 255 - mean) / std` out of the
+pipelines (default mean = std = 0.5, so [-1, 1]); digits are upsampled 8 -> 16 px with PIL
+bilinear in the source; `Augment.flip` is off by default (flipped digits are other glyphs).
+Eval yields ceil(num_examples / batch_size) batches on every process.
+
+Config names: 'digits' (scikit-learn's bundled digits; no download), 'tfds' (`tfds_name`,
+`data_dir`; prepared array_record data only), 'folder' (`root/split/<label>/*.png|jpg`),
+'arrays' (in-memory `images`, `labels`).
+"""
+from jlearngene.data.augment import Augment
+from jlearngene.data.pipeline import (KNOWN_DATASETS, eval_batches, from_config, source_from_config,
+                                      train_iterator)
+from jlearngene.data.sources import (DataError, DataInfo, array_source, digits,
+                                     digits_split_indices, image_folder, resize, tfds_source)
+
+__all__ = ['Augment', 'DataError', 'DataInfo', 'KNOWN_DATASETS', 'array_source', 'digits',
+           'digits_split_indices', 'eval_batches', 'from_config', 'image_folder', 'resize',
+           'source_from_config', 'tfds_source', 'train_iterator']

@@ -1,0 +1,264 @@
+"""grain pipelines: an infinite, resumable training iterator and a finite, masked eval pass.
+
+Training order (all on record indices, before any read): the whole source is shuffled with a
+new permutation each epoch, epochs are concatenated into one endless stream of positions
+k = 0, 1, 2, ..., and process p of P takes the positions with k % P == p. Local batch j of
+process p therefore holds global positions [j*B, (j+1)*B) (B = global batch) interleaved
+over processes: the union of all processes' batches is the batch a single process would
+see, whatever P is. Batches may straddle an epoch boundary. Per-example augmentation draws
+from a generator seeded by (seed, epoch, position in epoch); batch-level mixing by
+(seed, step, process), so `get_state()`/`set_state()` (grain's `{'next_index': step}`)
+resume exactly.
+
+Images come out as float32 `(x / 255 - mean) / std` (default mean = std = 0.5: values in
+[-1, 1]; per-channel tuples are accepted).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import grain
+import numpy as np
+
+from jlearngene.data import augment as aug
+from jlearngene.data.augment import Augment
+from jlearngene.data import sources
+from jlearngene.data.sources import DataError, DataInfo
+
+_STREAM_EXAMPLE, _STREAM_BATCH, _STREAM_SHUFFLE = 1, 2, 3
+DEFAULT_READ = dict(num_threads=2, prefetch_buffer_size=8)
+
+
+def _process(process_index, process_count) -> tuple[int, int]:
+    if process_index is None or process_count is None:
+        import jax
+        process_index = jax.process_index() if process_index is None else process_index
+        process_count = jax.process_count() if process_count is None else process_count
+    if not 0 <= process_index < process_count:
+        raise DataError(f'process_index {process_index} outside [0, {process_count})')
+    return int(process_index), int(process_count)
+
+
+def _local_batch(batch_size: int, process_count: int) -> int:
+    if batch_size < 1 or batch_size % process_count:
+        raise DataError(f'batch_size {batch_size} must be a positive multiple of the process '
+                        f'count {process_count} (each process gets batch_size // process_count)')
+    return batch_size // process_count
+
+
+def _target_shape(info: DataInfo, image_size) -> tuple[int, int, int]:
+    if image_size is not None:
+        h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        return int(h), int(w), info.image_shape[-1]
+    if any(d is None for d in info.image_shape):
+        raise DataError(f'{info.name}: images vary in size {info.image_shape}; pass image_size')
+    return tuple(info.image_shape)
+
+
+def _channel_stats(value, default, channels: int, what: str) -> np.ndarray:
+    value = default if value is None else value
+    arr = np.asarray(value, np.float32).reshape(-1)
+    if arr.size == 1:
+        arr = np.repeat(arr, channels)
+    if arr.size != channels:
+        raise DataError(f'{what} has {arr.size} values for {channels}-channel images')
+    if what == 'std' and np.any(arr <= 0):
+        raise DataError(f'std must be positive, got {value}')
+    return arr
+
+
+class _Reader:
+    """Reads one example, checks its label and shape, resizes when asked."""
+
+    def __init__(self, source, shape, num_classes: int, resize_method: str):
+        self.source, self.shape, self.num_classes = source, shape, num_classes
+        self.resize_method = resize_method
+
+    def __call__(self, index: int) -> tuple[np.ndarray, int]:
+        ex = self.source[index]
+        image, label = np.asarray(ex['image']), int(ex['label'])
+        if image.ndim == 2:
+            image = image[..., None]
+        if image.shape[:2] != self.shape[:2]:
+            image = sources.resize(image, self.shape[:2], self.resize_method)
+        if image.shape != self.shape or image.dtype != np.uint8:
+            raise DataError(f'{self.source.info.name} example {index}: image {image.shape} '
+                            f'{image.dtype}, expected uint8 {self.shape}')
+        if not 0 <= label < self.num_classes:
+            raise DataError(f'{self.source.info.name} example {index}: label {label} outside '
+                            f'[0, {self.num_classes})')
+        return image, label
+
+
+def _shuffle_seed(seed: int) -> int:
+    # Decorrelate seeds: grain folds the epoch into the shuffle seed as seed + epoch.
+    return int(np.random.SeedSequence([seed, _STREAM_SHUFFLE]).generate_state(1)[0])
+
+
+def train_iterator(source, *, batch_size: int, seed: int, image_size=None,
+                   augment: Augment | Mapping | None = None, mean=None, std=None,
+                   num_classes: int | None = None, process_index: int | None = None,
+                   process_count: int | None = None, resize_method: str = 'bilinear',
+                   read_options: grain.ReadOptions | None = None):
+    """Endless shuffled, augmented, per-process batches from `source`, as a grain iterator.
+
+    Yields `{'image': float32 (b, H, W, C), 'label': int32 (b,)}` with b = batch_size //
+    process_count, plus `'label_soft': float32 (b, K)` when the augmentation mixes or smooths
+    labels. `mean`/`std` default to `source.info`'s. `process_index`/`process_count` default
+    to jax's. Deterministic for `seed`; `it.get_state()` / `it.set_state(state)` resume
+    exactly (the state is only valid for the same source, batch size, seed and options).
+    """
+    info = source.info
+    augment = Augment.create(augment)
+    p, count = _process(process_index, process_count)
+    local = _local_batch(batch_size, count)
+    shape = _target_shape(info, image_size)
+    k = int(num_classes or info.num_classes)
+    mean = _channel_stats(mean, info.mean, shape[-1], 'mean')
+    std = _channel_stats(std, info.std, shape[-1], 'std')
+    n = len(source)
+    if n == 0:
+        raise DataError(f'{info.name}[{info.split}] has no examples')
+    if not 0 <= seed < 2**32:
+        raise DataError(f'seed must be in [0, 2**32), got {seed}')
+    read = _Reader(source, shape, k, resize_method)
+
+    def example(i: int, index: int):
+        position = i * count + p   # global position in the endless stream
+        epoch, pos = divmod(position, n)
+        image, label = read(index)
+        if augment.per_example:
+            rng = np.random.default_rng([seed, _STREAM_EXAMPLE, epoch, pos])
+            image = aug.augment_image(image, augment, rng, resize_method)
+        return {'image': image, 'label': label}
+
+    def finish(step: int, batch: dict[str, np.ndarray]):
+        image = (batch['image'].astype(np.float32) / 255.0 - mean) / std
+        label = batch['label'].astype(np.int32)
+        out = {'image': image, 'label': label}
+        if augment.soft_labels:
+            rng = np.random.default_rng([seed, _STREAM_BATCH, step, p])
+            out['image'], out['label_soft'] = aug.mix_batch(image, label, k, augment, rng)
+        return out
+
+    ds = grain.MapDataset.range(n).shuffle(seed=_shuffle_seed(seed)).repeat()
+    ds = ds[p::count].map_with_index(example).batch(local, drop_remainder=True)
+    ds = ds.map_with_index(finish)
+    return iter(ds.to_iter_dataset(read_options or grain.ReadOptions(**DEFAULT_READ)))
+
+
+def eval_batches(source, *, batch_size: int, image_size=None, mean=None, std=None,
+                 num_classes: int | None = None, process_index: int | None = None,
+                 process_count: int | None = None, resize_method: str = 'bilinear',
+                 read_options: grain.ReadOptions | None = None):
+    """Every example once, in order, as a finite grain iterator of padded batches.
+
+    Yields `{'image', 'label', 'mask'}` with `mask` bool (b,) False on padding (zero
+    images, label 0). There are ceil(len(source) / batch_size) batches on every process;
+    process p gets positions k % process_count == p of each global batch, like training.
+    """
+    info = source.info
+    p, count = _process(process_index, process_count)
+    local = _local_batch(batch_size, count)
+    shape = _target_shape(info, image_size)
+    k = int(num_classes or info.num_classes)
+    mean = _channel_stats(mean, info.mean, shape[-1], 'mean')
+    std = _channel_stats(std, info.std, shape[-1], 'std')
+    n = len(source)
+    read = _Reader(source, shape, k, resize_method)
+    padded = max(1, math.ceil(n / batch_size)) * batch_size
+
+    def example(position: int):
+        if position >= n:
+            return {'image': np.zeros(shape, np.uint8), 'label': 0, 'mask': False}
+        image, label = read(position)
+        return {'image': image, 'label': label, 'mask': True}
+
+    def finish(batch):
+        return {'image': (batch['image'].astype(np.float32) / 255.0 - mean) / std,
+                'label': batch['label'].astype(np.int32), 'mask': batch['mask'].astype(bool)}
+
+    ds = grain.MapDataset.range(padded)[p::count].map(example).batch(local).map(finish)
+    return iter(ds.to_iter_dataset(read_options or grain.ReadOptions(**DEFAULT_READ)))
+
+
+# ------------------------------------------------------------------------------ from_config
+
+_SOURCE_KEYS = {
+    'digits': {'image_size', 'resize_method'},
+    'tfds': {'tfds_name', 'data_dir', 'image_key', 'label_key', 'image_size', 'resize_method'},
+    'folder': {'root', 'channels', 'image_size', 'resize_method'},
+    'arrays': {'images', 'labels', 'num_classes', 'image_size', 'resize_method'},
+}
+_COMMON_KEYS = {'name', 'augment', 'mean', 'std', 'splits'}
+KNOWN_DATASETS = tuple(sorted(_SOURCE_KEYS))
+
+
+def _as_dict(cfg) -> dict[str, Any]:
+    if hasattr(cfg, 'to_dict'):
+        cfg = cfg.to_dict()
+    if not isinstance(cfg, Mapping):
+        raise DataError(f'data config must be a dict or ConfigDict, got {type(cfg).__name__}')
+    return dict(cfg)
+
+
+def source_from_config(data_config, split: str):
+    """Builds the source named by `data_config['name']` for `split` (see `from_config`)."""
+    cfg = _as_dict(data_config)
+    name = cfg.get('name')
+    if name not in _SOURCE_KEYS:
+        raise DataError(f'unknown dataset name {name!r}; known: {list(KNOWN_DATASETS)}')
+    unknown = set(cfg) - _SOURCE_KEYS[name] - _COMMON_KEYS
+    if unknown:
+        raise DataError(f'data config for {name!r} has unknown keys {sorted(unknown)}; allowed: '
+                        f'{sorted(_SOURCE_KEYS[name] | _COMMON_KEYS)}')
+    split = dict(cfg.get('splits') or {}).get(split, split)
+    method = cfg.get('resize_method', 'bilinear')
+    if name == 'digits':
+        return sources.digits(split, image_size=cfg.get('image_size', 16), resize_method=method)
+    if name == 'tfds':
+        if not cfg.get('tfds_name'):
+            raise DataError("data config 'tfds' needs 'tfds_name' (e.g. 'cifar10')")
+        return sources.tfds_source(cfg['tfds_name'], split, cfg.get('data_dir'),
+                                   image_key=cfg.get('image_key', 'image'),
+                                   label_key=cfg.get('label_key', 'label'))
+    if name == 'folder':
+        if not cfg.get('root'):
+            raise DataError("data config 'folder' needs 'root' (root/<split>/<label>/*.png)")
+        return sources.image_folder(cfg['root'], split, image_size=cfg.get('image_size'),
+                                    channels=cfg.get('channels'), resize_method=method)
+    if cfg.get('images') is None or cfg.get('labels') is None:
+        raise DataError("data config 'arrays' needs 'images' and 'labels'")
+    return sources.array_source(cfg['images'], cfg['labels'], num_classes=cfg.get('num_classes'),
+                                split=split)
+
+
+def from_config(data_config, split: str, *, batch_size: int, seed: int, train: bool,
+                process_index: int | None = None, process_count: int | None = None):
+    """(iterator, info) for `split` of the dataset a config describes.
+
+    `data_config` (dict or ConfigDict) has `name` in KNOWN_DATASETS and, optionally,
+    `image_size`, `mean`, `std`, `augment` (dict of `Augment` fields; used only when
+    `train`), `splits` (maps 'train'/'test' to the source's split names, e.g.
+    {'test': 'train[90%:]'}), plus per source: tfds: `tfds_name`, `data_dir`, `image_key`,
+    `label_key`; folder: `root`, `channels`; arrays: `images`, `labels`, `num_classes`.
+    `train=True` gives `train_iterator`, else `eval_batches` (ceil(info.num_examples /
+    batch_size) batches).
+    """
+    cfg = _as_dict(data_config)
+    source = source_from_config(cfg, split)
+    kwargs = dict(batch_size=batch_size, mean=cfg.get('mean'), std=cfg.get('std'),
+                  process_index=process_index, process_count=process_count,
+                  resize_method=cfg.get('resize_method', 'bilinear'))
+    if cfg.get('name') != 'digits':  # digits resizes in the source already
+        kwargs['image_size'] = cfg.get('image_size')
+    if train:
+        it = train_iterator(source, seed=seed, augment=cfg.get('augment'), **kwargs)
+    else:
+        it = eval_batches(source, **kwargs)
+    return it, source.info
+
+
+__all__ = ['Augment', 'DataError', 'DataInfo', 'KNOWN_DATASETS', 'eval_batches', 'from_config',
+           'source_from_config', 'train_iterator']
