@@ -1,0 +1,582 @@
+"""timm / DeiT state dicts <-> the canonical parameter tree, both ways, losslessly.
+
+`from_timm(state_dict, **overrides) -> (cfg, params)` reads the state dict of a timm
+`VisionTransformer` or a DeiT `VisionTransformerDistilled` (numpy arrays or torch tensors
+under timm's key names) and returns a `ViTConfig` inferred from the shapes plus parameters
+in the stacked canonical layout (`jlearngene.models.vit`). `to_timm(params, cfg)` is the
+exact inverse: timm → canonical → timm gives back the same arrays bit for bit (for float16,
+bfloat16 and float32 inputs; parameters are stored as float32).
+
+Layouts handled:
+  * class-token pooling (`global_pool='token'`, final `norm`), or average pooling
+    (`global_pool='avg'`, with or without a class token): timm then has `fc_norm` after the
+    pooling and `norm` is an Identity, which maps to our `norm` with `pool_norm='after'`;
+    an avg-pool model built with `fc_norm=False` keeps `norm` before pooling
+    (`pool_norm='before'`), and needs the override `pool='avg'` when it has a class token;
+    timm's 'max', 'avgmax' and 'map' pools are not implemented (an `fc_norm` is read as 'avg');
+  * qkv bias or none (`qkv_bias=False`); LayerScale (`init_values`, keys `ls1.gamma`/`ls2.gamma`
+    -> `blocks/ls1/scale`, `blocks/ls2/scale`);
+  * DeiT distillation token (`dist_token`, `head_dist`); no head (`num_classes=0`);
+  * `no_embed_class=True` (DeiT-3): timm adds `pos_embed` to the patches only, which equals
+    our prefix-slot `pos_embed` with zero rows for the prefix tokens. `from_timm` inserts
+    those zero rows; `to_timm(..., no_embed_class=True)` removes them again
+    (`has_embed_class` tells which form a state dict uses).
+
+Shape rules: fused `attn.qkv.weight` (3D, D) has rows [q; k; v] and head h owns rows
+h·Dh…(h+1)·Dh of each; it becomes q/k/v kernels (D, H, Dh) and biases (H, Dh).
+`attn.proj.weight` (D, D) -> out kernel (H, Dh, D). Linear weights (out, in) are transposed
+to (in, out). The conv patch embedding OIHW (D, C, p, p) becomes HWIO (p, p, C, D).
+
+Config inference: width, channels and patch size from `patch_embed.proj.weight`; depth from
+the block indices; MLP size from `fc1`; classes from `head` (0 without one); image size from
+the number of `pos_embed` rows (square grid). **The head count is not visible in any shape**:
+pass `num_heads=` (any ViTConfig field can be overridden), otherwise it is `width // 64`
+(head dim 64, true for DeiT/ViT Ti, S, B and L). A wrong head count loads without error
+but computes a different function.
+
+Numerical conventions (what makes jlearngene's logits equal timm's):
+  * GELU: timm's `nn.GELU` is the exact erf form -> `gelu='exact'` (the default; 'tanh'
+    is the approximation, which `jax.nn.gelu` uses unless told otherwise).
+  * LayerNorm eps: timm ViTs use 1e-6 (`partial(nn.LayerNorm, eps=1e-6)`), our default
+    `ln_eps`; override `ln_eps` for models built with another norm layer.
+  * Attention scale head_dim ** -0.5 on both sides.
+  * Input: jlearngene takes NHWC images, timm NCHW (`images.transpose(0, 2, 3, 1)`). No
+    normalisation happens inside either model: feed the same normalised pixels, e.g.
+    ImageNet mean/std for DeiT weights (timm `IMAGENET_DEFAULT_MEAN/STD`) or [-1, 1] for
+    the original ViT/AugReg weights (mean = std = 0.5).
+  * Eval mode: DeiT distilled logits are the mean of the class and distillation heads.
+
+Files: `load_state_dict` reads `.safetensors` and `.npz` with numpy only, and `.pth`/`.pt`/
+`.bin` through torch when the optional extra is installed (`pip install -e ".[timm]"`);
+`save_safetensors` writes a file that `safetensors.torch.load_file` and timm read back.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jlearngene import pytree
+from jlearngene.models import layout, vit
+from jlearngene.models.config import ConfigError, ViTConfig
+
+StateDict = dict[str, np.ndarray]
+
+TORCH_EXTRA_HINT = 'install the optional extra: pip install -e ".[timm]" (torch + timm)'
+
+# Keys of timm ViT variants that jlearngene's ViT does not implement, with the reason.
+_UNSUPPORTED = (
+    (r'reg_token', 'register tokens'),
+    (r'norm_pre\..*', 'a pre-encoder LayerNorm (pre_norm=True, CLIP style)'),
+    (r'blocks\.\d+\.attn\.(q_norm|k_norm)\..*', 'qk-norm'),
+    (r'blocks\.\d+\.attn\.norm\..*', 'a norm inside attention (scale_attn_norm)'),
+    (r'blocks\.\d+\.mlp\.norm\..*', 'a norm inside the MLP (scale_mlp_norm)'),
+    (r'blocks\.\d+\.attn\.(q_bias|v_bias|relative_position.*)', 'BEiT-style attention biases'),
+    (r'attn_pool\..*', 'attention pooling (global_pool="map")'),
+    (r'blocks\.\d+\.mlp\.fc1_[gx]\..*|blocks\.\d+\.mlp\.w\d.*', 'a gated MLP (SwiGLU)'),
+)
+
+
+class StateDictError(ValueError):
+    """A state dict (or parameter tree) does not fit the expected layout. The message lists
+    every missing, unexpected and inconsistent entry at once."""
+
+
+# ----------------------------------------------------------------------------------------
+# The expected timm layout of a config.
+
+def timm_shapes(cfg: ViTConfig, *, no_embed_class: bool = False) -> dict[str, tuple[int, ...]]:
+    """{timm key: shape} of the state dict of the timm model equal to `cfg`, in timm's order."""
+    d, m, k, p, c = cfg.width, cfg.mlp_dim, cfg.num_classes, cfg.patch_size, cfg.channels
+    n_pos = cfg.num_patches if no_embed_class else cfg.num_tokens
+    out: dict[str, tuple[int, ...]] = {}
+    if cfg.class_token:
+        out['cls_token'] = (1, 1, d)
+    out['pos_embed'] = (1, n_pos, d)
+    if cfg.distill_token:
+        out['dist_token'] = (1, 1, d)
+    out['patch_embed.proj.weight'] = (d, c, p, p)
+    out['patch_embed.proj.bias'] = (d,)
+    for i in range(cfg.depth):
+        b = f'blocks.{i}.'
+        out[b + 'norm1.weight'] = out[b + 'norm1.bias'] = (d,)
+        out[b + 'attn.qkv.weight'] = (3 * d, d)
+        if cfg.qkv_bias:
+            out[b + 'attn.qkv.bias'] = (3 * d,)
+        out[b + 'attn.proj.weight'] = (d, d)
+        out[b + 'attn.proj.bias'] = (d,)
+        if cfg.layer_scale:
+            out[b + 'ls1.gamma'] = (d,)
+        out[b + 'norm2.weight'] = out[b + 'norm2.bias'] = (d,)
+        out[b + 'mlp.fc1.weight'] = (m, d)
+        out[b + 'mlp.fc1.bias'] = (m,)
+        out[b + 'mlp.fc2.weight'] = (d, m)
+        out[b + 'mlp.fc2.bias'] = (d,)
+        if cfg.layer_scale:
+            out[b + 'ls2.gamma'] = (d,)
+    norm = _final_norm_key(cfg)
+    out[norm + '.weight'] = out[norm + '.bias'] = (d,)
+    if k:
+        out['head.weight'] = (k, d)
+        out['head.bias'] = (k,)
+        if cfg.distill_token:
+            out['head_dist.weight'] = (k, d)
+            out['head_dist.bias'] = (k,)
+    return out
+
+
+def _final_norm_key(cfg: ViTConfig) -> str:
+    return 'fc_norm' if cfg.pool == 'avg' and cfg.pool_norm == 'after' else 'norm'
+
+
+def timm_kwargs(cfg: ViTConfig, *, no_embed_class: bool = False) -> dict[str, Any]:
+    """Constructor arguments of the timm model whose `state_dict` `to_timm` produces:
+    `timm.models.vision_transformer.VisionTransformer(**kw)`, or
+    `timm.models.deit.VisionTransformerDistilled(**kw)` when `cfg.distill_token`.
+    LN eps and GELU are timm's defaults (1e-6, exact); other values need `norm_layer` /
+    `act_layer` arguments that are not plain data."""
+    _check_timm_representable(cfg)
+    if int(cfg.width * (cfg.mlp_dim / cfg.width)) != cfg.mlp_dim:
+        raise ConfigError(f'mlp_dim={cfg.mlp_dim} is not reproduced by timm mlp_ratio='
+                          f'{cfg.mlp_dim / cfg.width!r} with width {cfg.width}')
+    kw = dict(img_size=cfg.image_size, patch_size=cfg.patch_size, in_chans=cfg.channels,
+              embed_dim=cfg.width, depth=cfg.depth, num_heads=cfg.num_heads,
+              mlp_ratio=cfg.mlp_dim / cfg.width, qkv_bias=cfg.qkv_bias,
+              num_classes=cfg.num_classes, no_embed_class=no_embed_class,
+              init_values=1.0 if cfg.layer_scale else None)
+    if not cfg.distill_token:
+        kw.update(class_token=cfg.class_token, global_pool='token' if cfg.pool == 'cls' else 'avg',
+                  fc_norm=cfg.pool == 'avg' and cfg.pool_norm == 'after')
+    return kw
+
+
+def _check_timm_representable(cfg: ViTConfig) -> None:
+    if cfg.distill_token and (cfg.pool != 'cls' or not cfg.class_token):
+        raise ConfigError(f"timm's VisionTransformerDistilled pools the class token; this config has "
+                          f'pool={cfg.pool!r}, class_token={cfg.class_token}')
+
+
+# ----------------------------------------------------------------------------------------
+# timm -> canonical.
+
+def _to_numpy(v: Any) -> np.ndarray:
+    """numpy view of an array or a torch tensor (bfloat16 tensors become float32, exactly)."""
+    if hasattr(v, 'detach') and hasattr(v, 'cpu'):  # torch.Tensor, without importing torch
+        v = v.detach().cpu()
+        if str(v.dtype) == 'torch.bfloat16':
+            v = v.float()
+        return v.numpy()
+    return np.asarray(v)
+
+
+def _isqrt_exact(n: int) -> int | None:
+    r = math.isqrt(n) if n >= 0 else -1
+    return r if r >= 0 and r * r == n else None
+
+
+def has_embed_class(state_dict: Mapping[str, Any], cfg: ViTConfig) -> bool:
+    """Whether `pos_embed` has rows for the prefix tokens (timm default) or only for the
+    patches (`no_embed_class=True`, DeiT-3)."""
+    n_pos = int(np.shape(state_dict['pos_embed'])[1])
+    return not (cfg.num_prefix_tokens and n_pos == cfg.num_patches)
+
+
+def infer_config(state_dict: Mapping[str, Any], **overrides: Any) -> ViTConfig:
+    """The `ViTConfig` of a timm ViT/DeiT state dict, from its keys and shapes; `overrides`
+    (any ViTConfig fields) win. Raises StateDictError listing every problem."""
+    cfg, problems = _infer(state_dict, overrides)
+    if problems:
+        raise StateDictError(_problem_message('cannot infer a ViT config from the timm state dict',
+                                              problems))
+    return cfg
+
+
+def _infer(sd: Mapping[str, Any], overrides: Mapping[str, Any]) -> tuple[ViTConfig | None, list[str]]:
+    known = set(ViTConfig.__dataclass_fields__)
+    bad = sorted(set(overrides) - known)
+    if bad:
+        raise ConfigError(f'from_timm got unknown override(s) {bad}; overrides are ViTConfig fields: '
+                          f'{sorted(known)}')
+    shape = {k: tuple(np.shape(v)) for k, v in sd.items()}
+    problems: list[str] = []
+    f: dict[str, Any] = {}
+
+    pe = shape.get('patch_embed.proj.weight')
+    if pe is None:
+        problems.append('missing patch_embed.proj.weight (gives width, channels and patch size)')
+    elif len(pe) != 4 or pe[2] != pe[3]:
+        problems.append(f'patch_embed.proj.weight has shape {pe}; expected (D, C, p, p) with square patches')
+    else:
+        f.update(width=pe[0], channels=pe[1], patch_size=pe[2])
+
+    idx = {int(m.group(1)) for k in sd if (m := re.match(r'blocks\.(\d+)\.', k))}
+    if not idx:
+        problems.append('no encoder blocks (blocks.<i>.*) found')
+    else:
+        f['depth'] = max(idx) + 1
+        fc1 = shape.get('blocks.0.mlp.fc1.weight')
+        if fc1 is None or len(fc1) != 2:
+            problems.append(f'blocks.0.mlp.fc1.weight is {"missing" if fc1 is None else f"of shape {fc1}"}; '
+                            'it gives mlp_dim as (M, D)')
+        else:
+            f['mlp_dim'] = fc1[0]
+        f['qkv_bias'] = any(re.fullmatch(r'blocks\.\d+\.attn\.qkv\.bias', k) for k in sd)
+        f['layer_scale'] = any(re.fullmatch(r'blocks\.\d+\.ls[12]\.gamma', k) for k in sd)
+
+    f['distill_token'] = 'dist_token' in sd
+    class_token = 'cls_token' in sd
+    pool = overrides.get('pool', 'avg' if ('fc_norm.weight' in sd or not class_token) else 'cls')
+    f['pool'] = pool
+    f['class_token'] = overrides.get('class_token', class_token)
+    f['pool_norm'] = 'after' if 'fc_norm.weight' in sd else 'before'
+    head = shape.get('head.weight')
+    f['num_classes'] = head[0] if head is not None and len(head) == 2 else 0
+
+    pos = shape.get('pos_embed')
+    if pos is None or len(pos) != 3:
+        problems.append(f'pos_embed is {"missing" if pos is None else f"of shape {pos}"}; it gives the '
+                        'image size as (1, prefix tokens + patches, D)')
+    elif 'patch_size' in f:
+        n_prefix = int(bool(f['class_token'])) + int(f['distill_token'])
+        grid = _isqrt_exact(pos[1] - n_prefix)
+        if grid is None and n_prefix:
+            grid = _isqrt_exact(pos[1])  # no_embed_class: position rows for the patches only
+        if not grid:
+            problems.append(f'pos_embed has {pos[1]} rows: neither {pos[1]} nor {pos[1]} - {n_prefix} '
+                            'prefix tokens is a square patch grid')
+        else:
+            f['image_size'] = grid * f['patch_size']
+
+    width = overrides.get('width', f.get('width'))
+    if 'num_heads' not in overrides and width is not None:
+        if width % 64:
+            problems.append(f'width {width} is not a multiple of 64, so the head count cannot default '
+                            'to head_dim 64: pass num_heads=')
+        else:
+            f['num_heads'] = width // 64
+    if problems:
+        return None, problems
+    f.update(overrides)
+    try:
+        return ViTConfig(**f), []
+    except ConfigError as e:
+        return None, [f'inferred config is invalid: {e}']
+
+
+def _problem_message(title: str, problems: list[str]) -> str:
+    lines = [f'{title} ({len(problems)} problem{"s" if len(problems) != 1 else ""}):']
+    lines += [f'  - {p}' for p in problems]
+    return '\n'.join(lines)
+
+
+def _hint(key: str) -> str:
+    for rx, what in _UNSUPPORTED:
+        if re.fullmatch(rx, key):
+            return f' ({what}: not supported by jlearngene ViT)'
+    return ''
+
+
+def check_state_dict(state_dict: Mapping[str, Any], cfg: ViTConfig, *,
+                     no_embed_class: bool | None = None) -> None:
+    """Raise StateDictError listing ALL missing, unexpected, wrongly shaped and non-float
+    entries of a timm state dict against the layout of `cfg`."""
+    if no_embed_class is None:
+        no_embed_class = (np.ndim(state_dict.get('pos_embed')) == 3
+                          and not has_embed_class(state_dict, cfg))
+    want = timm_shapes(cfg, no_embed_class=no_embed_class)
+    missing = [k for k in want if k not in state_dict]
+    unexpected = sorted(k for k in state_dict if k not in want)
+    problems = []
+    if missing:
+        problems.append(f'missing keys ({len(missing)}): ' + ', '.join(missing))
+    if unexpected:
+        problems.append(f'unexpected keys ({len(unexpected)}): ' + ', '.join(k + _hint(k) for k in unexpected))
+    for k, s in want.items():
+        if k in state_dict:
+            got = tuple(np.shape(state_dict[k]))
+            if got != s:
+                problems.append(f'{k}: shape {got}, expected {s}')
+            dt = _dtype_name(state_dict[k])
+            if not re.match(r'(torch\.)?(float|bfloat)', dt):
+                problems.append(f'{k}: dtype {dt}, expected a floating type')
+    if problems:
+        desc = (f'width={cfg.width} depth={cfg.depth} heads={cfg.num_heads} mlp_dim={cfg.mlp_dim} '
+                f'patch={cfg.patch_size} image={cfg.image_size} classes={cfg.num_classes} pool={cfg.pool} '
+                f'class_token={cfg.class_token} distill_token={cfg.distill_token} qkv_bias={cfg.qkv_bias} '
+                f'layer_scale={cfg.layer_scale}')
+        raise StateDictError(_problem_message(f'timm state dict does not match the ViT layout ({desc})',
+                                              problems))
+
+
+def _dtype_name(v: Any) -> str:
+    return str(getattr(v, 'dtype', np.asarray(v).dtype))
+
+
+def from_timm(state_dict: Mapping[str, Any], **overrides: Any) -> tuple[ViTConfig, dict]:
+    """timm/DeiT state dict -> (cfg, params in the stacked canonical layout, float32 jax arrays).
+
+    The config is inferred from the shapes (see the module docstring: the head count is
+    `width // 64` unless `num_heads=` is given); `overrides` set any ViTConfig field
+    (`num_heads`, `ln_eps`, `gelu`, `pool`, `dtype`, `drop_path`, ...). Overrides that
+    contradict the shapes, and any missing, unexpected or mis-shaped key, are reported
+    together in one StateDictError. To load a backbone without its classifier, drop the
+    `head.*` (and `head_dist.*`) keys first.
+    """
+    cfg, problems = _infer(state_dict, overrides)
+    if problems:
+        # Also list keys that no timm ViT layout has, so one message shows everything.
+        strange = sorted(k for k in state_dict if _hint(k) or not _is_vit_key(k))
+        if strange:
+            problems.append(f'unexpected keys ({len(strange)}): ' + ', '.join(k + _hint(k) for k in strange))
+        raise StateDictError(_problem_message('cannot convert the timm state dict', problems))
+    check_state_dict(state_dict, cfg)
+    sd = {k: _to_numpy(v) for k, v in state_dict.items()}
+    return cfg, jax.tree.map(jnp.asarray, _canonical(sd, cfg))
+
+
+_VIT_KEY = re.compile(
+    r'(cls_token|dist_token|pos_embed|patch_embed\.proj\.(weight|bias)|(norm|fc_norm|head|head_dist)'
+    r'\.(weight|bias)|blocks\.\d+\.(norm1|norm2|attn\.qkv|attn\.proj|mlp\.fc1|mlp\.fc2)\.(weight|bias)'
+    r'|blocks\.\d+\.ls[12]\.gamma)')
+
+
+def _is_vit_key(k: str) -> bool:
+    return bool(_VIT_KEY.fullmatch(k))
+
+
+def _canonical(sd: StateDict, cfg: ViTConfig) -> dict:
+    """Pure numpy conversion of a checked state dict (float32 output)."""
+    f32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
+    d, h, dh = cfg.width, cfg.num_heads, cfg.head_dim
+    params: dict[str, Any] = {
+        'patch_embed': {'kernel': f32(sd['patch_embed.proj.weight']).transpose(2, 3, 1, 0),
+                        'bias': f32(sd['patch_embed.proj.bias'])},
+    }
+    pos = f32(sd['pos_embed'])
+    if not has_embed_class(sd, cfg):
+        pos = np.concatenate([np.zeros((1, cfg.num_prefix_tokens, d), np.float32), pos], axis=1)
+    params['pos_embed'] = pos
+    for name in ('cls_token', 'dist_token'):
+        if name in sd:
+            params[name] = f32(sd[name])
+
+    def block(i: int) -> dict:
+        g = lambda k: f32(sd[f'blocks.{i}.{k}'])  # noqa: E731
+        qkv_w = g('attn.qkv.weight')
+        attn = {}
+        for s, name in enumerate('qkv'):
+            attn[name] = {'kernel': qkv_w[s * d:(s + 1) * d].T.reshape(d, h, dh)}
+            if cfg.qkv_bias:
+                attn[name]['bias'] = g('attn.qkv.bias')[s * d:(s + 1) * d].reshape(h, dh)
+        attn['out'] = {'kernel': g('attn.proj.weight').T.reshape(h, dh, d), 'bias': g('attn.proj.bias')}
+        b = {'norm1': {'scale': g('norm1.weight'), 'bias': g('norm1.bias')},
+             'attn': attn,
+             'norm2': {'scale': g('norm2.weight'), 'bias': g('norm2.bias')},
+             'mlp': {'fc1': {'kernel': g('mlp.fc1.weight').T, 'bias': g('mlp.fc1.bias')},
+                     'fc2': {'kernel': g('mlp.fc2.weight').T, 'bias': g('mlp.fc2.bias')}}}
+        if cfg.layer_scale:
+            b['ls1'] = {'scale': g('ls1.gamma')}
+            b['ls2'] = {'scale': g('ls2.gamma')}
+        return b
+
+    blocks = [block(i) for i in range(cfg.depth)]
+    params['blocks'] = jax.tree.map(lambda *xs: np.ascontiguousarray(np.stack(xs)), *blocks)
+    norm = _final_norm_key(cfg)
+    params['norm'] = {'scale': f32(sd[norm + '.weight']), 'bias': f32(sd[norm + '.bias'])}
+    for name in ('head', 'head_dist'):
+        if name + '.weight' in sd:
+            params[name] = {'kernel': f32(sd[name + '.weight']).T, 'bias': f32(sd[name + '.bias'])}
+    return jax.tree.map(np.ascontiguousarray, params)
+
+
+# ----------------------------------------------------------------------------------------
+# canonical -> timm.
+
+def check_params(params: Any, cfg: ViTConfig) -> None:
+    """Raise StateDictError listing every leaf of `params` (stacked layout) that is missing,
+    unexpected or shaped differently from what `cfg` implies."""
+    want = jax.eval_shape(lambda: vit.init(cfg, jax.random.key(0)))
+    diff = pytree.structure_diff(want, params)
+    problems = []
+    if diff['missing']:
+        problems.append(f"missing parameters ({len(diff['missing'])}): " + ', '.join(diff['missing']))
+    if diff['unexpected']:
+        problems.append(f"unexpected parameters ({len(diff['unexpected'])}): " + ', '.join(diff['unexpected']))
+    problems += [f'{k}: shape {got}, expected {exp}' for k, exp, got in diff['shape']]
+    if problems:
+        raise StateDictError(_problem_message('parameters do not match the config', problems))
+
+
+def to_timm(params: Any, cfg: ViTConfig, *, no_embed_class: bool = False,
+            dtype: Any = np.float32) -> StateDict:
+    """Canonical parameters (stacked or list layout) -> timm state dict of numpy arrays.
+
+    Rebuild the model with `timm_kwargs(cfg)` and `model.load_state_dict(...)` (after
+    `torch.from_numpy`). `no_embed_class=True` writes the DeiT-3 position embedding without
+    prefix rows (they must then be zero). Arrays are cast to `dtype` (default float32).
+    """
+    _check_timm_representable(cfg)
+    params = layout.stack_blocks(params)
+    check_params(params, cfg)
+    p = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), params)
+    d = cfg.width
+    out: dict[str, np.ndarray] = {}
+    if cfg.class_token:
+        out['cls_token'] = p['cls_token']
+    pos = p['pos_embed']
+    if no_embed_class and cfg.num_prefix_tokens:
+        n = cfg.num_prefix_tokens
+        if np.any(pos[:, :n] != 0):
+            raise StateDictError('no_embed_class=True drops the prefix-token rows of pos_embed, but they '
+                                 'are not zero here: this model is not a no_embed_class model')
+        pos = pos[:, n:]
+    out['pos_embed'] = pos
+    if cfg.distill_token:
+        out['dist_token'] = p['dist_token']
+    out['patch_embed.proj.weight'] = p['patch_embed']['kernel'].transpose(3, 2, 0, 1)
+    out['patch_embed.proj.bias'] = p['patch_embed']['bias']
+    bl = p['blocks']
+    for i in range(cfg.depth):
+        b = f'blocks.{i}.'
+        a = bl['attn']
+        out[b + 'norm1.weight'] = bl['norm1']['scale'][i]
+        out[b + 'norm1.bias'] = bl['norm1']['bias'][i]
+        out[b + 'attn.qkv.weight'] = np.concatenate(
+            [a[n]['kernel'][i].reshape(d, d).T for n in 'qkv'], axis=0)
+        if cfg.qkv_bias:
+            out[b + 'attn.qkv.bias'] = np.concatenate([a[n]['bias'][i].reshape(d) for n in 'qkv'])
+        out[b + 'attn.proj.weight'] = a['out']['kernel'][i].reshape(d, d).T
+        out[b + 'attn.proj.bias'] = a['out']['bias'][i]
+        if cfg.layer_scale:
+            out[b + 'ls1.gamma'] = bl['ls1']['scale'][i]
+        out[b + 'norm2.weight'] = bl['norm2']['scale'][i]
+        out[b + 'norm2.bias'] = bl['norm2']['bias'][i]
+        out[b + 'mlp.fc1.weight'] = bl['mlp']['fc1']['kernel'][i].T
+        out[b + 'mlp.fc1.bias'] = bl['mlp']['fc1']['bias'][i]
+        out[b + 'mlp.fc2.weight'] = bl['mlp']['fc2']['kernel'][i].T
+        out[b + 'mlp.fc2.bias'] = bl['mlp']['fc2']['bias'][i]
+        if cfg.layer_scale:
+            out[b + 'ls2.gamma'] = bl['ls2']['scale'][i]
+    norm = _final_norm_key(cfg)
+    out[norm + '.weight'] = p['norm']['scale']
+    out[norm + '.bias'] = p['norm']['bias']
+    for name in ('head', 'head_dist'):
+        if name in p:
+            out[name + '.weight'] = p[name]['kernel'].T
+            out[name + '.bias'] = p[name]['bias']
+    return {k: np.array(v, dtype=dtype, order='C') for k, v in out.items()}  # writable copies
+
+
+# ----------------------------------------------------------------------------------------
+# Files.
+
+_PICKLE_SUFFIXES = ('.pth', '.pt', '.bin', '.ckpt')
+_WRAPPER_KEYS = ('model', 'state_dict', 'model_ema', 'state_dict_ema', 'module')
+
+
+def load_state_dict(path: str | os.PathLike) -> StateDict:
+    """Read a state dict: `.safetensors` and `.npz` with numpy only; `.pth`/`.pt`/`.bin`/`.ckpt`
+    (torch pickles, loaded with `weights_only=True`) when torch is installed. Training
+    checkpoints that wrap the weights under 'model' / 'state_dict' (DeiT, timm) are unwrapped
+    and a DistributedDataParallel 'module.' prefix is removed. bfloat16 becomes float32."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f'state dict file {path!r} does not exist')
+    low = path.lower()
+    if low.endswith('.safetensors'):
+        sd = _load_safetensors(path)
+    elif low.endswith('.npz'):
+        with np.load(path, allow_pickle=False) as f:
+            sd = {k: f[k] for k in f.files}
+    elif low.endswith(_PICKLE_SUFFIXES):
+        sd = _load_torch(path)
+    else:
+        raise StateDictError(f'{path!r}: unknown state dict format; expected .safetensors, .npz or '
+                             f'{"/".join(_PICKLE_SUFFIXES)} (torch)')
+    if any(k.startswith('module.') for k in sd) and all(k.startswith('module.') for k in sd):
+        sd = {k[len('module.'):]: v for k, v in sd.items()}
+    # numpy has no bfloat16 of its own (safetensors may hand back ml_dtypes.bfloat16).
+    return {k: v.astype(np.float32) if v.dtype.name == 'bfloat16' else v for k, v in sd.items()}
+
+
+def _load_safetensors(path: str) -> StateDict:
+    import safetensors.numpy
+    try:
+        return dict(safetensors.numpy.load_file(path))
+    except TypeError:
+        pass  # a dtype numpy lacks (bfloat16): read the file directly
+    return _read_safetensors_raw(path)
+
+
+_ST_DTYPES = {'F64': '<f8', 'F32': '<f4', 'F16': '<f2', 'I64': '<i8', 'I32': '<i4', 'I16': '<i2',
+              'I8': 'i1', 'U8': 'u1', 'BOOL': '?'}
+
+
+def _read_safetensors_raw(path: str) -> StateDict:
+    """safetensors reader for dtypes numpy has no name for (BF16 -> float32, exact)."""
+    import ml_dtypes
+    with open(path, 'rb') as fh:
+        n = int.from_bytes(fh.read(8), 'little')
+        header = json.loads(fh.read(n))
+        data = fh.read()
+    out = {}
+    for k, info in header.items():
+        if k == '__metadata__':
+            continue
+        start, end = info['data_offsets']
+        buf = data[start:end]
+        if info['dtype'] == 'BF16':
+            a = np.frombuffer(buf, ml_dtypes.bfloat16).astype(np.float32)
+        elif info['dtype'] in _ST_DTYPES:
+            a = np.frombuffer(buf, _ST_DTYPES[info['dtype']]).copy()
+        else:
+            raise StateDictError(f'{path!r}: tensor {k!r} has dtype {info["dtype"]}, which is not supported')
+        out[k] = a.reshape(info['shape'])
+    return out
+
+
+def _load_torch(path: str) -> StateDict:
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(f'reading {path!r} (a torch pickle) needs torch; {TORCH_EXTRA_HINT}, '
+                          'or convert the file to .safetensors') from e
+    obj = torch.load(path, map_location='cpu', weights_only=True)
+    while isinstance(obj, dict) and not any(torch.is_tensor(v) for v in obj.values()):
+        inner = next((obj[k] for k in _WRAPPER_KEYS if isinstance(obj.get(k), dict)), None)
+        if inner is None:
+            raise StateDictError(f'{path!r} holds no tensors at the top level and none of the usual '
+                                 f'wrapper keys {_WRAPPER_KEYS}; keys are {sorted(obj)[:20]}')
+        obj = inner
+    if not isinstance(obj, dict):
+        raise StateDictError(f'{path!r} holds a {type(obj).__name__}, not a state dict')
+    return {k: _to_numpy(v) for k, v in obj.items() if torch.is_tensor(v)}
+
+
+def save_safetensors(state_dict: Mapping[str, Any], path: str | os.PathLike, *,
+                     metadata: Mapping[str, str] | None = None) -> str:
+    """Write a state dict of arrays to `.safetensors` (readable by `safetensors.torch` and timm).
+    `metadata` is a str -> str dict stored in the header."""
+    import safetensors.numpy
+    path = os.fspath(path)
+    if not path.endswith('.safetensors'):
+        raise ValueError(f'{path!r}: the output file name must end in .safetensors')
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    meta = {'format': 'pt', **(dict(metadata) if metadata else {})}
+    safetensors.numpy.save_file({k: np.ascontiguousarray(_to_numpy(v)) for k, v in state_dict.items()},
+                                path, metadata=meta)
+    return path
+
+
+def read_safetensors_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The str -> str metadata in a `.safetensors` header ({} when there is none)."""
+    with open(os.fspath(path), 'rb') as fh:
+        n = int.from_bytes(fh.read(8), 'little')
+        header = json.loads(fh.read(n))
+    return dict(header.get('__metadata__') or {})
