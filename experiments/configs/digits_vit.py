@@ -1,0 +1,46 @@
+r"""Plain supervised ViT on the bundled scikit-learn digits (no download): the baseline run.
+
+    jlearngene train --config experiments/configs/digits_vit.py --workdir /tmp/digits_vit
+
+Overrides use ml_collections syntax, e.g. `--config.steps=200 --config.model.depth=2`;
+`--config experiments/configs/digits_vit.py:smoke` gives a seconds-long smoke run.
+Expected: >= 95% test accuracy in under 5 minutes on 2 CPU cores. Measured (1500 steps,
+2 cores shared with other jobs, load average ~5): 98.4% test accuracy (364 images), 199 s
+wall including compilation; 96.4% already at step 500.
+"""
+import ml_collections
+
+
+def get_config(arg=None):
+    c = ml_collections.ConfigDict()
+    c.task = 'classification'
+    c.seed = 0
+    c.steps = 1500
+    c.batch_size = 128
+    c.log_every = 100
+    c.eval_every = 500
+    c.checkpoint_every = 500
+    c.keep_checkpoints = 2
+    c.best_metric = 'eval/accuracy'
+    c.sharding = 'replicate'
+    c.init = ''            # optional model artefact (checkpoint.save_model) to start from
+    c.label_smoothing = 0.1
+
+    # Digits are 8x8 grey; the source resizes them to 16 px, patches of 4 -> 16 tokens.
+    c.model = ml_collections.ConfigDict(dict(
+        variant='Ti', width=64, depth=4, num_heads=4, mlp_dim=128, patch_size=4,
+        image_size=16, channels=1, num_classes=10, pool='avg', class_token=False))
+    c.data = ml_collections.ConfigDict(dict(
+        name='digits', image_size=16,
+        augment=ml_collections.ConfigDict(dict(crop_padding=2))))
+    c.eval_split = 'test'
+    c.eval_batch_size = 256
+
+    c.optim = ml_collections.ConfigDict(dict(
+        lr=2e-3, warmup_steps=100, min_lr_ratio=0.01, weight_decay=0.05, clip_norm=1.0))
+
+    if arg == 'smoke':
+        c.steps, c.log_every, c.eval_every, c.checkpoint_every = 20, 5, 10, 10
+        c.optim.warmup_steps = 5
+        c.model.depth = 2
+    return c

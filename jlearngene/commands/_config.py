@@ -1,0 +1,31 @@
+"""Shared flag parsing for commands that take an ml_collections config file."""
+from __future__ import annotations
+
+import sys
+
+from absl import flags
+from ml_collections import config_flags
+
+
+def parse(prog: str, argv: list[str], define_extra=None, *, config_required: bool = True):
+    """Parse `--config file.py[:arg] --config.x=y ... --other flags` with a locked config
+    (a misspelt override is an error). Returns the absl FlagValues, or exits on --help."""
+    argv = [prog] + list(argv)
+    fv = flags.FlagValues()
+    config_flags.DEFINE_config_file('config', None, 'experiment config file (get_config), '
+                                    'optionally file.py:arg', flag_values=fv, lock_config=True,
+                                    sys_argv=argv)
+    if define_extra:
+        define_extra(fv)
+    if any(a in ('-h', '--help', '-help', '--helpshort') for a in argv[1:]):
+        print(f'usage: {prog} --config FILE[:arg] [--config.key=value ...] [flags]\n\n{fv.get_help()}')
+        raise SystemExit(0)
+    try:
+        fv(argv)
+    except (flags.Error, AttributeError, KeyError, ValueError, TypeError) as e:
+        print(f'{prog}: {e}', file=sys.stderr)
+        raise SystemExit(2) from None
+    if config_required and fv.config is None:
+        print(f'{prog}: --config is required', file=sys.stderr)
+        raise SystemExit(2)
+    return fv

@@ -1,0 +1,84 @@
+"""`jlearngene eval --workdir DIR [--checkpoint latest|best|STEP|model] [--split test]`
+or `jlearngene eval --model PATH --config FILE`: accuracy of a trained classifier."""
+from __future__ import annotations
+
+import json
+import os
+
+from absl import flags
+
+from jlearngene.commands import _config
+
+HELP = "evaluate a run's checkpoint (latest, best, a step) or a saved model on a split"
+
+
+def _flags(fv):
+    flags.DEFINE_string('workdir', None, 'training workdir (its config.json and checkpoints)', flag_values=fv)
+    flags.DEFINE_string('checkpoint', 'model', "'model' (WORKDIR/model), 'latest', 'best' or a step", flag_values=fv)
+    flags.DEFINE_string('model', None, 'a model artefact (checkpoint.save_model); needs --config', flag_values=fv)
+    flags.DEFINE_string('split', None, 'split to evaluate (default: the config eval_split)', flag_values=fv)
+
+
+def _workdir_config(workdir: str):
+    import ml_collections
+    path = os.path.join(workdir, 'config.json')
+    if not os.path.exists(path):
+        raise FileNotFoundError(f'{path} not found (not a jlearngene train workdir?)')
+    with open(path, encoding='utf-8') as f:
+        return ml_collections.ConfigDict(json.load(f))
+
+
+def load_params(config, workdir: str | None, which: str, model_path: str | None):
+    """Parameters named by the command line, with the model config they belong to."""
+    from jlearngene.train import checkpoint, optim, tasks, trainer
+    import jax
+    cfg = tasks.model_config(config.model)
+    if model_path or which == 'model':
+        path = model_path or os.path.join(workdir, 'model')
+        params, _, _ = checkpoint.load_model(path, expect_cfg=cfg)
+        return params, cfg, path
+    from jlearngene.models import init
+    params = jax.eval_shape(lambda: init(cfg, jax.random.key(0)))  # a config.init model has this shape too
+    tx = optim.make_optimizer(config.optim, params, total_steps=config.steps)
+    target = jax.eval_shape(lambda p: trainer.init_state(p, tx, config.seed), params)
+    with checkpoint.RunCheckpointer(os.path.join(workdir, 'checkpoints'),
+                                    best_metric=config.get('best_metric') or None) as ck:
+        step = {'latest': ck.latest_step, 'best': ck.best_step}.get(which, lambda: int(which))()
+        if step is None:
+            raise checkpoint.CheckpointError(f'no {which} checkpoint in {ck.directory}')
+        state, _ = ck.restore(target, step, model_config=cfg)
+    return state['params'], cfg, os.path.join(workdir, 'checkpoints', str(step))
+
+
+def evaluate(config, params, cfg, split: str) -> dict:
+    import jax
+    from jlearngene import data
+    from jlearngene.train import tasks
+    it, _ = data.from_config(config.data, split, batch_size=config.eval_batch_size, seed=config.seed, train=False)
+    fn = jax.jit(tasks.classification_eval(cfg))
+    total = None
+    for batch in it:
+        out = fn(params, batch)
+        total = out if total is None else jax.tree.map(lambda a, b: a + b, total, out)
+    total = jax.device_get(total)
+    count = float(total.pop('count'))
+    return {'split': split, 'count': count, **{k: float(v) / count for k, v in total.items()}}
+
+
+def main(argv: list[str]) -> int:
+    fv = _config.parse('jlearngene eval', argv, _flags, config_required=False)
+    if not fv.workdir and not fv.model:
+        print('jlearngene eval: give --workdir (a training run) or --model with --config')
+        return 2
+    from jlearngene.train.checkpoint import CheckpointError
+    try:
+        config = fv.config if fv.config is not None else _workdir_config(fv.workdir)
+        params, cfg, where = load_params(config, fv.workdir, fv.checkpoint, fv.model)
+        result = evaluate(config, params, cfg, fv.split or config.eval_split)
+    except (CheckpointError, FileNotFoundError, ValueError) as e:
+        print(f'jlearngene eval: {e}')
+        return 1
+    print(f"{where}: {result['split']} accuracy={result['accuracy']:.4f} loss={result['loss']:.4f} "
+          f"(n={int(result['count'])})")
+    print(json.dumps(result))
+    return 0

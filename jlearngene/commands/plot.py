@@ -1,0 +1,54 @@
+"""`jlearngene plot WORKDIR [--out FILE]`: loss and accuracy curves from metrics.jsonl."""
+from __future__ import annotations
+
+import argparse
+import os
+
+HELP = 'plot loss/accuracy curves of a training workdir to a PNG'
+
+
+def plot(workdir: str, out: str | None = None) -> str:
+    """Render train/eval loss and accuracy against step; returns the PNG path."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    from jlearngene.train.metrics import read_metrics
+    records = read_metrics(workdir)
+    if not records:
+        raise ValueError(f'{workdir!r}: metrics.jsonl has no records yet')
+    train = [r for r in records if r.get('kind') == 'train']
+    evals = [r for r in records if r.get('kind') == 'eval']
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    for rows, key, label, ax in ((train, 'loss', 'train loss', ax_loss), (evals, 'eval/loss', 'eval loss', ax_loss),
+                                 (train, 'accuracy', 'train accuracy', ax_acc),
+                                 (evals, 'eval/accuracy', 'eval accuracy', ax_acc)):
+        pts = [(r['step'], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, marker='o' if len(pts) < 30 else None, label=label)
+    for ax, name in ((ax_loss, 'loss'), (ax_acc, 'accuracy')):
+        ax.set_xlabel('step')
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+    fig.suptitle(os.path.basename(os.path.abspath(workdir)))
+    fig.tight_layout()
+    out = out or os.path.join(workdir, 'curves.png')
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog='jlearngene plot', description=__doc__)
+    parser.add_argument('workdir')
+    parser.add_argument('--out', help='PNG path (default WORKDIR/curves.png)')
+    args = parser.parse_args(argv)
+    try:
+        print(plot(args.workdir, args.out))
+    except (FileNotFoundError, ValueError) as e:
+        print(f'jlearngene plot: {e}')
+        return 1
+    return 0

@@ -1,0 +1,97 @@
+"""Classification and distillation losses on logits (pure jnp; float32 internally).
+
+Targets are integer labels (B,) or probability vectors (B, K) (mixup/cutmix). Every loss
+takes an optional `mask` (B,) of valid examples (padded evaluation batches) and averages
+over the valid ones.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def _targets(targets, num_classes: int, label_smoothing: float = 0.0) -> jax.Array:
+    """Probability targets (B, K); label smoothing applies to integer labels only (mixed
+    soft targets from the data pipeline are used as given)."""
+    targets = jnp.asarray(targets)
+    if jnp.issubdtype(targets.dtype, jnp.integer):
+        t = jax.nn.one_hot(targets, num_classes, dtype=jnp.float32)
+        if label_smoothing:
+            t = t * (1.0 - label_smoothing) + label_smoothing / num_classes
+        return t
+    if targets.shape[-1] != num_classes:
+        raise ValueError(f'soft targets have {targets.shape[-1]} classes, logits have {num_classes}')
+    return targets.astype(jnp.float32)
+
+
+def _mean(per_example: jax.Array, mask) -> jax.Array:
+    if mask is None:
+        return per_example.mean()
+    mask = jnp.asarray(mask, jnp.float32)
+    return (per_example * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+def cross_entropy_per_example(logits, targets, *, label_smoothing: float = 0.0) -> jax.Array:
+    logits = jnp.asarray(logits, jnp.float32)
+    t = _targets(targets, logits.shape[-1], label_smoothing)
+    return -(t * jax.nn.log_softmax(logits, axis=-1)).sum(-1)
+
+
+def cross_entropy(logits, targets, *, label_smoothing: float = 0.0, mask=None) -> jax.Array:
+    """Mean cross-entropy H(targets, softmax(logits)) with optional label smoothing."""
+    return _mean(cross_entropy_per_example(logits, targets, label_smoothing=label_smoothing), mask)
+
+
+def kl_per_example(student_logits, teacher_logits, *, tau: float = 1.0) -> jax.Array:
+    """KL(p_t || p_s) per example with p = softmax(z / tau) (teacher gets no gradient)."""
+    s = jax.nn.log_softmax(jnp.asarray(student_logits, jnp.float32) / tau, axis=-1)
+    t = jax.nn.log_softmax(jax.lax.stop_gradient(jnp.asarray(teacher_logits, jnp.float32)) / tau, axis=-1)
+    return (jnp.exp(t) * (t - s)).sum(-1)
+
+
+def soft_distillation(student_logits, teacher_logits, labels=None, *, tau: float = 1.0,
+                      alpha: float = 0.5, label_smoothing: float = 0.0,
+                      legacy_deit_normalisation: bool = False, student_dist_logits=None,
+                      mask=None) -> jax.Array:
+    """(1 − α)·CE(labels, student) + α·τ²·KL(teacher ‖ student at temperature τ).
+
+    The KL term is averaged over the batch; with `legacy_deit_normalisation` it is instead
+    τ²·Σ_{b,c}/(B·C), i.e. divided by the number of classes as well (DeiT's
+    `kl_div(reduction='sum') / numel`, used by TLEG's published runs). With a DeiT
+    distillation token pass its logits as `student_dist_logits`: the KL term uses them and
+    CE uses `student_logits`. `labels` may be None when α = 1.
+    """
+    kd_logits = student_logits if student_dist_logits is None else student_dist_logits
+    kl = kl_per_example(kd_logits, teacher_logits, tau=tau)
+    kd = tau ** 2 * _mean(kl, mask)
+    if legacy_deit_normalisation:
+        kd = kd / kd_logits.shape[-1]
+    if alpha == 1.0:
+        return kd
+    if labels is None:
+        raise ValueError(f'soft_distillation with alpha={alpha} < 1 needs labels')
+    return (1.0 - alpha) * cross_entropy(student_logits, labels, label_smoothing=label_smoothing,
+                                         mask=mask) + alpha * kd
+
+
+def hard_distillation(student_logits, teacher_logits, labels, *, alpha: float = 0.5,
+                      label_smoothing: float = 0.0, student_dist_logits=None, mask=None) -> jax.Array:
+    """DeiT hard distillation: (1 − α)·CE(labels, student) + α·CE(argmax teacher, student).
+
+    DeiT uses α = 1/2; with a distillation token the second term uses `student_dist_logits`.
+    """
+    kd_logits = student_logits if student_dist_logits is None else student_dist_logits
+    teacher_labels = jnp.argmax(jax.lax.stop_gradient(teacher_logits), axis=-1)
+    kd = cross_entropy(kd_logits, teacher_labels, mask=mask)
+    if alpha == 1.0:
+        return kd
+    return (1.0 - alpha) * cross_entropy(student_logits, labels, label_smoothing=label_smoothing,
+                                         mask=mask) + alpha * kd
+
+
+def accuracy(logits, labels, *, mask=None) -> jax.Array:
+    """Top-1 accuracy; `labels` may be probability vectors (argmax is the label)."""
+    labels = jnp.asarray(labels)
+    if not jnp.issubdtype(labels.dtype, jnp.integer):
+        labels = jnp.argmax(labels, axis=-1)
+    return _mean((jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32), mask)

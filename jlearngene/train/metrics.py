@@ -1,0 +1,117 @@
+"""Metric output of a run: JSONL in the workdir, console lines, a tqdm bar, TensorBoard.
+
+`workdir/metrics.jsonl` gets one JSON object per line: {"step", "kind" ('train'|'eval'),
+"time", <metric>: value, ...}. TensorBoard events go to `workdir/tensorboard` when
+tensorboardX is importable (optional dependency).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Mapping
+
+METRICS_FILE = 'metrics.jsonl'
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
+            return f'{v:.3e}'
+        return f'{v:.4f}'
+    return str(v)
+
+
+def format_line(step: int, kind: str, metrics: Mapping[str, float]) -> str:
+    body = '  '.join(f'{k}={_fmt(v)}' for k, v in metrics.items())
+    return f'[{kind:>5}] step {step:>7}  {body}'
+
+
+class MetricWriter:
+    """Writes each record to JSONL, the console (through tqdm so the bar stays intact) and
+    TensorBoard."""
+
+    def __init__(self, workdir: str, *, console: bool = True, tensorboard: bool = True):
+        os.makedirs(workdir, exist_ok=True)
+        self.path = os.path.join(workdir, METRICS_FILE)
+        self._file = open(self.path, 'a', encoding='utf-8')
+        self.console = console
+        self._tb = None
+        if tensorboard:
+            try:
+                from tensorboardX import SummaryWriter
+            except ImportError:
+                pass
+            else:
+                self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+
+    def write(self, step: int, metrics: Mapping[str, float], kind: str = 'train') -> None:
+        clean = {k: float(v) for k, v in metrics.items()}
+        record = {'step': int(step), 'kind': kind, 'time': time.time(),
+                  **{k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}}
+        self._file.write(json.dumps(record) + '\n')
+        self._file.flush()
+        if self.console:
+            _console(format_line(step, kind, clean))
+        if self._tb is not None:
+            for k, v in clean.items():
+                self._tb.add_scalar(k if '/' in k else f'{kind}/{k}', v, step)
+            self._tb.flush()
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _console(line: str) -> None:
+    try:
+        from tqdm.auto import tqdm
+        tqdm.write(line, file=sys.stdout)
+    except ImportError:
+        print(line, flush=True)
+
+
+def read_metrics(workdir: str, kind: str | None = None) -> list[dict]:
+    """Records of `workdir/metrics.jsonl` (optionally one kind); a resumed run appends, so
+    for repeated steps the last record wins."""
+    path = os.path.join(workdir, METRICS_FILE) if os.path.isdir(workdir) else workdir
+    if not os.path.exists(path):
+        raise FileNotFoundError(f'no {METRICS_FILE} in {workdir!r} (not a training workdir?)')
+    by_key: dict[tuple, dict] = {}
+    with open(path, encoding='utf-8') as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f'{path}:{n}: not a JSON line ({e})') from e
+            if kind is None or rec.get('kind') == kind:
+                by_key[(rec.get('kind'), rec['step'])] = rec
+    return sorted(by_key.values(), key=lambda r: (r['step'], r.get('kind', '')))
+
+
+class Progress:
+    """tqdm bar over steps (shows steps/s and ETA); a no-op when disabled."""
+
+    def __init__(self, total: int, initial: int = 0, enabled: bool = True):
+        self._bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+            self._bar = tqdm(total=total, initial=initial, unit='step', dynamic_ncols=True,
+                             smoothing=0.1, file=sys.stdout)
+
+    def update(self, n: int = 1, **postfix) -> None:
+        if self._bar is not None:
+            self._bar.update(n)
+            if postfix:
+                self._bar.set_postfix({k: _fmt(v) for k, v in postfix.items()}, refresh=False)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+

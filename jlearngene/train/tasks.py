@@ -1,0 +1,110 @@
+"""Task functions for the generic trainer, built on `jlearngene.models.apply`.
+
+`*_loss(...)` return `loss_fn(params, batch, rng) -> (loss, metrics)` and `*_eval(...)`
+return `eval_fn(params, batch) -> sums`: per-batch **sums** over the valid examples plus a
+'count' entry, so the trainer can average over a whole split exactly even when the last
+batch is padded (batch['mask'] marks real examples).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from jlearngene.models import ViTConfig, apply
+from jlearngene.train import losses
+
+
+def classification_loss(cfg: ViTConfig, *, label_smoothing: float = 0.0) -> Callable:
+    """Cross-entropy on batch['label_soft'] when present (mixup/cutmix), else batch['label']."""
+    def loss_fn(params, batch, rng):
+        logits, _ = apply(params, batch['image'], cfg, train=True, rng=rng)
+        targets = batch['label_soft'] if 'label_soft' in batch else batch['label']
+        loss = losses.cross_entropy(logits, targets, label_smoothing=label_smoothing)
+        return loss, {'accuracy': losses.accuracy(logits, batch['label'])}
+    return loss_fn
+
+
+def classification_eval(cfg: ViTConfig) -> Callable:
+    """Sums of correct predictions and cross-entropy over the valid examples, and 'count'."""
+    def eval_fn(params, batch):
+        logits, _ = apply(params, batch['image'], cfg)
+        labels = batch['label']
+        mask = batch.get('mask')
+        mask = jnp.ones(labels.shape[:1], jnp.float32) if mask is None else mask.astype(jnp.float32)
+        correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+        ce = losses.cross_entropy_per_example(logits, labels)
+        return {'accuracy': (correct * mask).sum(), 'loss': (ce * mask).sum(), 'count': mask.sum()}
+    return eval_fn
+
+
+def predict_fn(cfg: ViTConfig) -> Callable:
+    """Jitted logits of a batch of NHWC images."""
+    return jax.jit(lambda params, images: apply(params, images, cfg)[0])
+
+
+# ----------------------------------------------------------------------------------------
+# Config-driven classification run (what `jlearngene train` executes).
+
+def model_config(model) -> ViTConfig:
+    """A ViTConfig from a config's `model` section: `variant` plus any ViTConfig fields."""
+    from jlearngene.models import vit_config
+    d = model.to_dict() if hasattr(model, 'to_dict') else dict(model)
+    return vit_config(d.pop('variant', 'Ti'), **d)
+
+
+def _check_data_fits(cfg: ViTConfig, info, split: str) -> None:
+    problems = []
+    if info.num_classes != cfg.num_classes:
+        problems.append(f'num_classes: data {info.num_classes} vs model {cfg.num_classes}')
+    want = (cfg.image_size, cfg.image_size, cfg.channels)
+    if tuple(info.image_shape) != want:
+        problems.append(f'image shape: data {tuple(info.image_shape)} vs model {want} '
+                        '(image_size, image_size, channels)')
+    if problems:
+        raise ValueError(f'data {info.name}[{split}] does not fit the model: ' + '; '.join(problems))
+
+
+def initial_params(config, cfg: ViTConfig):
+    """Fresh parameters (seeded) or the model artefact named by `config.init`."""
+    from jlearngene.train import checkpoint
+    path = config.get('init', '') if hasattr(config, 'get') else ''
+    if path:
+        params, _, _ = checkpoint.load_model(path, expect_cfg=cfg)
+        return params
+    from jlearngene.models import init
+    return jax.jit(init, static_argnums=0)(cfg, jax.random.key(config.seed))
+
+
+def eval_data_fn(config):
+    """A zero-argument callable giving a fresh pass over the evaluation split."""
+    from jlearngene import data
+    return lambda: data.from_config(config.data, config.eval_split, batch_size=config.eval_batch_size,
+                                    seed=config.seed, train=False)[0]
+
+
+def run_classification(config, workdir: str, *, progress: bool = True):
+    """Train a ViT classifier as `config` describes (see experiments/configs/digits_vit.py);
+    the final parameters are also saved as a model artefact in `workdir/model`."""
+    import os
+
+    from jlearngene import data
+    from jlearngene.train import checkpoint, optim, trainer
+    cfg = model_config(config.model)
+    train_it, info = data.from_config(config.data, 'train', batch_size=config.batch_size,
+                                      seed=config.seed, train=True)
+    _check_data_fits(cfg, info, 'train')
+    params = initial_params(config, cfg)
+    tx = optim.make_optimizer(config.optim, params, total_steps=config.steps)
+    params, history = trainer.fit(
+        classification_loss(cfg, label_smoothing=config.label_smoothing), params, train_it, tx,
+        workdir=workdir, steps=config.steps, eval_fn=classification_eval(cfg),
+        eval_data=eval_data_fn(config), eval_every=config.eval_every, log_every=config.log_every,
+        checkpoint_every=config.checkpoint_every, keep_checkpoints=config.keep_checkpoints,
+        best_metric=config.best_metric or None, seed=config.seed, config=config, model_config=cfg,
+        sharding=config.sharding, progress=progress)
+    final = history['eval'][-1] if history['eval'] else {}
+    checkpoint.save_model(os.path.join(workdir, 'model'), params, cfg, overwrite=True,
+                          extra={'source': 'jlearngene train', 'steps': int(config.steps), **final})
+    return params, history

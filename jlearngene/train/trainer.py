@@ -1,0 +1,395 @@
+"""The generic trainer: `fit(loss_fn, trainable, data, optimizer, ...)`.
+
+Every method plugs in through `loss_fn(trainable, batch, rng) -> (loss, metrics)`; the
+trainer owns the rest: a jitted step with buffer donation and explicit shardings (batches
+over the 'data' mesh axis, parameters replicated or FSDP-sharded), optax, orbax
+checkpoints with exact resume, metrics (JSONL, console, TensorBoard), a progress bar,
+evaluation, a non-finite-loss guard and a checkpoint on SIGTERM.
+
+Train state: a plain dict {'params', 'opt_state', 'step' (int32), 'rng' (uint32 key data)}.
+The step's randomness is `fold_in(rng, step)`, so a resumed run draws the same keys as an
+uninterrupted one. Host syncs happen only every `log_every` steps (and at eval/checkpoint
+steps); the non-finite check runs there, before anything is saved, so the last checkpoint
+is always a finite one.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable, Iterable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jlearngene import parallel
+from jlearngene.train import checkpoint as ckpt_lib
+from jlearngene.train import metrics as metrics_lib
+from jlearngene.train.optim import current_lr
+
+log = logging.getLogger(__name__)
+
+LossFn = Callable[[Any, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, Mapping[str, jax.Array]]]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite; the message names the step."""
+
+
+class Preempted(SystemExit):
+    """Raised after the SIGTERM checkpoint is written (exit status 143 = 128 + SIGTERM)."""
+
+    def __init__(self, step: int, path: str):
+        super().__init__(143)
+        self.step, self.path = step, path
+
+    def __str__(self):
+        return f'preempted (SIGTERM) at step {self.step}; checkpoint saved to {self.path}'
+
+
+# ----------------------------------------------------------------------------------------
+# The step.
+
+def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation) -> Callable:
+    """The pure step `(state, batch, rng) -> (state, metrics)`; `fit` jits it with donation.
+
+    `rng` is the run's base key data (uint32); the step folds in `state['step']`.
+    Metrics: the loss, `loss_fn`'s metrics, the gradient's global norm and, when the
+    optimiser injects it, the learning rate used for this step.
+    """
+    def step(state, batch, rng):
+        key = jax.random.fold_in(jax.random.wrap_key_data(rng), state['step'])
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state['params'], batch, key)
+        updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
+        lr = current_lr(opt_state)  # injected hyperparameters are set during the update
+        params = optax.apply_updates(state['params'], updates)
+        out = {'loss': loss, **aux, 'grad_norm': optax.tree.norm(grads)}
+        if lr is not None:
+            out['lr'] = lr
+        new_state = {'params': params, 'opt_state': opt_state, 'step': state['step'] + 1,
+                     'rng': state['rng']}
+        return new_state, {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
+    return step
+
+
+def init_state(trainable, optimizer: optax.GradientTransformation, seed: int = 0) -> dict:
+    """{'params', 'opt_state', 'step', 'rng'}; params are copied, so donating the state
+    never deletes the caller's arrays."""
+    return {'params': jax.tree.map(jnp.copy, trainable), 'opt_state': optimizer.init(trainable),
+            'step': jnp.zeros((), jnp.int32),
+            'rng': jax.random.key_data(jax.random.key(seed))}
+
+
+# Jitted functions are cached on (loss_fn, optimizer, shardings) so repeated `fit` calls with
+# the same objects (sweeps, resumed runs in one process) compile once.
+_init_state_jit = jax.jit(init_state, static_argnames=('optimizer', 'seed'))
+
+
+@functools.lru_cache(maxsize=4)
+def _jitted_step(loss_fn, optimizer, state_sh_key, batch_sh, repl):
+    treedef, leaves = state_sh_key
+    state_sh = jax.tree.unflatten(treedef, leaves)
+    return jax.jit(make_train_step(loss_fn, optimizer), in_shardings=(state_sh, batch_sh, repl),
+                   out_shardings=(state_sh, repl), donate_argnums=(0,))
+
+
+@functools.lru_cache(maxsize=4)
+def _jitted_eval(eval_fn, params_sh_key, batch_sh, repl):
+    treedef, leaves = params_sh_key
+    return jax.jit(eval_fn, in_shardings=(jax.tree.unflatten(treedef, leaves), batch_sh), out_shardings=repl)
+
+
+def _key(tree):
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple(leaves)
+
+
+# ----------------------------------------------------------------------------------------
+# Data helpers.
+
+class _Batches:
+    """Wraps the training data: `next()`, and a resumable position (grain state when the
+    iterator has `get_state`/`set_state`, otherwise a count of consumed batches that is
+    replayed on resume — exact for deterministic iterators)."""
+
+    def __init__(self, data):
+        self.it = data if hasattr(data, '__next__') else iter(data)
+        self.stateful = hasattr(self.it, 'get_state') and hasattr(self.it, 'set_state')
+        self.consumed = 0
+
+    def __next__(self):
+        try:
+            batch = next(self.it)
+        except StopIteration:
+            raise RuntimeError(f'training data ran out after {self.consumed} batches; '
+                               'pass an endless iterator (e.g. jlearngene.data.train_iterator)') from None
+        self.consumed += 1
+        return batch
+
+    def get_state(self):
+        if self.stateful:
+            return {'kind': 'iterator', 'state': self.it.get_state(), 'consumed': self.consumed}
+        return {'kind': 'count', 'consumed': self.consumed}
+
+    def set_state(self, state):
+        if not state:
+            return
+        if state.get('kind') == 'iterator':
+            if not self.stateful:
+                raise ValueError('the checkpoint holds an iterator state but the data has no set_state')
+            self.it.set_state(state['state'])
+            self.consumed = state['consumed']
+        else:
+            log.warning('data has no get_state/set_state: replaying %d batches to resume', state['consumed'])
+            for _ in range(state['consumed']):
+                next(self)
+
+
+def _eval_iter(eval_data, cache: list):
+    if callable(eval_data):
+        return iter(eval_data())
+    if hasattr(eval_data, '__next__'):  # one-shot iterator: keep its batches for later evals
+        if not cache:
+            cache.extend(eval_data)
+            if not cache:
+                raise ValueError('eval_data yielded no batches')
+        return iter(cache)
+    return iter(eval_data)
+
+
+def _to_host(tree):
+    return jax.tree.map(lambda x: np.asarray(x).item() if np.ndim(x) == 0 else np.asarray(x), jax.device_get(tree))
+
+
+def _mean_records(records: list[dict]) -> dict[str, float]:
+    out = {k: float(np.mean([r[k] for r in records])) for k in records[0]}
+    if 'lr' in out:
+        out['lr'] = float(records[-1]['lr'])  # the current value, not the interval mean
+    return out
+
+
+def _start_fresh(ckpt: ckpt_lib.RunCheckpointer, workdir: str) -> None:
+    """resume=False in a used workdir: drop its checkpoints and metrics, so stale later
+    steps can neither outlive the new run's checkpoints nor mix into its curves."""
+    old = ckpt.steps()
+    if old:
+        log.warning('resume=False: deleting %d old checkpoint(s) %s in %s', len(old), old, ckpt.directory)
+        for step in old:
+            ckpt.delete(step)
+    path = os.path.join(workdir, metrics_lib.METRICS_FILE)
+    if os.path.exists(path):
+        os.remove(path)
+
+
+def _write_config(workdir: str, config) -> None:
+    if config is None:
+        return
+    d = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
+    with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
+        json.dump(ckpt_lib.to_json(d), f, indent=2, sort_keys=True)
+    if hasattr(config, 'to_dict'):  # ml_collections' readable form as well
+        with open(os.path.join(workdir, 'config.txt'), 'w', encoding='utf-8') as f:
+            f.write(str(config))
+
+
+class _SigtermFlag:
+    """Sets a flag on SIGTERM (main thread only); restores the old handler on exit."""
+
+    def __init__(self, enabled: bool):
+        self.flag = False
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self._old = None
+
+    def __enter__(self):
+        if self.enabled:
+            self._old = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        del signum, frame
+        self.flag = True
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            signal.signal(signal.SIGTERM, self._old)
+
+
+# ----------------------------------------------------------------------------------------
+# fit.
+
+def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
+        optimizer: optax.GradientTransformation, *, workdir: str, steps: int,
+        eval_fn: Callable | None = None, eval_data=None, eval_every: int | None = None,
+        log_every: int = 50, checkpoint_every: int | None = None, keep_checkpoints: int = 2,
+        best_metric: str | None = None, best_mode: str = 'max', seed: int = 0, config=None,
+        model_config=None, sharding: str = 'replicate', axes=None, mesh=None,
+        fsdp_min_size: int = 2 ** 12,
+        resume: bool = True, progress: bool = True, console: bool = True,
+        tensorboard: bool = True, handle_sigterm: bool = True):
+    """Train `trainable` for `steps` optimiser steps; returns `(trainable, history)`.
+
+    Args:
+      loss_fn: `(trainable, batch, rng) -> (loss, metrics)`; metrics are scalars.
+      trainable: the pytree the optimiser updates (a ViT's params, a gene, an operator).
+      data: endless iterable of host batches (dicts of numpy arrays, leading batch axis,
+        this process's share); a grain iterator's `get_state` makes resume exact.
+      optimizer: an optax transformation (e.g. `optim.make_optimizer`).
+      workdir: metrics.jsonl, config.json, tensorboard/ and checkpoints/ go here. An existing
+        checkpoint there is resumed when `resume` (refused if it does not fit).
+      steps: total steps of the run (a resumed run continues up to it).
+      eval_fn: `(trainable, batch) -> {name: sum over valid examples, ..., 'count': n}`
+        (see `tasks.classification_eval`); reported as 'eval/<name>' = sum / count.
+      eval_data: a zero-argument callable returning an iterator of eval batches, or a
+        re-iterable; a one-shot iterator is cached in host memory after its first pass.
+      eval_every / log_every / checkpoint_every: intervals in steps (None = only at the end
+        for eval/checkpoints). A final checkpoint is always written.
+      keep_checkpoints, best_metric, best_mode: retention (latest N plus the best by e.g.
+        'eval/accuracy').
+      config: the resolved experiment config (ConfigDict/dict), written to
+        workdir/config.json and stored in every checkpoint; `model_config` (a ViTConfig)
+        makes a resume into a different model fail with the mismatched fields named.
+      sharding: 'replicate' or 'fsdp' (parameters split over the 'data' axis by logical axis;
+        `axes` overrides the logical names, default the ViT table; leaves smaller than
+        `fsdp_min_size` elements stay replicated).
+      mesh: a mesh with a 'data' axis (default: all devices).
+      resume, progress, console, tensorboard, handle_sigterm: switches for resuming from
+        workdir, the tqdm bar, console metric lines, TensorBoard events and the SIGTERM
+        checkpoint (which then raises `Preempted`, a SystemExit with status 143).
+    """
+    if steps < 0:
+        raise ValueError(f'steps must be >= 0, got {steps}')
+    for name, every in (('log_every', log_every), ('eval_every', eval_every),
+                        ('checkpoint_every', checkpoint_every)):
+        if every is not None and (not isinstance(every, int) or every < (1 if name == 'log_every' else 0)):
+            raise ValueError(f'{name} must be a positive integer, got {every!r}')
+    if eval_fn is not None and eval_data is None:
+        raise ValueError('eval_fn needs eval_data')
+    os.makedirs(workdir, exist_ok=True)
+    mesh = mesh or parallel.make_mesh()
+    repl = parallel.replicated(mesh)
+
+    # State, placed directly with its shardings.
+    trainable_sh = parallel.param_shardings(trainable, mesh, sharding, axes=axes, min_size=fsdp_min_size)
+    trainable = jax.device_put(trainable, trainable_sh)
+    try:
+        hash(optimizer), hash(loss_fn)
+    except TypeError as e:
+        raise TypeError(f'fit needs a hashable optimizer and loss_fn (jit caches them): {e}') from None
+    state = _init_state_jit(trainable, optimizer=optimizer, seed=seed)
+    state_sh = parallel.state_shardings(state, trainable_sh, mesh)
+    state = jax.device_put(state, state_sh)
+
+    batches = _Batches(data)
+    ckpt = ckpt_lib.RunCheckpointer(os.path.join(workdir, 'checkpoints'), keep=keep_checkpoints,
+                                    best_metric=best_metric, best_mode=best_mode)
+    start = 0
+    if resume and ckpt.latest_step() is not None:
+        state, meta = ckpt.restore(state, model_config=model_config)
+        batches.set_state(meta['data_state'])
+        start = int(meta['step'])
+        log.info('resumed from %s at step %d', ckpt.directory, start)
+    elif not resume:
+        _start_fresh(ckpt, workdir)
+    _write_config(workdir, config)  # after the resume check: a refused run leaves it alone
+    # The run's key comes from the (possibly restored) state; a host copy, since the state
+    # itself is donated at every step.
+    base_rng = jax.device_put(np.asarray(jax.device_get(state['rng'])), repl)
+
+    step_fn = _jitted_step(loss_fn, optimizer, _key(state_sh), parallel.batch_sharding(mesh), repl)
+    eval_step = None
+    if eval_fn is not None:
+        eval_step = _jitted_eval(eval_fn, _key(trainable_sh), parallel.batch_sharding(mesh), repl)
+    eval_cache: list = []
+
+    writer = metrics_lib.MetricWriter(workdir, console=console, tensorboard=tensorboard)
+    history: dict[str, list] = {'train': [], 'eval': []}
+    bar = metrics_lib.Progress(steps, initial=start, enabled=progress)
+    pending: list = []          # device metrics since the last host sync
+    last_sync = (start, time.perf_counter())
+
+    def sync_train(step: int) -> dict | None:
+        """Fetch pending metrics (one host sync), check finiteness, log their mean."""
+        nonlocal pending, last_sync
+        if not pending:
+            return None
+        records = _to_host(pending)
+        first = step - len(records) + 1
+        for i, r in enumerate(records):
+            if not math.isfinite(r['loss']):
+                raise NonFiniteLossError(
+                    f"loss is {r['loss']} at step {first + i} (of {steps}); stopping. The last "
+                    f'good checkpoint in {ckpt.directory} (step {ckpt.latest_step()}) is unchanged. '
+                    'Lower the learning rate, enable clip_norm, or check the data.')
+        pending = []
+        now = time.perf_counter()
+        rec = _mean_records(records)
+        rec['steps_per_sec'] = (step - last_sync[0]) / max(now - last_sync[1], 1e-9)
+        last_sync = (step, now)
+        writer.write(step, rec, 'train')
+        history['train'].append({'step': step, **rec})
+        return rec
+
+    def run_eval(step: int) -> dict:
+        total = None
+        for batch in _eval_iter(eval_data, eval_cache):
+            out = eval_step(state['params'], parallel.shard_batch(batch, mesh))
+            total = out if total is None else jax.tree.map(jnp.add, total, out)
+        if total is None:
+            raise ValueError('eval_data yielded no batches')
+        total = _to_host(total)
+        if 'count' not in total:
+            raise ValueError(f"eval_fn must return a 'count' entry next to its sums, got {sorted(total)}")
+        count = max(total.pop('count'), 1e-9)
+        rec = {f'eval/{k}': v / count for k, v in total.items()}
+        rec['eval/count'] = float(count)
+        writer.write(step, rec, 'eval')
+        history['eval'].append({'step': step, **rec})
+        return rec
+
+    def save(step: int, metrics=None) -> str:
+        sync_train(step)        # never save after a non-finite loss
+        return ckpt.save(step, state, data_state=batches.get_state(), config=_config_json(config),
+                         model_config=model_config, metrics=metrics)
+
+    try:
+        with _SigtermFlag(handle_sigterm) as sigterm:
+            step = start
+            while step < steps:
+                batch = parallel.shard_batch(next(batches), mesh)
+                state, m = step_fn(state, batch, base_rng)
+                pending.append(m)
+                step += 1
+                bar.update(1)
+                if step % log_every == 0 or step == steps:
+                    rec = sync_train(step)
+                    if rec:
+                        bar.update(0, loss=rec['loss'])
+                eval_rec = None
+                if eval_step is not None and ((eval_every and step % eval_every == 0) or step == steps):
+                    sync_train(step)
+                    eval_rec = run_eval(step)
+                saved = None
+                if step == steps or (checkpoint_every and step % checkpoint_every == 0) or \
+                        (eval_rec is not None and best_metric):
+                    saved = save(step, eval_rec)
+                if sigterm.flag:
+                    raise Preempted(step, saved or save(step, eval_rec))
+            sync_train(step)
+    finally:
+        bar.close()
+        writer.close()
+        ckpt.close()
+    return state['params'], history
+
+
+def _config_json(config):
+    if config is None:
+        return None
+    return config.to_dict() if hasattr(config, 'to_dict') else dict(config)

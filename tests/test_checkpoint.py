@@ -1,0 +1,148 @@
+"""Model artefacts and run checkpoints: round trips, retention, refusals, corruption."""
+import glob
+import os
+import shutil
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jlearngene.models import init, unstack_blocks
+from jlearngene.train import checkpoint, optim, trainer
+
+
+@pytest.fixture(autouse=True, scope='module')
+def fast_compile():
+    """Tiny programs: XLA optimisation passes cost more than they save."""
+    old = jax.config.values['jax_disable_most_optimizations']
+    jax.config.update('jax_disable_most_optimizations', True)
+    yield
+    jax.config.update('jax_disable_most_optimizations', old)
+
+
+def _data_files(path):
+    files = [f for f in glob.glob(os.path.join(path, '**', 'd', '*'), recursive=True) if os.path.isfile(f)]
+    assert files, f'no data files under {path}'
+    return files
+
+
+_init = jax.jit(init, static_argnums=0)
+
+
+@pytest.fixture
+def params(tiny_cfg):
+    return _init(tiny_cfg, jax.random.key(0))
+
+
+@pytest.mark.parametrize('layout', ['stacked', 'list'])
+def test_model_round_trip(tmp_path, tiny_cfg, params, layout):
+    p = params if layout == 'stacked' else unstack_blocks(params)
+    path = checkpoint.save_model(tmp_path / 'm', p, tiny_cfg, extra={'method': 'tleg', 'depths': [3, 6]})
+    loaded, cfg, extra = checkpoint.load_model(path, expect_cfg=tiny_cfg)
+    chex.assert_trees_all_equal(loaded, p)
+    assert cfg == tiny_cfg
+    assert extra == {'method': 'tleg', 'depths': [3, 6]}
+    meta = checkpoint.model_metadata(path)
+    assert meta['layout'] == layout
+
+
+def test_model_refuses_other_config_and_overwrite(tmp_path, tiny_cfg, params):
+    path = checkpoint.save_model(tmp_path / 'm', params, tiny_cfg)
+    with pytest.raises(checkpoint.CheckpointError, match=r'depth: checkpoint 3 vs requested 6.*'):
+        checkpoint.load_model(path, expect_cfg=tiny_cfg.replace(depth=6))
+    with pytest.raises(checkpoint.CheckpointError, match='already exists'):
+        checkpoint.save_model(path, params, tiny_cfg)
+    with pytest.raises(TypeError, match='not JSON-able'):
+        checkpoint.save_model(tmp_path / 'm2', params, tiny_cfg, extra={'x': object()})
+
+
+@pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')  # orbax's loop, on failure
+def test_model_missing_truncated_corrupted(tmp_path, tiny_cfg, params):
+    with pytest.raises(checkpoint.CheckpointError, match='does not exist'):
+        checkpoint.load_model(tmp_path / 'nope')
+    path = checkpoint.save_model(tmp_path / 'm', params, tiny_cfg)
+    for f in _data_files(path):  # truncate every data file
+        b = open(f, 'rb').read()
+        open(f, 'wb').write(b[: len(b) // 2])
+    with pytest.raises(checkpoint.CheckpointError, match='truncated or corrupted'):
+        checkpoint.load_model(path)
+    path = checkpoint.save_model(tmp_path / 'm2', params, tiny_cfg)
+    os.remove(os.path.join(path, 'commit_success.txt'))  # an interrupted write
+    with pytest.raises(checkpoint.CheckpointError, match='not a complete orbax checkpoint'):
+        checkpoint.load_model(path)
+
+
+def test_digest_detects_changed_values(tmp_path, tiny_cfg, params):
+    """A checkpoint whose arrays differ from what was saved is refused (checksum)."""
+    a = checkpoint.save_model(tmp_path / 'a', params, tiny_cfg)
+    other = jax.tree.map(lambda x: x + 1, params)
+    b = checkpoint.save_model(tmp_path / 'b', other, tiny_cfg)
+    # Put b's arrays under a's metadata: readable, but not the values a saved.
+    shutil.rmtree(os.path.join(a, 'params'))
+    shutil.copytree(os.path.join(b, 'params'), os.path.join(a, 'params'))
+    with pytest.raises(checkpoint.CheckpointError, match='checksum'):
+        checkpoint.load_model(a)
+
+
+def _state(params, tiny_cfg):
+    tx = optim.make_optimizer({'lr': 1e-3, 'warmup_steps': 1, 'freeze': ('patch_embed/.*',)}, params,
+                              total_steps=10)
+    return jax.jit(trainer.init_state, static_argnums=(1, 2))(params, tx, 3)
+
+
+def test_run_round_trip_retention_and_best(tmp_path, tiny_cfg, params):
+    state = _state(params, tiny_cfg)
+    ck = checkpoint.RunCheckpointer(tmp_path / 'c', keep=2, best_metric='acc')
+    accs = [0.5, 0.9, 0.1, 0.2, 0.3]
+    for step, acc in enumerate(accs, 1):
+        s = dict(state, step=jnp.int32(step))
+        ck.save(step, s, data_state={'pos': step, 'blob': b'\x00\x01'}, config={'steps': 5},
+                model_config=tiny_cfg, metrics={'acc': acc})
+    assert ck.steps() == [2, 4, 5]      # latest two plus the best (step 2, acc 0.9)
+    assert ck.best_step() == 2 and ck.latest_step() == 5
+    restored, meta = ck.restore(state, model_config=tiny_cfg)
+    assert meta['data_state'] == {'pos': 5, 'blob': b'\x00\x01'}
+    assert meta['config'] == {'steps': 5}
+    assert int(restored['step']) == 5
+    chex.assert_trees_all_equal(restored['params'], state['params'])
+    assert jax.tree.structure(restored) == jax.tree.structure(state)  # optax NamedTuples back
+    ck.close()
+
+
+def test_run_refuses_other_model(tmp_path, tiny_cfg, params):
+    state = _state(params, tiny_cfg)
+    with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
+        _refusals(ck, state, params, tiny_cfg)
+
+
+def _refusals(ck, state, params, tiny_cfg):
+    ck.save(1, state, model_config=tiny_cfg)
+    with pytest.raises(checkpoint.CheckpointError, match=r'width: checkpoint 32 vs requested 64'):
+        ck.restore(state, model_config=tiny_cfg.replace(width=64, num_heads=2))
+    bigger = jax.eval_shape(lambda: _state(init(tiny_cfg.replace(depth=4), jax.random.key(0)), tiny_cfg))
+    with pytest.raises(checkpoint.CheckpointError, match=r'blocks/attn/q/kernel \(3, 32, 2, 16\)'):
+        ck.restore(bigger)
+    other = jax.eval_shape(lambda: trainer.init_state(params, optim.make_optimizer({'lr': 1e-3}, params,
+                                                                                  total_steps=10)))
+    with pytest.raises(checkpoint.CheckpointError, match='only in the checkpoint'):
+        ck.restore(other)
+
+
+def test_run_truncated(tmp_path, tiny_cfg, params):
+    state = _state(params, tiny_cfg)
+    with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
+        path = ck.save(1, state)
+        for f in _data_files(path):
+            open(f, 'wb').write(open(f, 'rb').read()[:10])
+        with pytest.raises(checkpoint.CheckpointError, match='truncated or corrupted'):
+            ck.restore(state)
+    with checkpoint.RunCheckpointer(tmp_path / 'empty') as ck:
+        with pytest.raises(checkpoint.CheckpointError, match='no checkpoint'):
+            ck.restore(state)
+
+
+def test_json_helpers():
+    obj = {'a': (1, 2), 'b': b'xyz', 'c': np.float32(0.5), 'd': None}
+    assert checkpoint.from_json(checkpoint.to_json(obj)) == {'a': [1, 2], 'b': b'xyz', 'c': 0.5, 'd': None}

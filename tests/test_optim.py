@@ -1,0 +1,91 @@
+"""Optimiser from config: schedule, masked weight decay, freezing, lr multipliers, clipping."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jlearngene import pytree
+from jlearngene.models import init
+from jlearngene.train import optim
+
+
+@pytest.fixture(autouse=True, scope='module')
+def fast_compile():
+    """Tiny programs: XLA optimisation passes cost more than they save."""
+    old = jax.config.values['jax_disable_most_optimizations']
+    jax.config.update('jax_disable_most_optimizations', True)
+    yield
+    jax.config.update('jax_disable_most_optimizations', old)
+
+
+@pytest.fixture
+def params(tiny_cfg):
+    return jax.jit(init, static_argnums=0)(tiny_cfg, jax.random.key(0))
+
+
+def _step(tx, params, grads, state=None):
+    state = jax.jit(tx.init)(params) if state is None else state
+    updates, state = jax.jit(tx.update)(grads, state, params)
+    return optax.apply_updates(params, updates), updates, state
+
+
+def test_warmup_cosine_schedule_is_logged(params):
+    tx = optim.make_optimizer({'lr': 1e-3, 'warmup_steps': 2, 'min_lr_ratio': 0.1}, params, total_steps=6)
+    grads = jax.tree.map(jnp.ones_like, params)
+    state, lrs, update = tx.init(params), [], jax.jit(tx.update)
+    for _ in range(6):
+        _, state = update(grads, state, params)
+        lrs.append(float(optim.current_lr(state)))
+    want = [1e-4 + (1e-3 - 1e-4) * 0.5 * (1 + np.cos(np.pi * (s - 2) / 4)) if s >= 2 else 1e-3 * s / 2
+            for s in range(6)]
+    np.testing.assert_allclose(lrs, want, rtol=1e-5)
+
+
+def test_weight_decay_only_on_kernels(params):
+    tx = optim.make_optimizer({'lr': 0.1, 'weight_decay': 0.5, 'schedule': 'constant', 'clip_norm': 0},
+                              params)
+    new, _, _ = _step(tx, params, jax.tree.map(jnp.zeros_like, params))
+    changed = {k for k, d in pytree.max_abs_diff(new, params).items() if d > 0}
+    kernels = {k for k in pytree.flatten(params) if k.endswith('kernel')}
+    assert changed == kernels   # no decay on biases, norms, pos_embed, cls_token
+    np.testing.assert_allclose(new['head']['kernel'], params['head']['kernel'] * (1 - 0.1 * 0.5), rtol=1e-6)
+
+
+def test_freeze_and_lr_multipliers(params):
+    cfg = {'lr': 1e-2, 'schedule': 'constant', 'weight_decay': 0.0, 'clip_norm': 0,
+           'freeze': ('patch_embed/.*', 'pos_embed'), 'lr_mults': (('head/.*', 0.5),)}
+    tx = optim.make_optimizer(cfg, params)
+    grads = jax.tree.map(jnp.ones_like, params)
+    new, updates, state = _step(tx, params, grads)
+    np.testing.assert_array_equal(new['patch_embed']['kernel'], params['patch_embed']['kernel'])
+    np.testing.assert_array_equal(new['pos_embed'], params['pos_embed'])
+    # Adam's first step is -lr * sign(g); the head gets half of it.
+    np.testing.assert_allclose(updates['head']['bias'], -0.5e-2, rtol=1e-4)
+    np.testing.assert_allclose(updates['norm']['bias'], -1e-2, rtol=1e-4)
+    # Frozen leaves carry no Adam moments.
+    mu = optax.tree_utils.tree_get(state, 'mu')
+    assert isinstance(mu['patch_embed']['kernel'], optax.MaskedNode)
+    with pytest.raises(ValueError, match='freezes every parameter'):
+        optim.make_optimizer({'freeze': ('.*',)}, params, total_steps=3)
+
+
+def test_global_norm_clipping_ignores_frozen(params):
+    cfg = {'lr': 1e-3, 'schedule': 'constant', 'clip_norm': 1.0, 'b1': 0.9, 'freeze': ('head/.*',)}
+    tx = optim.make_optimizer(cfg, params)
+    grads = jax.tree.map(lambda x: jnp.full_like(x, 3.0), params)
+    grads['head'] = jax.tree.map(lambda x: jnp.full_like(x, 1e6), params['head'])
+    _, _, state = _step(tx, params, grads)
+    trainable = {k: v for k, v in grads.items() if k != 'head'}
+    norm = float(optax.tree.norm(trainable))
+    mu = optax.tree_utils.tree_get(state, 'mu')
+    np.testing.assert_allclose(mu['norm']['bias'], 0.1 * 3.0 / norm, rtol=1e-5)
+
+
+def test_config_errors(params):
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['lrr'\]"):
+        optim.make_optimizer({'lrr': 1.0}, params, total_steps=3)
+    with pytest.raises(ValueError, match='needs total_steps'):
+        optim.make_optimizer({'lr': 1.0}, params)
+    with pytest.raises(ValueError, match='exceeds total_steps'):
+        optim.make_optimizer({'warmup_steps': 5}, params, total_steps=3)

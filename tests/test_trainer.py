@@ -1,0 +1,173 @@
+"""The generic trainer end to end on tiny models: logging, exact resume, devices, guards."""
+import json
+import os
+import signal
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from jlearngene import parallel, pytree
+from jlearngene.models import init, vit_config
+from jlearngene.train import checkpoint, metrics, optim, tasks, trainer
+
+CFG = vit_config('Ti', width=16, num_heads=2, mlp_dim=32, depth=2, image_size=8, patch_size=4,
+                 num_classes=3)
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(64, 8, 8, 3)).astype(np.float32)
+Y = (X[..., 0].mean((1, 2)) > 0).astype(np.int32) + (X[..., 1].mean((1, 2)) > 0.2)
+
+
+@pytest.fixture(autouse=True, scope='module')
+def fast_compile():
+    old = jax.config.values['jax_disable_most_optimizations']
+    jax.config.update('jax_disable_most_optimizations', True)
+    yield
+    jax.config.update('jax_disable_most_optimizations', old)
+
+
+class Batches:
+    """Endless deterministic batches with a grain-like get_state/set_state; optional hooks."""
+
+    def __init__(self, batch_size=16, hook=None):
+        self.i, self.bs, self.hook = 0, batch_size, hook
+
+    def __next__(self):
+        if self.hook:
+            self.hook(self.i)
+        j = (self.i * self.bs) % len(X)
+        self.i += 1
+        return {'image': X[j:j + self.bs], 'label': Y[j:j + self.bs]}
+
+    def get_state(self):
+        return {'i': self.i}
+
+    def set_state(self, state):
+        self.i = state['i']
+
+
+PARAMS = jax.jit(init, static_argnums=0)(CFG, jax.random.key(0))
+_LOSS = tasks.classification_loss(CFG, label_smoothing=0.1)
+TRACES = [0]
+
+
+def LOSS(params, batch, rng):  # noqa: N802 - a module-level loss that counts its traces
+    TRACES[0] += 1
+    return _LOSS(params, batch, rng)
+
+
+OPT = dict(lr=3e-3, warmup_steps=2)
+TX = optim.make_optimizer(OPT, PARAMS, total_steps=8)
+EVAL = [{'image': X[:24], 'label': Y[:24], 'mask': np.arange(24) < 20}]
+
+
+def _fit(workdir, steps, data=None, **kw):
+    """Shared params, loss and optimiser objects: fits with equal shardings compile once."""
+    kw.setdefault('log_every', 2)
+    return trainer.fit(LOSS, PARAMS, data or Batches(), TX,
+                       workdir=str(workdir), steps=steps, seed=1, progress=False, console=False,
+                       model_config=CFG, **kw)
+
+
+def test_fit_logs_evaluates_and_checkpoints(tmp_path):
+    params, hist = _fit(tmp_path, 8, eval_fn=tasks.classification_eval(CFG), eval_data=EVAL,
+                        eval_every=4, best_metric='eval/accuracy', config={'steps': 8})
+    assert [r['step'] for r in hist['train']] == [2, 4, 6, 8]
+    assert hist['train'][-1]['loss'] < hist['train'][0]['loss']
+    assert [r['step'] for r in hist['eval']] == [4, 8]
+    assert hist['eval'][0]['eval/count'] == 20.0  # the mask drops 4 padded examples
+    recs = metrics.read_metrics(tmp_path)
+    assert {r['kind'] for r in recs} == {'train', 'eval'} and len(recs) == 6
+    assert {'loss', 'accuracy', 'grad_norm', 'lr', 'steps_per_sec'} <= set(recs[0])
+    assert json.load(open(tmp_path / 'config.json')) == {'steps': 8}
+    assert os.listdir(tmp_path / 'tensorboard')
+    with checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
+        assert ck.latest_step() == 8
+        state, meta = ck.restore(jax.eval_shape(lambda: trainer.init_state(PARAMS, TX)))
+    chex.assert_trees_all_equal(state['params'], params)
+    assert meta['config'] == {'steps': 8}
+
+
+def test_exact_resume(tmp_path):
+    full, _ = _fit(tmp_path / 'full', 6)
+    traces = TRACES[0]
+    _fit(tmp_path / 'part', 3)                     # stop at k = 3 (final checkpoint)
+    resumed, hist = _fit(tmp_path / 'part', 6)     # fresh iterator, resumes at 3
+    assert TRACES[0] == traces                     # the step compiled once for all three fits
+    assert [r['step'] for r in hist['train']] == [4, 6]
+    assert pytree.trees_equal(jax.device_get(full), jax.device_get(resumed))
+
+
+def test_no_resume_starts_fresh(tmp_path):
+    _fit(tmp_path, 6)
+    params, hist = _fit(tmp_path, 4, resume=False)
+    assert [r['step'] for r in hist['train']] == [2, 4]
+    assert [r['step'] for r in metrics.read_metrics(tmp_path)] == [2, 4]
+    with checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
+        assert ck.steps() == [4]
+
+
+def test_resume_refuses_other_model(tmp_path):
+    _fit(tmp_path, 2)
+    other = CFG.replace(num_classes=4)
+    params = jax.jit(init, static_argnums=0)(other, jax.random.key(0))
+    tx = optim.make_optimizer({'lr': 1e-3}, params, total_steps=4)
+    with pytest.raises(checkpoint.CheckpointError, match='num_classes: checkpoint 3 vs requested 4'):
+        trainer.fit(tasks.classification_loss(other), params, Batches(), tx, workdir=str(tmp_path),
+                    steps=4, progress=False, console=False, model_config=other)
+
+
+def test_same_result_on_one_and_eight_devices(tmp_path):
+    assert jax.device_count() == 8
+    one, _ = _fit(tmp_path / 'one', 4, mesh=parallel.make_mesh(1))
+    eight, _ = _fit(tmp_path / 'eight', 4)
+    fsdp, _ = _fit(tmp_path / 'fsdp', 4, sharding='fsdp', fsdp_min_size=0)
+    chex.assert_trees_all_close(jax.device_get(one), jax.device_get(eight), rtol=2e-5, atol=2e-6)
+    chex.assert_trees_all_close(jax.device_get(one), jax.device_get(fsdp), rtol=2e-5, atol=2e-6)
+    assert fsdp['blocks']['mlp']['fc1']['kernel'].sharding.spec == jax.P(None, None, 'data')
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+    class Poisoned(Batches):
+        def __next__(self):
+            b = super().__next__()
+            if self.i == 5:  # the 5th batch
+                b = dict(b, image=np.full_like(b['image'], np.nan))
+            return b
+    with pytest.raises(trainer.NonFiniteLossError, match='loss is nan at step 5'):
+        _fit(tmp_path, 8, data=Poisoned(), checkpoint_every=2, log_every=1)
+    with checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
+        assert ck.latest_step() == 4
+        state, _ = ck.restore(trainer.init_state(PARAMS, TX))
+    chex.assert_tree_all_finite(state)
+
+
+def test_sigterm_saves_then_exits(tmp_path):
+    def hook(i):
+        if i == 3:  # while fetching the 4th batch
+            os.kill(os.getpid(), signal.SIGTERM)
+    with pytest.raises(SystemExit) as exc:
+        _fit(tmp_path, 8, data=Batches(hook=hook))
+    assert exc.value.code == 143 and exc.value.step == 4
+    with checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
+        assert ck.steps() == [4]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL   # handler restored
+    resumed, _ = _fit(tmp_path, 8)                              # the preempted job restarts
+    full, _ = _fit(tmp_path / 'full', 8)
+    assert pytree.trees_equal(jax.device_get(full), jax.device_get(resumed))
+
+
+def test_metric_writer_round_trip(tmp_path):
+    w = metrics.MetricWriter(str(tmp_path), console=False, tensorboard=False)
+    w.write(1, {'loss': 2.0}, 'train')
+    w.write(1, {'loss': float('nan')}, 'train')   # a resumed run rewrites step 1: last wins
+    w.write(2, {'eval/accuracy': 0.5}, 'eval')
+    w.close()
+    recs = metrics.read_metrics(str(tmp_path))
+    assert [(r['step'], r['kind']) for r in recs] == [(1, 'train'), (2, 'eval')]
+    assert recs[0]['loss'] == 'nan'                 # valid JSON, not a bare NaN
+    assert metrics.format_line(3, 'train', {'loss': 0.25, 'lr': 1e-5}) == \
+        '[train] step       3  loss=0.2500  lr=1.000e-05'
+    with pytest.raises(FileNotFoundError, match='not a training workdir'):
+        metrics.read_metrics(str(tmp_path / 'none'))
