@@ -1,0 +1,371 @@
+"""TLEG (Xia et al., AAAI 2024): a learngene of two layer-shaped tensors, linearly expanded.
+
+Layer l of an L-layer network gets θ_l = θ_B + (l/L)·θ_A, l = 0..L−1 (0-based; the paper's
+(l−1)/L with 1-based l; the divisor is L, so the last layer's coefficient is (L−1)/L).
+
+A **gene** is a plain pytree::
+
+    {'theta_a': <block tree>, 'theta_b': <block tree>, 'shared': {...}}
+
+* `theta_a`, `theta_b`: the canonical block structure of `jlearngene.models.vit` *without*
+  the layers axis, holding only the expanded modules. A gene without `theta_a` means θ_A ≡ 0
+  (Share-Init: every layer identical).
+* `shared`: what is not expanded. The top-level ViT params (patch/position embeddings, class
+  token, final norm, head), plus
+
+  - `shared['blocks']`: block modules that are *not* expanded, stacked per Aux-Net layer
+    (L, ...): in the Aux-Net they are free per-layer parameters (paper Table 4 variants);
+  - `shared['prefix']`: the expanded modules of layers 0..from_layer−1, stacked
+    (from_layer, ...): with partial expansion (paper Table 6, "from the 3rd layer") these
+    first layers are free per-layer parameters too.
+
+Expandable module groups (`MODULES`): 'msa' = blocks/attn/* (q, k, v, out; weights and
+biases), 'mlp' = blocks/mlp/*, 'ln' = norm1 and norm2 (γ and β), 'ls' = LayerScale ls1/ls2
+(not in the official model; only for `cfg.layer_scale`, off by default so LayerScale gains
+stay free per layer).
+
+Stage 1 (Aux-Net): `materialize(gene, None, aux_cfg)` = `expand(gene, aux_cfg.depth)`
+gives canonical params; the loss runs `apply` on them, so `jax.grad` reaches θ_A and θ_B
+through the broadcast (∂/∂θ_B = Σ_l g_l, ∂/∂θ_A = Σ_l (l/L)·g_l). Stage 2: `descend`
+initialises a descendant of any depth with its own L_d.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jlearngene import pytree
+from jlearngene.models import vit
+from jlearngene.models.config import ViTConfig
+
+Params = dict[str, Any]
+Gene = dict[str, Any]
+
+MODULES: dict[str, tuple[str, ...]] = {
+    'msa': ('attn',),
+    'mlp': ('mlp',),
+    'ln': ('norm1', 'norm2'),
+    'ls': ('ls1', 'ls2'),
+}
+DEFAULT_EXPAND = ('msa', 'mlp', 'ln')   # the paper's main setting (Table 4, #5)
+HEADS = ('inherit', 'new')
+OTHERS = ('random', 'inherit')
+
+
+class GeneError(ValueError):
+    """An impossible gene / target combination; the message names the mismatch."""
+
+
+# ----------------------------------------------------------------------------------------
+# Gene construction.
+
+def _block_keys(cfg: ViTConfig) -> tuple[str, ...]:
+    return tuple(jax.eval_shape(lambda: vit.init_block(cfg, jax.random.key(0))))
+
+
+def expanded_keys(expand: Sequence[str], cfg: ViTConfig) -> tuple[str, ...]:
+    """Block-level keys ('attn', 'norm1', ...) covered by the module groups in `expand`."""
+    if isinstance(expand, str):
+        expand = (expand,)
+    if not expand:
+        raise GeneError(f'expand is empty; choose a subset of {tuple(MODULES)}')
+    unknown = [m for m in expand if m not in MODULES]
+    if unknown:
+        raise GeneError(f'unknown expanded module(s) {unknown}; known: {tuple(MODULES)}')
+    if 'ls' in expand and not cfg.layer_scale:
+        raise GeneError("expand includes 'ls' but the config has layer_scale=False")
+    return tuple(k for m in expand for k in MODULES[m])
+
+
+def _split_block(block: Params, keys: Sequence[str]) -> tuple[Params, Params]:
+    return ({k: v for k, v in block.items() if k in keys},
+            {k: v for k, v in block.items() if k not in keys})
+
+
+def _zero_non_kernels(tree: Params) -> Params:
+    """θ_A init: linear kernels trunc-normal (as drawn), every bias / LN / LayerScale 0."""
+    return jax.tree_util.tree_map_with_path(
+        lambda p, x: x if pytree.path_str(p).endswith('kernel') else jnp.zeros_like(x), tree)
+
+
+def init_gene(cfg: ViTConfig, key: jax.Array, expand: Sequence[str] = DEFAULT_EXPAND,
+              from_layer: int = 0) -> Gene:
+    """A fresh gene for an Aux-Net of shape `cfg` (cfg.depth = L), initialised as the
+    official code: θ_A and θ_B linear weights independent trunc-normal(0.02), all biases 0,
+    LayerNorm γ_B = 1, β_B = 0, γ_A = β_A = 0; embeddings and head as `vit.init_embeddings`.
+
+    `expand`: module groups to expand (see `MODULES`); the others are free per-layer
+    parameters in `shared['blocks']`. `from_layer`: layers before it are free per-layer
+    parameters in `shared['prefix']` (partial expansion, paper Table 6: from_layer=2).
+    """
+    keys = expanded_keys(expand, cfg)
+    if not (isinstance(from_layer, int) and 0 <= from_layer < cfg.depth):
+        raise GeneError(f'from_layer={from_layer!r} must be an integer in [0, depth={cfg.depth}) '
+                        'so that at least one layer is expanded')
+    ka, kb, ke, kf, kp = jax.random.split(key, 5)
+    theta_b, _ = _split_block(vit.init_block(cfg, kb), keys)
+    theta_a, _ = _split_block(vit.init_block(cfg, ka), keys)
+    gene: Gene = {'theta_a': _zero_non_kernels(theta_a), 'theta_b': theta_b,
+                  'shared': vit.init_embeddings(cfg, ke)}
+    free = [k for k in _block_keys(cfg) if k not in keys]
+    if free:
+        stacked = jax.vmap(lambda k: vit.init_block(cfg, k))(jax.random.split(kf, cfg.depth))
+        gene['shared']['blocks'] = _split_block(stacked, keys)[1]
+    if from_layer:
+        stacked = jax.vmap(lambda k: vit.init_block(cfg, k))(jax.random.split(kp, from_layer))
+        gene['shared']['prefix'] = _split_block(stacked, keys)[0]
+    return gene
+
+
+# ----------------------------------------------------------------------------------------
+# Introspection.
+
+def _check_gene(gene: Any) -> None:
+    if not isinstance(gene, Mapping) or 'theta_b' not in gene or 'shared' not in gene:
+        got = list(gene) if isinstance(gene, Mapping) else type(gene).__name__
+        raise GeneError(f"not a TLEG gene: expected keys 'theta_b', 'shared' (and 'theta_a'), got {got}")
+    extra = set(gene) - {'theta_a', 'theta_b', 'shared'}
+    if extra:
+        raise GeneError(f'not a TLEG gene: unexpected keys {sorted(extra)}')
+    if 'theta_a' in gene:
+        pytree.assert_same_structure(gene['theta_b'], gene['theta_a'], 'theta_b and theta_a')
+
+
+def _leading(tree: Any) -> int | None:
+    leaves = jax.tree.leaves(tree)
+    return int(np.shape(leaves[0])[0]) if leaves else None
+
+
+def aux_depth(gene: Gene) -> int | None:
+    """Depth of the Aux-Net the gene was built for, when it has free per-layer block params
+    (`shared['blocks']`); None when every block param is expanded (then any depth works)."""
+    return _leading(gene['shared'].get('blocks', {}))
+
+
+def from_layer_of(gene: Gene) -> int:
+    """Number of leading free (non-expanded) layers: 0 unless the gene was partially expanded."""
+    return _leading(gene['shared'].get('prefix', {})) or 0
+
+
+def expanded_modules(gene: Gene) -> tuple[str, ...]:
+    """The module groups of `MODULES` that the gene expands."""
+    keys = set(gene['theta_b'])
+    return tuple(m for m, ks in MODULES.items() if set(ks) <= keys)
+
+
+def coefficients(depth: int) -> jax.Array:
+    """(depth,) float32 expansion coefficients l/L, l = 0..L−1."""
+    if not (isinstance(depth, (int, np.integer)) and depth >= 1):
+        raise GeneError(f'depth={depth!r} must be a positive integer')
+    return jnp.arange(depth, dtype=jnp.float32) / depth
+
+
+# ----------------------------------------------------------------------------------------
+# Expansion.
+
+def _expand_core(gene: Gene, depth: int) -> Params:
+    """θ_B + (l/L)·θ_A stacked on a leading (depth,) axis, then the free prefix layers."""
+    c = coefficients(depth)
+
+    def lin(b, a=None):
+        b = jnp.broadcast_to(b[None], (depth,) + b.shape)
+        if a is None:
+            return b
+        return b + c.reshape((depth,) + (1,) * a.ndim).astype(a.dtype) * a[None]
+
+    if 'theta_a' in gene:
+        blocks = jax.tree.map(lin, gene['theta_b'], gene['theta_a'])
+    else:
+        blocks = jax.tree.map(lin, gene['theta_b'])
+    prefix = gene['shared'].get('prefix')
+    if prefix:
+        n = from_layer_of(gene)
+        if depth <= n:
+            raise GeneError(f'the gene keeps its first {n} layers free (partial expansion); '
+                            f'depth={depth} must exceed {n}')
+        pytree.assert_same_structure(jax.tree.map(lambda x: x[0], prefix),
+                                     gene['theta_b'], "shared['prefix'] layers and theta_b")
+        blocks = jax.tree.map(lambda p, x: jnp.concatenate([p.astype(x.dtype), x[n:]]), prefix, blocks)
+    return blocks
+
+
+def _top_level(shared: Params) -> Params:
+    return {k: v for k, v in shared.items() if k not in ('blocks', 'prefix')}
+
+
+def expand(gene: Gene, depth: int) -> Params:
+    """Canonical stacked ViT params of the Aux-Net of `depth` layers: every expanded tensor
+    is θ_B + (l/depth)·θ_A; free per-layer params come from `shared`. Jittable with `depth`
+    static. A gene with free per-layer block params (`shared['blocks']`) needs depth equal to
+    its Aux-Net depth; use `descend` for other depths."""
+    _check_gene(gene)
+    blocks = _expand_core(gene, depth)
+    free = gene['shared'].get('blocks')
+    if free:
+        n = aux_depth(gene)
+        if n != depth:
+            raise GeneError(f"the gene has free per-layer params for {n} layers "
+                            f"(non-expanded modules {sorted(free)}); expand needs depth={n}, "
+                            f'got {depth}; use descend() for other depths')
+        blocks = {**blocks, **free}
+    params = _top_level(gene['shared'])
+    params['blocks'] = blocks
+    return params
+
+
+def materialize(trainable: Gene, frozen: Mapping[str, Any] | None, cfg: ViTConfig) -> Params:
+    """The Aux-Net's params from the trainable gene (DESIGN §2): `expand(gene, cfg.depth)`.
+
+    `frozen` (optional) holds gene parts that are not trained, e.g. `{'shared': {'pos_embed':
+    ...}}` or `{'theta_a': zeros}`; it is merged into `trainable` (overlapping leaves are an
+    error). Gradients of a loss over `vit.apply(materialize(...), ...)` w.r.t. `trainable`
+    reach only the gene.
+    """
+    gene = _deep_merge(trainable, frozen or {}, 'gene')
+    return expand(gene, cfg.depth)
+
+
+def _deep_merge(a: Mapping, b: Mapping, where: str) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        if k in out:
+            if isinstance(out[k], Mapping) and isinstance(v, Mapping):
+                out[k] = _deep_merge(out[k], v, f'{where}/{k}')
+            else:
+                raise GeneError(f'materialize: {where}/{k} is both trainable and frozen')
+        else:
+            out[k] = v
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# Descendants.
+
+def descendant_config(cfg: ViTConfig, depth: int, *, num_classes: int | None = None,
+                      official_pool_order: bool = False, **overrides: Any) -> ViTConfig:
+    """The Des-Net config: the Aux-Net's shape with its own depth (and class count).
+
+    `official_pool_order=True` reproduces the official TLEG Des-Net (timm `global_pool='avg'`
+    with `fc_norm`): LN applied *after* average pooling (`pool_norm='after'`) and LayerNorm
+    eps 1e-6, while the official Aux-Net pools mean(LN(x)) with eps 1e-5. The published
+    numbers used this; the default keeps the Aux-Net's pooling so that a Des-Net at the
+    Aux-Net's depth computes exactly the Aux-Net's function.
+    """
+    changes: dict[str, Any] = dict(depth=depth)
+    if num_classes is not None:
+        changes['num_classes'] = num_classes
+    if official_pool_order:
+        changes.update(pool_norm='after', ln_eps=1e-6)
+    changes.update(overrides)
+    return cfg.replace(**changes)
+
+
+def _target_shapes(cfg: ViTConfig) -> Params:
+    return jax.eval_shape(lambda: vit.init(cfg, jax.random.key(0)))
+
+
+def _shape_str(cfg: ViTConfig) -> str:
+    return (f'width={cfg.width}, num_heads={cfg.num_heads}, mlp_dim={cfg.mlp_dim}, '
+            f'patch_size={cfg.patch_size}, image_size={cfg.image_size}')
+
+
+def _check_shapes(got: Any, want: Any, what: str, cfg: ViTConfig) -> None:
+    fg, fw = pytree.flatten(got), pytree.flatten(want)
+    for path, leaf in fg.items():
+        if path in fw and tuple(np.shape(leaf)) != tuple(fw[path].shape):
+            raise GeneError(f"{what}: gene '{path}' has shape {tuple(np.shape(leaf))} but the target "
+                            f'config ({_shape_str(cfg)}) needs {tuple(fw[path].shape)}')
+
+
+def descend(gene: Gene, target_cfg: ViTConfig, *, head: str = 'inherit',
+            key: jax.Array | None = None, others: str = 'random') -> Params:
+    """Initialise a descendant of any depth ≥ 1 (also deeper than the Aux-Net).
+
+    Every expanded tensor of layer i is θ_B + (i/L_d)·θ_A with the descendant's own L_d =
+    `target_cfg.depth`. Patch/position embeddings, class token and final norm are inherited.
+    `head='inherit'` copies the gene's head (same class count required); `head='new'`
+    draws a fresh one (needs `key`; use it for a different number of classes).
+    Block modules the gene does not expand are drawn fresh (`others='random'`, needs `key`;
+    paper Table 4), or copied from the Aux-Net's free per-layer params (`others='inherit'`,
+    only at the Aux-Net's depth). With partial expansion the gene's free first layers are
+    inherited as the descendant's first layers; layer i ≥ from_layer keeps coefficient i/L_d.
+
+    The pooling order is a config property: build `target_cfg` with
+    `descendant_config(..., official_pool_order=True)` for the official Des-Net quirk.
+    Jittable with `target_cfg`, `head`, `others` static.
+    """
+    _check_gene(gene)
+    if head not in HEADS:
+        raise GeneError(f'head={head!r}; expected one of {HEADS}')
+    if others not in OTHERS:
+        raise GeneError(f'others={others!r}; expected one of {OTHERS}')
+    shared = gene['shared']
+    want = _target_shapes(target_cfg)
+    want_block = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), want['blocks'])
+    _check_shapes(gene['theta_b'], want_block, 'descend', target_cfg)
+    top = _top_level(shared)
+    missing = sorted(k for k in want if k not in ('blocks', 'head', 'head_dist') and k not in top)
+    if missing:
+        raise GeneError(f'descend: the target config needs {missing} but the gene has none '
+                        f'(gene top-level params: {sorted(top)}); match class_token/'
+                        'distill_token of the Aux-Net config')
+    _check_shapes({k: v for k, v in top.items() if k not in ('head', 'head_dist')}, want,
+                  'descend', target_cfg)
+
+    params: Params = {k: v for k, v in top.items() if k in want and k not in ('head', 'head_dist')}
+    kh, kb = jax.random.split(key) if key is not None else (None, None)
+    if target_cfg.num_classes:
+        if head == 'inherit':
+            if 'head' not in top:
+                raise GeneError("descend(head='inherit'): the gene has no head; use head='new'")
+            got_k = int(np.shape(top['head']['bias'])[0])
+            if got_k != target_cfg.num_classes or np.shape(top['head']['kernel'])[0] != target_cfg.width:
+                raise GeneError(f"descend(head='inherit'): the gene's head has shape "
+                                f"{tuple(np.shape(top['head']['kernel']))} ({got_k} classes) but the "
+                                f"target needs {tuple(want['head']['kernel'].shape)}; use head='new' "
+                                'with a key for a different number of classes')
+            params['head'] = top['head']
+            if 'head_dist' in want:
+                params['head_dist'] = top['head_dist']
+        else:
+            if key is None:
+                raise GeneError("descend(head='new') needs a PRNG key")
+            params['head'] = vit.init_head(target_cfg, kh)
+            if 'head_dist' in want:
+                params['head_dist'] = vit.init_head(target_cfg, jax.random.fold_in(kh, 1))
+
+    depth = target_cfg.depth
+    blocks = _expand_core(gene, depth)
+    free_keys = [k for k in want['blocks'] if k not in blocks]
+    if free_keys:
+        if others == 'inherit':
+            free = shared.get('blocks', {})
+            if aux_depth(gene) != depth or set(free) != set(free_keys):
+                raise GeneError(f"descend(others='inherit'): the gene has free per-layer params "
+                                f'{sorted(free)} for {aux_depth(gene)} layers; the target needs '
+                                f'{free_keys} for {depth} layers')
+            _check_shapes(free, want['blocks'], 'descend', target_cfg)
+            blocks.update(free)
+        else:
+            if key is None:
+                raise GeneError(f'descend: the gene does not expand {free_keys}; these are drawn '
+                                "fresh and need a PRNG key (or others='inherit' at the Aux-Net depth)")
+            fresh = jax.vmap(lambda k: vit.init_block(target_cfg, k))(jax.random.split(kb, depth))
+            blocks.update({k: fresh[k] for k in free_keys})
+    unexpected = [k for k in blocks if k not in want['blocks']]
+    if unexpected:
+        raise GeneError(f'descend: the gene has block modules {unexpected} that the target config '
+                        'does not have (layer_scale / qkv_bias mismatch?)')
+    params['blocks'] = blocks
+    pytree.assert_same_structure(want, params, 'descend: target params and built params')
+    return params
+
+
+def gene_param_count(gene: Gene, *, include_head: bool = True) -> int:
+    """Parameters stored in the gene (its S-Params): θ_A + θ_B + shared (head optional)."""
+    tree = gene if include_head else {**gene, 'shared': {k: v for k, v in gene['shared'].items()
+                                                         if k not in ('head', 'head_dist')}}
+    return pytree.count_params(tree, groups=None)['total']
