@@ -32,11 +32,17 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from jlearngene.models.config import ViTConfig
 
 Params = dict[str, Any]
 CAPTURES = ('blocks', 'attn')
+
+# Block intermediates kept for the backward pass (outputs of matmuls and the softmax);
+# see `encode`.
+SAVED_IN_BLOCK = ('attn_qkv', 'attn_probs', 'attn_o', 'block_mid', 'mlp_hidden')
+_SAVE_POLICY = jax.checkpoint_policies.save_only_these_names(*SAVED_IN_BLOCK)
 
 
 # ----------------------------------------------------------------------------------------
@@ -127,8 +133,34 @@ def layer_norm(x: jax.Array, p: Params, eps: float) -> jax.Array:
     return (y * p['scale'] + p['bias']).astype(x.dtype)
 
 
+@jax.custom_jvp
+def gelu_exact(x: jax.Array) -> jax.Array:
+    """Exact (erf) GELU, x·Φ(x) = x·(1 + erf(x/√2))/2 (the formula of torch's nn.GELU).
+
+    Written with `erf` rather than jax.nn.gelu's `erfc`: XLA:CPU expands erfc into several
+    unfused loops while erf is one cheap polynomial. The custom derivative
+    Φ(x) + x·φ(x) is one fused elementwise expression, computed in the forward pass next
+    to the activation, so the backward pass of the MLP is a single multiply.
+    """
+    return x * (0.5 + 0.5 * jax.lax.erf(x * jnp.asarray(_SQRT_HALF, x.dtype)))
+
+
+@gelu_exact.defjvp
+def _gelu_exact_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    cdf = 0.5 + 0.5 * jax.lax.erf(x * jnp.asarray(_SQRT_HALF, x.dtype))
+    pdf = jnp.exp(-0.5 * x * x) * jnp.asarray(_INV_SQRT_2PI, x.dtype)
+    return x * cdf, t * (cdf + x * pdf)
+
+
+_SQRT_HALF = 0.7071067811865476      # 1/√2
+_INV_SQRT_2PI = 0.3989422804014327   # 1/√(2π)
+
+
 def gelu(x: jax.Array, kind: str) -> jax.Array:
-    return jax.nn.gelu(x, approximate=(kind == 'tanh'))
+    if kind == 'tanh':
+        return jax.nn.gelu(x, approximate=True)
+    return gelu_exact(x)
 
 
 def _dense(x, p, spec):
@@ -154,18 +186,26 @@ def _dropout(x, rate, key):
 def attention(p: Params, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Multi-head self-attention with explicit heads; returns (output, probabilities)."""
     head_dim = p['q']['kernel'].shape[-1]
-    q = _dense(x, p['q'], 'btd,dhk->bthk')
-    k = _dense(x, p['k'], 'btd,dhk->bthk')
-    v = _dense(x, p['v'], 'btd,dhk->bthk')
+    # One (D, 3·H·Dh) projection instead of three: a bigger matmul, and one matmul each for
+    # the input and weight gradients in the backward pass.
+    kernel = jnp.stack([p[n]['kernel'] for n in 'qkv'], axis=1).astype(x.dtype)   # (D, 3, H, Dh)
+    qkv = jnp.einsum('btd,dshk->sbthk', x, kernel)
+    if all('bias' in p[n] for n in 'qkv'):
+        qkv = qkv + jnp.stack([p[n]['bias'] for n in 'qkv'])[:, None, None].astype(x.dtype)
+    elif any('bias' in p[n] for n in 'qkv'):
+        raise ValueError('attention: q, k and v must all have biases or none')
+    qkv = checkpoint_name(qkv, 'attn_qkv')
+    q, k, v = qkv[0], qkv[1], qkv[2]
     logits = jnp.einsum('bqhk,bthk->bhqt', q * jnp.asarray(head_dim ** -0.5, q.dtype), k)
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(x.dtype)
-    o = jnp.einsum('bhqt,bthk->bqhk', probs, v)
+    probs = checkpoint_name(probs, 'attn_probs')
+    o = checkpoint_name(jnp.einsum('bhqt,bthk->bqhk', probs, v), 'attn_o')
     return _dense(o, p['out'], 'bqhk,hkd->bqd'), probs
 
 
 def mlp(p: Params, x: jax.Array, gelu_kind: str) -> jax.Array:
-    h = gelu(_dense(x, p['fc1'], 'btd,dm->btm'), gelu_kind)
-    return _dense(h, p['fc2'], 'btm,md->btd')
+    h = checkpoint_name(_dense(x, p['fc1'], 'btd,dm->btm'), 'mlp_hidden')
+    return _dense(gelu(h, gelu_kind), p['fc2'], 'btm,md->btd')
 
 
 def block_apply(p: Params, x: jax.Array, cfg: ViTConfig, *, drop_rate=0.0, key=None,
@@ -180,7 +220,7 @@ def block_apply(p: Params, x: jax.Array, cfg: ViTConfig, *, drop_rate=0.0, key=N
         y = y * p['ls1']['scale'].astype(y.dtype)
     if stochastic and cfg.drop_path:
         y = _drop_path(y, drop_rate, keys[1])
-    x = x + y
+    x = checkpoint_name(x + y, 'block_mid')
     y = mlp(p['mlp'], layer_norm(x, p['norm2'], cfg.ln_eps), cfg.gelu)
     if stochastic:
         y = _dropout(y, cfg.dropout, keys[2])
@@ -229,8 +269,11 @@ def encode(blocks, x: jax.Array, cfg: ViTConfig, *, train=False, rng=None,
     rates = _drop_rates(cfg, depth)
     keys = jax.random.split(rng, depth) if (train and rng is not None) else None
     step = functools.partial(block_apply, cfg=cfg, train=train)
-    if cfg.remat:
-        step = jax.checkpoint(step)
+    # Under differentiation a block keeps only the SAVED_IN_BLOCK tensors for its backward
+    # pass and recomputes the cheap elementwise rest (LayerNorms, GELU, bias adds): with
+    # layers in a `lax.scan` every saved tensor is copied into a (depth, ...) stack and back,
+    # which costs more than recomputing it. `cfg.remat` saves nothing (recompute everything).
+    step = jax.checkpoint(step, prevent_cse=False, policy=None if cfg.remat else _SAVE_POLICY)
     aux: dict[str, Any] = {}
     if stacked:
         def body(h, xs):

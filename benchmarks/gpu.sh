@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Measure the jlearngene ViT training step on a GPU against the chip's measured matmul peak.
+#
+#   bash benchmarks/gpu.sh                 # float32 rows + bfloat16 rows, results in benchmarks/results_gpu.json
+#   BATCH_SCALE=8 bash benchmarks/gpu.sh   # larger batches (default 8: Ti-12 at 1024, S-12 at 512)
+#   QUICK=1 bash benchmarks/gpu.sh         # fewer steps
+#
+# Needs a CUDA build of jax in the active environment (`pip install "jax[cuda12]==<the pinned
+# jax version>"`). It runs benchmarks/run.py with GPU-sized settings:
+#   * matmul peak measured in float32 AND bfloat16 (square matmuls up to 8192), so the
+#     utilisation of the bfloat16 rows can be read against the bfloat16 peak;
+#   * the exact float32 model (headline) and an extra bfloat16-compute row per shape
+#     (ViTConfig.dtype='bfloat16': parameters stay float32, activations/matmuls in bf16);
+#   * no torch rows: the PyTorch reference script is CPU-only;
+#   * Aux-Net overhead and compile time vs depth as on CPU.
+# Note: XLA on GPU computes float32 matmuls with TF32 by default on Ampere and later
+# (jax_default_matmul_precision); set JAX_DEFAULT_MATMUL_PRECISION=highest for strict float32.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! python -c 'import jax, sys; sys.exit(0 if jax.default_backend() == "gpu" else 1)' 2>/dev/null; then
+  echo "gpu.sh: jax does not see a GPU (jax.default_backend() != 'gpu'); install a CUDA build of jax" >&2
+  exit 2
+fi
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv || true
+
+# Keep XLA from grabbing 75% of GPU memory up front so the per-case peak is meaningful.
+export XLA_PYTHON_CLIENT_PREALLOCATE=${XLA_PYTHON_CLIENT_PREALLOCATE:-false}
+
+ARGS=(--no-torch --batch-scale "${BATCH_SCALE:-8}" --dtype bfloat16 --extra-rows dtype
+      --peak-sizes 4096,8192 --json "${JSON:-benchmarks/results_gpu.json}")
+if [[ -n "${QUICK:-}" ]]; then
+  ARGS+=(--quick)
+else
+  ARGS+=(--steps 20 --warmup 3)
+fi
+exec python benchmarks/run.py "${ARGS[@]}" "$@"

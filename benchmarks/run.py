@@ -1,0 +1,475 @@
+#!/usr/bin/env python3
+"""Throughput, compile-time and memory benchmarks of the jlearngene ViT training step.
+
+    python benchmarks/run.py                  # full run (CPU: ~10-15 minutes on 2 cores)
+    python benchmarks/run.py --quick          # short version (fewer steps, ~4-6 minutes)
+    python benchmarks/run.py --json out.json  # where the results go (default benchmarks/results.json)
+
+Measures, each case in its own subprocess (so peak host memory is per case):
+
+  (a) the float32 matmul peak of the machine, measured with jax (median GFLOP/s of large
+      square matmuls; the best size is the peak);
+  (b) the REAL training step (`trainer.make_train_step` + `tasks.classification_loss` +
+      `optim.make_optimizer`: AdamW, cross-entropy, exact GELU, float32) for Ti-12 (batch 128)
+      and S-12 (batch 64) at 32 px, patch 4, 100 classes: images/s, model FLOP/s and % of the
+      matmul peak;
+  (c) the same shapes through the PyTorch-eager reference (`--torch-ref`, default
+      ../shared/bench/torch_vit_reference.py) when torch imports, and the ratio jlearngene/torch;
+  (d) the TLEG Aux-Net step (gene -> tleg.expand(gene, L) -> apply) against a plain step of
+      the same shape, both compiled in one process and timed alternately: overhead %;
+  (e) compile time of the train step at depth 6, 12, 24 (`jit(...).lower(...).compile()`);
+  (f) peak host memory (max RSS) of every case's process (from os.wait4).
+
+FLOP count (`model_flops`): 2 FLOPs per multiply-accumulate of every matmul of the forward
+pass (patch embedding, q/k/v/out projections, QK^T, attention x V, MLP fc1/fc2, head),
+times 3 for forward + backward (the backward of a matmul is two matmuls of the same size).
+LayerNorm, softmax, GELU, adds, the loss and the optimiser update are not counted, so the
+model FLOP/s is a matmul-only utilisation figure comparable with the matmul peak. (This is
+2x the fvcore "FLOPs" = MACs of `jlearngene.costs.flops_per_image`, minus its LayerNorm term.)
+
+Timing: a warm-up of `--warmup` steps, then the median of `--steps` steps, each ended by
+`block_until_ready` on the step's outputs. The machine's 1-minute load average is recorded
+with every case: on a shared machine compare the ratios measured back-to-back in one run,
+not absolute numbers across runs. `--threads N` pins every case (jax and torch) to the
+first N CPUs (default: all CPUs, torch uses as many intra-op threads).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+DEFAULT_TORCH_REF = os.path.join('..', 'shared', 'bench', 'torch_vit_reference.py')
+
+# The shapes of the issue: (name, variant, depth, batch).
+SHAPES = (('Ti-12', 'Ti', 12, 128), ('S-12', 'S', 12, 64))
+COMPILE_DEPTHS = (6, 12, 24)
+
+
+# ----------------------------------------------------------------------------------------
+# FLOP count.
+
+def model_flops(variant: str, depth: int, batch: int, image: int = 32, patch: int = 4,
+                classes: int = 100, channels: int = 3) -> dict[str, float]:
+    """Matmul FLOPs of one training step (see the module docstring)."""
+    from jlearngene.models.config import vit_config
+    cfg = vit_config(variant, depth=depth, image_size=image, patch_size=patch,
+                     num_classes=classes, channels=channels)
+    t, d, m = cfg.num_tokens, cfg.width, cfg.mlp_dim
+    per_layer = 2 * t * d * 3 * d + 2 * 2 * t * t * d + 2 * t * d * d + 2 * 2 * t * d * m
+    embed = 2 * cfg.num_patches * patch * patch * channels * d
+    head = 2 * d * classes
+    fwd = batch * (depth * per_layer + embed + head)
+    return {'forward': float(fwd), 'train_step': 3.0 * fwd}
+
+
+# ----------------------------------------------------------------------------------------
+# Workers (run in subprocesses).
+
+def _median_time(fn, steps: int, warmup: int) -> tuple[float, list[float]]:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), times
+
+
+def worker_peak(a) -> dict:
+    """Median GFLOP/s of square float32 (or --dtype) matmuls; the best size is the peak."""
+    import jax
+    import jax.numpy as jnp
+    dtype = jnp.dtype(a.dtype)
+    out = {}
+    for n in a.sizes:
+        k1, k2 = jax.random.split(jax.random.key(0))
+        x = jax.random.normal(k1, (n, n), dtype)
+        y = jax.random.normal(k2, (n, n), dtype)
+        f = jax.jit(lambda x, y: x @ y)
+        f(x, y).block_until_ready()
+        med, _ = _median_time(lambda: f(x, y).block_until_ready(), a.steps, 1)
+        out[str(n)] = 2 * n ** 3 / med / 1e9
+    return {'gflops_by_size': out, 'peak_gflops': max(out.values()), 'dtype': a.dtype,
+            'backend': jax.default_backend(), 'device': str(jax.devices()[0])}
+
+
+def _build_step(variant, depth, batch, mode, dtype='float32', gelu='exact'):
+    """(jitted step, state, batch, rng) for a plain ViT or a TLEG Aux-Net of this shape."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jlearngene.genes import tleg
+    from jlearngene.models import vit
+    from jlearngene.models.config import vit_config
+    from jlearngene.train import optim, tasks, trainer
+
+    cfg = vit_config(variant, depth=depth, image_size=32, patch_size=4, num_classes=100,
+                     dtype=dtype, gelu=gelu)
+    key = jax.random.key(0)
+    if mode == 'plain':
+        trainable = vit.init(cfg, key)
+        loss_fn = tasks.classification_loss(cfg)
+    elif mode == 'auxnet':
+        trainable = tleg.init_gene(cfg, key)
+        inner = tasks.classification_loss(cfg)
+
+        def loss_fn(gene, b, rng):
+            return inner(tleg.expand(gene, cfg.depth), b, rng)
+    else:
+        raise ValueError(f'unknown mode {mode!r}')
+    # The torch reference: AdamW(lr=1e-3, weight_decay=0.05) on every parameter, no clipping.
+    opt = optim.make_optimizer(dict(lr=1e-3, schedule='constant', weight_decay=0.05,
+                                    decay=('.*',), clip_norm=0.0), trainable)
+    # Fresh buffers for every leaf (init may share one array between leaves; donation needs
+    # distinct buffers, as the trainer's jitted init_state gives).
+    state = jax.tree.map(lambda x: jnp.array(x, copy=True), trainer.init_state(trainable, opt))
+    rng = np.random.default_rng(0)
+    data = {'image': jnp.asarray(rng.standard_normal((batch, 32, 32, 3), np.float32)),
+            'label': jnp.asarray(rng.integers(0, 100, (batch,)), jnp.int32)}
+    base = jax.random.key_data(jax.random.key(1))
+    step = jax.jit(trainer.make_train_step(loss_fn, opt), donate_argnums=(0,))
+    return step, state, data, base, cfg
+
+
+def worker_step(a) -> dict:
+    """Compile and time the training step of one shape (one or two modes, interleaved)."""
+    import jax
+    modes = a.mode.split(',')
+    built = {m: _build_step(a.variant, a.depth, a.batch, m, a.dtype, a.gelu) for m in modes}
+    res = {'variant': a.variant, 'depth': a.depth, 'batch': a.batch, 'dtype': a.dtype,
+           'gelu': a.gelu, 'backend': jax.default_backend(), 'modes': {}}
+    runners = {}
+    for m, (step, state, data, base, cfg) in built.items():
+        t = time.perf_counter()
+        compiled = step.lower(state, data, base).compile()
+        compile_s = time.perf_counter() - t
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        holder = {'state': state}
+
+        def run(compiled=compiled, holder=holder, data=data, base=base):
+            holder['state'], metrics = compiled(holder['state'], data, base)
+            jax.block_until_ready(metrics)
+            return metrics
+
+        runners[m] = run
+        res['modes'][m] = {'compile_s': compile_s,
+                           'xla_flops': float((cost or {}).get('flops', float('nan')))}
+    if not a.compile_only:
+        for m, run in runners.items():
+            for _ in range(a.warmup):
+                run()
+        times = {m: [] for m in runners}
+        for _ in range(a.steps):          # alternate the modes so they see the same load
+            for m, run in runners.items():
+                t = time.perf_counter()
+                metrics = run()
+                times[m].append(time.perf_counter() - t)
+        for m in runners:
+            med = statistics.median(times[m])
+            res['modes'][m].update(step_s=med, step_s_all=times[m], img_per_s=a.batch / med,
+                                   loss=float(metrics['loss']))
+    return res
+
+
+WORKERS = {'peak': worker_peak, 'step': worker_step}
+
+
+def worker_main(argv) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument('--worker', choices=sorted(WORKERS), required=True)
+    p.add_argument('--out', required=True)
+    p.add_argument('--variant', default='Ti')
+    p.add_argument('--depth', type=int, default=12)
+    p.add_argument('--batch', type=int, default=128)
+    p.add_argument('--mode', default='plain')
+    p.add_argument('--dtype', default='float32')
+    p.add_argument('--gelu', default='exact')
+    p.add_argument('--steps', type=int, default=5)
+    p.add_argument('--warmup', type=int, default=2)
+    p.add_argument('--sizes', type=int, nargs='*', default=[2048, 4096])
+    p.add_argument('--compile-only', action='store_true')
+    a = p.parse_args(argv)
+    t = time.perf_counter()
+    res = WORKERS[a.worker](a)
+    res['wall_s'] = time.perf_counter() - t
+    with open(a.out, 'w') as f:
+        json.dump(res, f)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------
+# Driver.
+
+class Runner:
+    """Runs cases in subprocesses pinned to the chosen CPUs; records max RSS and load."""
+
+    def __init__(self, args):
+        self.args = args
+        self.cpus = sorted(os.sched_getaffinity(0))[:args.threads] if args.threads else None
+
+    def _preexec(self):
+        if self.cpus:
+            os.sched_setaffinity(0, self.cpus)
+
+    def run(self, cmd: list[str], timeout: float) -> tuple[int, str, dict]:
+        load = os.getloadavg()[0]
+        with tempfile.TemporaryFile('w+') as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                    preexec_fn=self._preexec)
+            deadline = time.time() + timeout
+            while True:
+                pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                if time.time() > deadline:
+                    proc.kill()
+                    pid, status, ru = os.wait4(proc.pid, 0)
+                    status = -9
+                    break
+                time.sleep(0.05)
+            proc.returncode = os.waitstatus_to_exitcode(status) if status != -9 else -9
+            log.seek(0)
+            text = log.read()
+        # ru_maxrss is KiB on Linux.
+        return proc.returncode, text, {'max_rss_mb': ru.ru_maxrss / 1024, 'load_1m': load}
+
+    def jax_case(self, name: str, extra: list[str], timeout: float = 1800) -> dict:
+        with tempfile.NamedTemporaryFile(suffix='.json', delete=False) as f:
+            out = f.name
+        cmd = [sys.executable, os.path.abspath(__file__), '--worker'] + extra + ['--out', out]
+        print(f'  [{time.strftime("%H:%M:%S")}] {name} ...', flush=True)
+        rc, text, meta = self.run(cmd, timeout)
+        if rc != 0:
+            print(text[-3000:])
+            raise RuntimeError(f'benchmark case {name} failed (exit {rc})')
+        with open(out) as f:
+            res = json.load(f)
+        os.unlink(out)
+        res.update(meta)
+        return res
+
+    def torch_case(self, name: str, variant: str, depth: int, batch: int) -> dict | None:
+        from jlearngene.models.config import VARIANTS
+        v = VARIANTS[variant]
+        threads = len(self.cpus) if self.cpus else os.cpu_count()
+        cmd = [sys.executable, self.args.torch_ref, '--dim', str(v['width']), '--depth', str(depth),
+               '--heads', str(v['num_heads']), '--mlp-ratio', str(v['mlp_dim'] / v['width']),
+               '--image', '32', '--patch', '4', '--classes', '100', '--batch', str(batch),
+               '--steps', str(self.args.steps), '--warmup', str(self.args.warmup),
+               '--threads', str(threads)]
+        print(f'  [{time.strftime("%H:%M:%S")}] {name} (torch) ...', flush=True)
+        rc, text, meta = self.run(cmd, 1800)
+        if rc != 0:
+            print(text[-3000:])
+            raise RuntimeError(f'torch reference for {name} failed (exit {rc})')
+        line = [ln for ln in text.splitlines() if ln.startswith('{')][-1]
+        res = json.loads(line)
+        res.update(meta)
+        return res
+
+
+def _torch_available(path: str) -> tuple[bool, str]:
+    if not os.path.exists(path):
+        return False, f'reference script not found at {path}'
+    rc = subprocess.run([sys.executable, '-c', 'import torch'], capture_output=True).returncode
+    return (rc == 0), ('' if rc == 0 else 'torch is not importable')
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == '--worker':
+        return worker_main(argv)
+    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--quick', action='store_true', help='fewer steps and rounds (a few minutes)')
+    p.add_argument('--json', default=os.path.join(HERE, 'results.json'), help='results file')
+    p.add_argument('--torch-ref', default=DEFAULT_TORCH_REF,
+                   help='path of the PyTorch-eager reference script, relative to the repo root '
+                        'or absolute (default %(default)s)')
+    p.add_argument('--no-torch', action='store_true', help='skip the torch reference')
+    p.add_argument('--steps', type=int, default=None, help='timed steps per case (default 10, quick 4)')
+    p.add_argument('--warmup', type=int, default=2)
+    p.add_argument('--rounds', type=int, default=None,
+                   help='jax/torch pairs per shape; the ratio is the median over rounds (default 2, quick 1)')
+    p.add_argument('--threads', type=int, default=0, help='pin every case to the first N CPUs (0 = all)')
+    p.add_argument('--dtype', default='float32', help="computation dtype of the extra rows ('bfloat16')")
+    p.add_argument('--shapes', default='Ti-12,S-12', help='comma-separated subset of Ti-12,S-12')
+    p.add_argument('--batch-scale', type=int, default=1,
+                   help='multiply the batch sizes (GPU runs use larger batches)')
+    p.add_argument('--extra-rows', default='',
+                   help="comma-separated extra jax rows: 'tanh' (tanh GELU), 'dtype' (--dtype)")
+    p.add_argument('--compile-depths', default=','.join(map(str, COMPILE_DEPTHS)))
+    p.add_argument('--skip', default='', help='comma-separated parts to skip: peak,step,torch,auxnet,compile')
+    p.add_argument('--peak-sizes', default='2048,4096')
+    args = p.parse_args(argv)
+    args.steps = args.steps or (4 if args.quick else 10)
+    args.rounds = args.rounds or (1 if args.quick else 2)
+    if not os.path.isabs(args.torch_ref):
+        args.torch_ref = os.path.normpath(os.path.join(REPO, args.torch_ref))
+    skip = set(filter(None, args.skip.split(',')))
+    shapes = [s for s in SHAPES if s[0] in args.shapes.split(',')]
+    if not shapes:
+        p.error(f'--shapes {args.shapes!r} selects nothing; known: {[s[0] for s in SHAPES]}')
+
+    runner = Runner(args)
+    common = ['--steps', str(args.steps), '--warmup', str(args.warmup)]
+    results = {'machine': {'platform': platform.platform(), 'cpu_count': os.cpu_count(),
+                           'python': sys.version.split()[0], 'threads': args.threads or os.cpu_count(),
+                           'started': time.strftime('%Y-%m-%d %H:%M:%S')},
+               'args': vars(args), 'flop_count': 'matmul FLOPs (2/MAC) of the forward pass x 3'}
+    torch_ok, why = (False, 'skipped') if (args.no_torch or 'torch' in skip) else _torch_available(args.torch_ref)
+    results['torch_available'] = torch_ok
+    if not torch_ok:
+        print(f'torch reference not run: {why}')
+
+    # (a) matmul peak
+    peak = None
+    if 'peak' not in skip:
+        results['peak'] = runner.jax_case('matmul peak', ['peak', '--steps', '5', '--dtype', 'float32',
+                                                          '--sizes', *args.peak_sizes.split(',')])
+        peak = results['peak']['peak_gflops']
+        if args.dtype != 'float32':
+            results['peak_' + args.dtype] = runner.jax_case(
+                f'matmul peak {args.dtype}', ['peak', '--steps', '5', '--dtype', args.dtype,
+                                              '--sizes', *args.peak_sizes.split(',')])
+
+    # (b) + (c) training step vs torch, alternating jax / torch per round
+    results['steps'] = {}
+    if 'step' not in skip:
+        for name, variant, depth, batch in shapes:
+            batch *= args.batch_scale
+            flops = model_flops(variant, depth, batch)
+            rounds = []
+            for r in range(args.rounds):
+                row = {'jax': runner.jax_case(f'{name} jax step (round {r + 1})',
+                                              ['step', '--variant', variant, '--depth', str(depth),
+                                               '--batch', str(batch)] + common)}
+                if torch_ok:
+                    row['torch'] = runner.torch_case(f'{name} (round {r + 1})', variant, depth, batch)
+                rounds.append(row)
+            entry = {'batch': batch, 'flops_per_step': flops['train_step'], 'rounds': rounds}
+            ips = [rd['jax']['modes']['plain']['img_per_s'] for rd in rounds]
+            entry['jax_img_per_s'] = statistics.median(ips)
+            entry['jax_tflops'] = entry['jax_img_per_s'] / batch * flops['train_step'] / 1e12
+            if peak:
+                entry['pct_of_peak'] = 100 * entry['jax_tflops'] * 1e3 / peak
+            if torch_ok:
+                tps = [rd['torch']['img_per_s'] for rd in rounds]
+                entry['torch_img_per_s'] = statistics.median(tps)
+                entry['ratio'] = statistics.median([j / t for j, t in zip(ips, tps)])
+            results['steps'][name] = entry
+            for extra in filter(None, args.extra_rows.split(',')):
+                if extra == 'tanh':
+                    flag, label = ['--gelu', 'tanh'], f'{name} tanh-GELU'
+                elif extra == 'dtype':
+                    flag, label = ['--dtype', args.dtype], f'{name} {args.dtype}'
+                else:
+                    raise SystemExit(f'unknown --extra-rows entry {extra!r} (tanh, dtype)')
+                res = runner.jax_case(label, ['step', '--variant', variant, '--depth', str(depth),
+                                              '--batch', str(batch)] + flag + common)
+                ips_x = res['modes']['plain']['img_per_s']
+                results['steps'][label] = {'batch': batch, 'flops_per_step': flops['train_step'],
+                                           'rounds': [{'jax': res}], 'jax_img_per_s': ips_x,
+                                           'jax_tflops': ips_x / batch * flops['train_step'] / 1e12}
+                if peak:
+                    results['steps'][label]['pct_of_peak'] = \
+                        100 * results['steps'][label]['jax_tflops'] * 1e3 / peak
+
+    # (d) Aux-Net overhead: plain and Aux-Net steps of Ti-12 in one process, alternated.
+    if 'auxnet' not in skip:
+        name, variant, depth, batch = shapes[0]
+        batch *= args.batch_scale
+        res = runner.jax_case(f'{name} Aux-Net vs plain', ['step', '--variant', variant, '--depth',
+                                                           str(depth), '--batch', str(batch),
+                                                           '--mode', 'plain,auxnet'] + common)
+        pl, ax = res['modes']['plain']['step_s'], res['modes']['auxnet']['step_s']
+        pairs = [a_ / p_ for a_, p_ in zip(res['modes']['auxnet']['step_s_all'],
+                                           res['modes']['plain']['step_s_all'])]
+        res['overhead_pct'] = 100 * (ax / pl - 1)
+        res['overhead_pct_paired'] = 100 * (statistics.median(pairs) - 1)
+        res['shape'] = name
+        results['auxnet'] = res
+
+    # (e) compile time vs depth
+    if 'compile' not in skip:
+        results['compile'] = {}
+        for depth in map(int, args.compile_depths.split(',')):
+            res = runner.jax_case(f'compile Ti depth {depth}', [
+                'step', '--variant', 'Ti', '--depth', str(depth), '--batch', str(128 * args.batch_scale),
+                '--compile-only'])
+            results['compile'][str(depth)] = res
+
+    results['finished'] = time.strftime('%Y-%m-%d %H:%M:%S')
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, 'w') as f:
+        json.dump(results, f, indent=1)
+    print()
+    print(format_table(results))
+    print(f'\nresults written to {args.json}')
+    return 0
+
+
+def format_table(r: dict) -> str:
+    lines = []
+    m = r['machine']
+    lines.append(f"machine: {m['platform']}, {m['cpu_count']} CPUs, threads {m['threads']}")
+    if 'peak' in r:
+        pk = r['peak']
+        sizes = ', '.join(f'{n}: {g:.0f}' for n, g in pk['gflops_by_size'].items())
+        lines.append(f"(a) matmul peak float32 ({pk['backend']}): {pk['peak_gflops']:.1f} GFLOP/s  "
+                     f"[{sizes}]  load {pk['load_1m']:.2f}  rss {pk['max_rss_mb']:.0f} MB")
+    for k in r:
+        if k.startswith('peak_'):
+            lines.append(f"    matmul peak {r[k]['dtype']}: {r[k]['peak_gflops']:.1f} GFLOP/s")
+    if r.get('steps'):
+        lines.append('(b,c,f) training step (AdamW, CE, 32 px, patch 4, 100 classes)')
+        hdr = (f"  {'shape':22s} {'batch':>5s} {'jax img/s':>10s} {'GFLOP/s':>8s} {'%peak':>6s} "
+               f"{'torch img/s':>11s} {'jax/torch':>9s} {'jax RSS MB':>10s} {'torch RSS MB':>12s} {'load':>5s}")
+        lines.append(hdr)
+        for name, e in r['steps'].items():
+            last = e['rounds'][-1]
+            t = e.get('torch_img_per_s')
+            ratio = f"{e['ratio']:9.2f}" if 'ratio' in e else f"{'-':>9s}"
+            t_ips = f'{t:11.1f}' if t else f"{'-':>11s}"
+            t_rss = (f"{max(rd['torch']['max_rss_mb'] for rd in e['rounds']):12.0f}" if t
+                     else f"{'-':>12s}")
+            lines.append(
+                f"  {name:22s} {e['batch']:5d} {e['jax_img_per_s']:10.1f} {e['jax_tflops'] * 1e3:8.1f} "
+                f"{e.get('pct_of_peak', float('nan')):6.1f} {t_ips} {ratio} "
+                f"{max(rd['jax']['max_rss_mb'] for rd in e['rounds']):10.0f} {t_rss} "
+                f"{last['jax']['load_1m']:5.2f}")
+            if len(e['rounds']) > 1:
+                per = '; '.join(
+                    f"{rd['jax']['modes']['plain']['img_per_s']:.1f}"
+                    + (f" vs {rd['torch']['img_per_s']:.1f}" if 'torch' in rd else '')
+                    + f" (load {rd['jax']['load_1m']:.1f})" for rd in e['rounds'])
+                lines.append(f"      rounds: {per}")
+    if 'auxnet' in r:
+        a = r['auxnet']
+        lines.append(f"(d) TLEG Aux-Net step vs plain ({a['shape']}): "
+                     f"{a['modes']['auxnet']['step_s'] * 1e3:.0f} vs {a['modes']['plain']['step_s'] * 1e3:.0f} ms, "
+                     f"overhead {a['overhead_pct']:+.1f}% (paired median {a['overhead_pct_paired']:+.1f}%)  "
+                     f"load {a['load_1m']:.2f}  rss {a['max_rss_mb']:.0f} MB")
+    if r.get('compile'):
+        c = r['compile']
+        first = c[next(iter(c))]['modes']['plain']['compile_s']
+        parts = [f"depth {d}: {v['modes']['plain']['compile_s']:.1f} s "
+                 f"({v['modes']['plain']['compile_s'] / first:.2f}x, rss {v['max_rss_mb']:.0f} MB)"
+                 for d, v in c.items()]
+        lines.append('(e) compile time of the train step (Ti): ' + ', '.join(parts))
+    return '\n'.join(lines)
+
+
+if __name__ == '__main__':
+    sys.exit(main())
