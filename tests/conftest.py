@@ -18,3 +18,13 @@ def tiny_cfg():
     """Width 32, 2 heads, depth 3, 16 px images in 4 px patches, 10 classes."""
     return vit_config('Ti', width=32, num_heads=2, mlp_dim=64, depth=3, image_size=16,
                       patch_size=4, num_classes=10)
+
+
+@pytest.fixture(scope='module')
+def fast_compile():
+    """Tiny programs: XLA optimisation passes cost more than they save. Opt in per module
+    with `pytestmark = pytest.mark.usefixtures('fast_compile')`."""
+    old = jax.config.values['jax_disable_most_optimizations']
+    jax.config.update('jax_disable_most_optimizations', True)
+    yield
+    jax.config.update('jax_disable_most_optimizations', old)

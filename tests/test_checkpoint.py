@@ -13,13 +13,7 @@ from jlearngene.models import init, unstack_blocks
 from jlearngene.train import checkpoint, optim, trainer
 
 
-@pytest.fixture(autouse=True, scope='module')
-def fast_compile():
-    """Tiny programs: XLA optimisation passes cost more than they save."""
-    old = jax.config.values['jax_disable_most_optimizations']
-    jax.config.update('jax_disable_most_optimizations', True)
-    yield
-    jax.config.update('jax_disable_most_optimizations', old)
+pytestmark = pytest.mark.usefixtures('fast_compile')
 
 
 def _data_files(path):

@@ -2,7 +2,6 @@
 import json
 import os
 
-import jax
 import pytest
 
 from jlearngene import cli
@@ -15,15 +14,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope='module')
-def run(tmp_path_factory):
-    old = jax.config.values['jax_disable_most_optimizations']
-    jax.config.update('jax_disable_most_optimizations', True)
+def run(tmp_path_factory, fast_compile):
     workdir = str(tmp_path_factory.mktemp('cli') / 'run')
     rc = cli.main(['train', '--config', os.path.join(ROOT, CONFIG) + ':smoke', '--config.steps=4',
                    '--config.model.depth=1', '--config.batch_size=32', '--config.optim.warmup_steps=1', '--config.log_every=2',
                    '--workdir', workdir, '--noprogress'])
-    yield rc, workdir
-    jax.config.update('jax_disable_most_optimizations', old)
+    return rc, workdir
 
 
 def test_train_writes_resolved_config_metrics_and_model(run):

@@ -10,13 +10,7 @@ from jlearngene.models import init
 from jlearngene.train import optim
 
 
-@pytest.fixture(autouse=True, scope='module')
-def fast_compile():
-    """Tiny programs: XLA optimisation passes cost more than they save."""
-    old = jax.config.values['jax_disable_most_optimizations']
-    jax.config.update('jax_disable_most_optimizations', True)
-    yield
-    jax.config.update('jax_disable_most_optimizations', old)
+pytestmark = pytest.mark.usefixtures('fast_compile')
 
 
 @pytest.fixture

@@ -96,6 +96,20 @@ def _shuffle_seed(seed: int) -> int:
     return int(np.random.SeedSequence([seed, _STREAM_SHUFFLE]).generate_state(1)[0])
 
 
+def _prepare(source, batch_size, image_size, mean, std, num_classes, process_index,
+             process_count, resize_method):
+    """What both pipelines resolve first: process slot, local batch, target shape, classes,
+    normalisation, source size and a checking reader."""
+    info = source.info
+    p, count = _process(process_index, process_count)
+    local = _local_batch(batch_size, count)
+    shape = _target_shape(info, image_size)
+    k = int(num_classes or info.num_classes)
+    mean = _channel_stats(mean, info.mean, shape[-1], 'mean')
+    std = _channel_stats(std, info.std, shape[-1], 'std')
+    return p, count, local, shape, k, mean, std, len(source), _Reader(source, shape, k, resize_method)
+
+
 def train_iterator(source, *, batch_size: int, seed: int, image_size=None,
                    augment: Augment | Mapping | None = None, mean=None, std=None,
                    num_classes: int | None = None, process_index: int | None = None,
@@ -111,18 +125,13 @@ def train_iterator(source, *, batch_size: int, seed: int, image_size=None,
     """
     info = source.info
     augment = Augment.create(augment)
-    p, count = _process(process_index, process_count)
-    local = _local_batch(batch_size, count)
-    shape = _target_shape(info, image_size)
-    k = int(num_classes or info.num_classes)
-    mean = _channel_stats(mean, info.mean, shape[-1], 'mean')
-    std = _channel_stats(std, info.std, shape[-1], 'std')
-    n = len(source)
+    p, count, local, shape, k, mean, std, n, read = _prepare(
+        source, batch_size, image_size, mean, std, num_classes, process_index, process_count,
+        resize_method)
     if n == 0:
         raise DataError(f'{info.name}[{info.split}] has no examples')
     if not 0 <= seed < 2**32:
         raise DataError(f'seed must be in [0, 2**32), got {seed}')
-    read = _Reader(source, shape, k, resize_method)
 
     def example(i: int, index: int):
         position = i * count + p   # global position in the endless stream
@@ -158,15 +167,9 @@ def eval_batches(source, *, batch_size: int, image_size=None, mean=None, std=Non
     images, label 0). There are ceil(len(source) / batch_size) batches on every process;
     process p gets positions k % process_count == p of each global batch, like training.
     """
-    info = source.info
-    p, count = _process(process_index, process_count)
-    local = _local_batch(batch_size, count)
-    shape = _target_shape(info, image_size)
-    k = int(num_classes or info.num_classes)
-    mean = _channel_stats(mean, info.mean, shape[-1], 'mean')
-    std = _channel_stats(std, info.std, shape[-1], 'std')
-    n = len(source)
-    read = _Reader(source, shape, k, resize_method)
+    p, count, local, shape, k, mean, std, n, read = _prepare(
+        source, batch_size, image_size, mean, std, num_classes, process_index, process_count,
+        resize_method)
     padded = max(1, math.ceil(n / batch_size)) * batch_size
 
     def example(position: int):
