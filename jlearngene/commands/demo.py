@@ -2,8 +2,7 @@
 
 Trains a teacher, learns a TLEG gene through an Aux-Net by soft distillation, initialises
 descendants of depth 2/3/4/6 and fine-tunes them next to Scratch, Share-Init and He-LG at
-the same budget; prints the results table at the end (7 min wall on 2 busy CPU cores,
-`--quick` 4.4 min).
+the same budget; prints the results table at the end (about 3.5 min wall on 2 CPU cores).
 """
 from __future__ import annotations
 
