@@ -4,7 +4,7 @@ Paths are '/'-joined keys ('blocks/attn/q/kernel'; list layout: 'blocks/3/attn/q
 A pattern selects a leaf when it matches (`re.fullmatch`) the whole path or a suffix of it
 that starts after a '/': 'attn/q/kernel' selects the q kernels in both layouts,
 'blocks/attn/.*' only in the stacked layout, '.*bias' every bias.
-Built on `jax.tree_util` path functions and `optax.tree_utils` arithmetic.
+Built on `jax.tree_util` path functions, `flax.traverse_util` and `optax.tree_utils` arithmetic.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import traverse_util
 
 PyTree = Any
 
@@ -49,16 +50,9 @@ def flatten(tree: PyTree) -> dict[str, Any]:
 
 
 def unflatten(flat: Mapping[str, Any]) -> dict:
-    """Nested dicts from {path: leaf} (dict nodes only; list layouts come back as dicts
-    with '0', '1', ... keys, so prefer `jax.tree.map_with_path` for surgery)."""
-    out: dict = {}
-    for path, v in flat.items():
-        node = out
-        *parents, last = path.split('/')
-        for k in parents:
-            node = node.setdefault(k, {})
-        node[last] = v
-    return out
+    """Nested dicts from {path: leaf} (`flax.traverse_util.unflatten_dict`; dict nodes only,
+    so a list layout comes back with '0', '1', ... keys: prefer `map_selected` for surgery)."""
+    return traverse_util.unflatten_dict(dict(flat), sep='/')
 
 
 def path_matches(pattern: str | re.Pattern, path: str) -> bool:

@@ -15,6 +15,7 @@ def test_path_patterns_in_both_layouts(tiny_cfg):
     assert list(pytree.select(listed, 'attn/q/kernel')) == [f'blocks/{i}/attn/q/kernel' for i in range(3)]
     assert pytree.path_matches('.*bias', 'blocks/mlp/fc1/bias')
     assert not pytree.path_matches('q/kernel', 'blocks/attn/qq/kernel')
+    assert pytree.trees_equal(pytree.unflatten(pytree.flatten(p)), p)
     with pytest.raises(KeyError, match="no leaf matches 'nothing'"):
         pytree.select(p, 'nothing')
 
