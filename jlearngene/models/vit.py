@@ -28,6 +28,7 @@ parameters, so the config only fixes numerics (eps, GELU, pooling, dtype).
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Sequence
 
 import jax
@@ -163,9 +164,44 @@ def gelu(x: jax.Array, kind: str) -> jax.Array:
     return gelu_exact(x)
 
 
-def _dense(x, p, spec):
-    y = jnp.einsum(spec, x, p['kernel'].astype(x.dtype))
-    return y + p['bias'].astype(x.dtype) if 'bias' in p else y
+def _materialised_t(a: jax.Array) -> jax.Array:
+    """`a.T` as a real row-major copy: the barrier stops XLA from folding the transpose
+    back into the consuming dot as a transposed operand."""
+    return jax.lax.optimization_barrier(a.T)
+
+
+@jax.custom_jvp
+def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """`x @ w` for x (N, K), w (K, M), with a derivative written for XLA:CPU's matmul kernels.
+
+    Left to itself XLA computes the backward dx = g·wᵀ with a transposed operand (slower in
+    its YNNPACK kernels) and dw = xᵀ·g by copying the (tokens × MLP) gradient transposed
+    and running the product on Eigen. The JVP below uses materialised transposes (wᵀ, and xᵀ
+    when x is the narrower operand) so that its transpose, the backward pass JAX derives,
+    multiplies plain row-major matrices. Forward and reverse mode both work.
+    """
+    return x @ w
+
+
+@matmul.defjvp
+def _matmul_jvp(primals, tangents):
+    x, w = primals
+    tx, tw = tangents
+    dx_part = tx @ _materialised_t(w).T
+    if x.shape[1] <= w.shape[1]:
+        return x @ w, dx_part + _materialised_t(x).T @ tw
+    return x @ w, dx_part + x @ tw   # transposing x (wider than the gradient) costs more
+
+
+def _dense(x, p, n_in=1):
+    """A dense layer over the last `n_in` axes of x (kernel axes: n_in inputs, then outputs)."""
+    kernel = p['kernel'].astype(x.dtype)
+    k = math.prod(kernel.shape[:n_in])
+    lead, out = x.shape[:x.ndim - n_in], kernel.shape[n_in:]
+    y = matmul(x.reshape(-1, k), kernel.reshape(k, -1))
+    if 'bias' in p:
+        y = y + p['bias'].astype(x.dtype).reshape(-1)
+    return y.reshape(lead + out)
 
 
 def _drop_path(x, rate, key):
@@ -188,24 +224,24 @@ def attention(p: Params, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     head_dim = p['q']['kernel'].shape[-1]
     # One (D, 3·H·Dh) projection instead of three: a bigger matmul, and one matmul each for
     # the input and weight gradients in the backward pass.
-    kernel = jnp.stack([p[n]['kernel'] for n in 'qkv'], axis=1).astype(x.dtype)   # (D, 3, H, Dh)
-    qkv = jnp.einsum('btd,dshk->sbthk', x, kernel)
+    fused = {'kernel': jnp.stack([p[n]['kernel'] for n in 'qkv'], axis=1)}   # (D, 3, H, Dh)
     if all('bias' in p[n] for n in 'qkv'):
-        qkv = qkv + jnp.stack([p[n]['bias'] for n in 'qkv'])[:, None, None].astype(x.dtype)
+        fused['bias'] = jnp.stack([p[n]['bias'] for n in 'qkv'])
     elif any('bias' in p[n] for n in 'qkv'):
         raise ValueError('attention: q, k and v must all have biases or none')
+    qkv = _dense(x, fused)                                                          # (B, T, 3, H, Dh)
     qkv = checkpoint_name(qkv, 'attn_qkv')
-    q, k, v = qkv[0], qkv[1], qkv[2]
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     logits = jnp.einsum('bqhk,bthk->bhqt', q * jnp.asarray(head_dim ** -0.5, q.dtype), k)
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(x.dtype)
     probs = checkpoint_name(probs, 'attn_probs')
     o = checkpoint_name(jnp.einsum('bhqt,bthk->bqhk', probs, v), 'attn_o')
-    return _dense(o, p['out'], 'bqhk,hkd->bqd'), probs
+    return _dense(o, p['out'], n_in=2), probs
 
 
 def mlp(p: Params, x: jax.Array, gelu_kind: str) -> jax.Array:
-    h = checkpoint_name(_dense(x, p['fc1'], 'btd,dm->btm'), 'mlp_hidden')
-    return _dense(gelu(h, gelu_kind), p['fc2'], 'btm,md->btd')
+    h = checkpoint_name(_dense(x, p['fc1']), 'mlp_hidden')
+    return _dense(gelu(h, gelu_kind), p['fc2'])
 
 
 def block_apply(p: Params, x: jax.Array, cfg: ViTConfig, *, drop_rate=0.0, key=None,
@@ -332,10 +368,10 @@ def apply(params: Params, images: jax.Array, cfg: ViTConfig, *, train: bool = Fa
     aux['pre_logits'] = feats
     if 'head' not in params:
         return feats, aux
-    logits = _dense(feats, params['head'], 'bd,dk->bk')
+    logits = _dense(feats, params['head'])
     if 'dist_token' in params and 'head_dist' in params:
         dist_feats = layer_norm(x[:, 1], params['norm'], cfg.ln_eps)
-        logits_dist = _dense(dist_feats, params['head_dist'], 'bd,dk->bk')
+        logits_dist = _dense(dist_feats, params['head_dist'])
         aux['logits_cls'], aux['logits_dist'] = logits, logits_dist
         if not train:
             logits = (logits + logits_dist) / 2
