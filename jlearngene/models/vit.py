@@ -244,27 +244,26 @@ def mlp(p: Params, x: jax.Array, gelu_kind: str) -> jax.Array:
     return _dense(gelu(h, gelu_kind), p['fc2'])
 
 
+def _branch(y, p, scale_name, cfg, drop_rate, keys, stochastic):
+    """Dropout, LayerScale and stochastic depth of one residual branch."""
+    if stochastic:
+        y = _dropout(y, cfg.dropout, keys[0])
+    if scale_name in p:
+        y = y * p[scale_name]['scale'].astype(y.dtype)
+    if stochastic and cfg.drop_path:
+        y = _drop_path(y, drop_rate, keys[1])
+    return y
+
+
 def block_apply(p: Params, x: jax.Array, cfg: ViTConfig, *, drop_rate=0.0, key=None,
                 train: bool = False) -> tuple[jax.Array, jax.Array]:
     """One pre-norm encoder block; returns (new tokens, attention probabilities)."""
     stochastic = train and key is not None
     keys = jax.random.split(key, 4) if stochastic else [None] * 4
     y, probs = attention(p['attn'], layer_norm(x, p['norm1'], cfg.ln_eps))
-    if stochastic:
-        y = _dropout(y, cfg.dropout, keys[0])
-    if 'ls1' in p:
-        y = y * p['ls1']['scale'].astype(y.dtype)
-    if stochastic and cfg.drop_path:
-        y = _drop_path(y, drop_rate, keys[1])
-    x = checkpoint_name(x + y, 'block_mid')
+    x = checkpoint_name(x + _branch(y, p, 'ls1', cfg, drop_rate, keys[:2], stochastic), 'block_mid')
     y = mlp(p['mlp'], layer_norm(x, p['norm2'], cfg.ln_eps), cfg.gelu)
-    if stochastic:
-        y = _dropout(y, cfg.dropout, keys[2])
-    if 'ls2' in p:
-        y = y * p['ls2']['scale'].astype(y.dtype)
-    if stochastic and cfg.drop_path:
-        y = _drop_path(y, drop_rate, keys[3])
-    return x + y, probs
+    return x + _branch(y, p, 'ls2', cfg, drop_rate, keys[2:], stochastic), probs
 
 
 def embed(params: Params, images: jax.Array, cfg: ViTConfig) -> jax.Array:
