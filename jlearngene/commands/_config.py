@@ -23,7 +23,12 @@ def parse(prog: str, argv: list[str], define_extra=None, *, config_required: boo
     try:
         fv(argv)
     except (flags.Error, AttributeError, KeyError, ValueError, TypeError) as e:
-        print(f'{prog}: {e}', file=sys.stderr)
+        # A locked ConfigDict raises KeyError (whose str() is a repr); show its message.
+        key_error = next((c for c in (e, e.__cause__, e.__context__) if isinstance(c, KeyError)), None)
+        message = key_error.args[0] if key_error is not None and key_error.args else e
+        if isinstance(message, str) and message[:1] in '\'"' and message[-1:] == message[:1]:
+            message = message[1:-1].encode().decode('unicode_escape')
+        print(f'{prog}: {message}', file=sys.stderr)
         raise SystemExit(2) from None
     if config_required and fv.config is None:
         print(f'{prog}: --config is required', file=sys.stderr)
