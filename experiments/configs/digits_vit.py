@@ -4,9 +4,9 @@ r"""Plain supervised ViT on the bundled scikit-learn digits (no download): the b
 
 Overrides use ml_collections syntax, e.g. `--config.steps=200 --config.model.depth=2`;
 `--config experiments/configs/digits_vit.py:smoke` gives a seconds-long smoke run.
-Expected: >= 95% test accuracy in under 5 minutes on 2 CPU cores. Measured (1500 steps,
-2 cores shared with other jobs, load average ~5): 98.4% test accuracy (364 images), 199 s
-wall including compilation; 96.4% already at step 500.
+Expected: >= 95% test accuracy in under 5 minutes on 2 CPU cores. Measured (1500 steps, quiet
+2-core machine): 98.9% test accuracy (364 images), 85 s wall including compilation, 1.1 GB
+peak RSS; 98.4% at step 1000.
 """
 import ml_collections
 
