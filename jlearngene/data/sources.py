@@ -343,7 +343,7 @@ def tfds_source(name: str, split: str, data_dir: str | None = None, *, image_key
     where = data_dir or '(tfds default data_dir, e.g. ~/tensorflow_datasets)'
     try:
         src = tfds.data_source(name, split=split, data_dir=data_dir, download=False, try_gcs=False)
-    except Exception as e:  # DatasetNotFoundError, NotImplementedError, AssertionError, ...
+    except Exception as e:  # tfds raises many error types for a missing or unprepared dataset
         raise DataError(
             f'tfds dataset {name!r} split {split!r} is not available under data_dir {where}: '
             f'it must be prepared there as array_record (`tfds build {name} --data_dir=DIR '
