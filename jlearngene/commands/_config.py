@@ -1,6 +1,7 @@
 """Shared flag parsing for commands that take an ml_collections config file."""
 from __future__ import annotations
 
+import argparse
 import sys
 
 from absl import flags
@@ -23,14 +24,25 @@ def parse(prog: str, argv: list[str], define_extra=None, *, config_required: boo
     try:
         fv(argv)
     except (flags.Error, AttributeError, KeyError, ValueError, TypeError) as e:
-        # A locked ConfigDict raises KeyError (whose str() is a repr); show its message.
+        # A locked ConfigDict's KeyError (str() is a repr) surfaces wrapped; show its message.
         key_error = next((c for c in (e, e.__cause__, e.__context__) if isinstance(c, KeyError)), None)
         message = key_error.args[0] if key_error is not None and key_error.args else e
-        if isinstance(message, str) and message[:1] in '\'"' and message[-1:] == message[:1]:
-            message = message[1:-1].encode().decode('unicode_escape')
         print(f'{prog}: {message}', file=sys.stderr)
         raise SystemExit(2) from None
     if config_required and fv.config is None:
         print(f'{prog}: --config is required', file=sys.stderr)
         raise SystemExit(2)
     return fv
+
+
+def parse_override(text: str):
+    """`--set field=value` for argparse: ints, floats and true/false are typed, the rest stay strings."""
+    key, sep, value = text.partition('=')
+    if not sep:
+        raise argparse.ArgumentTypeError(f'override {text!r} is not of the form field=value')
+    for cast in (int, float):
+        try:
+            return key, cast(value)
+        except ValueError:
+            pass
+    return key, {'true': True, 'false': False}.get(value.lower(), value)

@@ -25,7 +25,7 @@ _NON_SHAPE_FIELDS = ('num_heads', 'ln_eps', 'gelu', 'pool', 'pool_norm', 'class_
 
 
 def _parser() -> argparse.ArgumentParser:
-    from jlearngene.commands.info import _parse_override
+    from jlearngene.commands._config import parse_override
     p = argparse.ArgumentParser(prog='jlearngene convert', description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
                    '.safetensors file (--to-timm)')
     p.add_argument('--num-heads', type=int, help='attention heads (not visible in the shapes; '
                    'default: file metadata, else width // 64)')
-    p.add_argument('--set', action='append', type=_parse_override, default=[], metavar='FIELD=VALUE',
+    p.add_argument('--set', action='append', type=parse_override, default=[], metavar='FIELD=VALUE',
                    help='override a config field for --from-timm (repeatable), e.g. --set ln_eps=1e-5')
     pos = p.add_mutually_exclusive_group()
     pos.add_argument('--no-embed-class', dest='no_embed_class', action='store_const', const=True,

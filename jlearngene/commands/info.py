@@ -8,6 +8,7 @@ import argparse
 import jax
 
 from jlearngene import pytree
+from jlearngene.commands._config import parse_override
 from jlearngene.models import VARIANTS, init, vit_config
 
 HELP = 'parameter table of variants, a config file (.py[:arg]) or a checkpoint/workdir'
@@ -24,18 +25,6 @@ def param_table(cfgs: dict) -> str:
                     f'{cfg.patch_size} | {cfg.image_size} | {cfg.num_classes} | '
                     f"{c['total'] / 1e6:.2f} | {c['blocks'] / 1e6:.2f} |")
     return '\n'.join(rows)
-
-
-def _parse_override(text: str):
-    key, sep, value = text.partition('=')
-    if not sep:
-        raise argparse.ArgumentTypeError(f'override {text!r} is not of the form field=value')
-    for cast in (int, float):
-        try:
-            return key, cast(value)
-        except ValueError:
-            pass
-    return key, {'true': True, 'false': False}.get(value.lower(), value)
 
 
 def leaf_table(shapes, title: str = '') -> str:
@@ -98,7 +87,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog='jlearngene info', description=__doc__)
     parser.add_argument('variant', nargs='?', help="variant name ('S', 'B/16'; all if omitted), a config "
                         'file (file.py[:arg]), a checkpoint directory or a training workdir')
-    parser.add_argument('--set', action='append', type=_parse_override, default=[], metavar='FIELD=VALUE',
+    parser.add_argument('--set', action='append', type=parse_override, default=[], metavar='FIELD=VALUE',
                         help='override a config field (repeatable), e.g. --set depth=6')
     args = parser.parse_args(argv)
     overrides = dict(args.set)
