@@ -4,9 +4,12 @@
 #   bash benchmarks/gpu.sh                 # float32 rows + bfloat16 rows, results in benchmarks/results_gpu.json
 #   BATCH_SCALE=8 bash benchmarks/gpu.sh   # larger batches (default 8: Ti-12 at 1024, S-12 at 512)
 #   QUICK=1 bash benchmarks/gpu.sh         # fewer steps
+#   PYTHON=python3.12 bash benchmarks/gpu.sh   # interpreter (default: python3)
 #
 # Needs a CUDA build of jax in the active environment (`pip install "jax[cuda12]==<the pinned
-# jax version>"`). It runs benchmarks/run.py with GPU-sized settings:
+# jax version>"`). It first checks the model's loss and gradients on the GPU against the host
+# CPU (benchmarks/gpu_parity.py; strict float32, TF32 default and bfloat16 differences), then
+# runs benchmarks/run.py with GPU-sized settings:
 #   * matmul peak measured in float32 AND bfloat16 (square matmuls up to 8192), so the
 #     utilisation of the bfloat16 rows can be read against the bfloat16 peak;
 #   * the exact float32 model (headline) and an extra bfloat16-compute row per shape
@@ -17,8 +20,10 @@
 # (jax_default_matmul_precision); set JAX_DEFAULT_MATMUL_PRECISION=highest for strict float32.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # works without installing the package
 
-if ! python -c 'import jax, sys; sys.exit(0 if jax.default_backend() == "gpu" else 1)' 2>/dev/null; then
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import jax, sys; sys.exit(0 if jax.default_backend() == "gpu" else 1)' 2>/dev/null; then
   echo "gpu.sh: jax does not see a GPU (jax.default_backend() != 'gpu'); install a CUDA build of jax" >&2
   exit 2
 fi
@@ -34,4 +39,9 @@ if [[ -n "${QUICK:-}" ]]; then
 else
   ARGS+=(--steps 20 --warmup 3)
 fi
-exec python benchmarks/run.py "${ARGS[@]}" "$@"
+echo "== parity: GPU vs CPU (loss, logits, gradients of Ti-12) =="
+parity_rc=0
+"$PY" benchmarks/gpu_parity.py || parity_rc=$?
+echo "== benchmark =="
+"$PY" benchmarks/run.py "${ARGS[@]}" "$@"
+if (( parity_rc )); then echo "gpu.sh: the parity check failed (exit $parity_rc)" >&2; exit "$parity_rc"; fi

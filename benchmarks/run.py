@@ -179,6 +179,9 @@ def worker_step(a) -> dict:
             med = statistics.median(times[m])
             res['modes'][m].update(step_s=med, step_s_all=times[m], img_per_s=a.batch / med,
                                    loss=float(metrics['loss']))
+    stats = jax.devices()[0].memory_stats() or {}
+    if 'peak_bytes_in_use' in stats:   # accelerators: peak device memory of this process
+        res['device_peak_mb'] = stats['peak_bytes_in_use'] / 2 ** 20
     return res
 
 
@@ -382,9 +385,12 @@ def main(argv=None) -> int:
                 results['steps'][label] = {'batch': batch, 'flops_per_step': flops['train_step'],
                                            'rounds': [{'jax': res}], 'jax_img_per_s': ips_x,
                                            'jax_tflops': ips_x / batch * flops['train_step'] / 1e12}
-                if peak:
+                # A reduced-precision row is read against that dtype's peak when measured.
+                row_peak = (results.get('peak_' + args.dtype, {}).get('peak_gflops', peak)
+                            if extra == 'dtype' else peak)
+                if row_peak:
                     results['steps'][label]['pct_of_peak'] = \
-                        100 * results['steps'][label]['jax_tflops'] * 1e3 / peak
+                        100 * results['steps'][label]['jax_tflops'] * 1e3 / row_peak
 
     # (d) Aux-Net overhead: plain and Aux-Net steps of Ti-12 in one process, alternated.
     if 'auxnet' not in skip:
@@ -431,12 +437,17 @@ def format_table(r: dict) -> str:
                      f"[{sizes}]  load {pk['load_1m']:.2f}  rss {pk['max_rss_mb']:.0f} MB")
     for k in r:
         if k.startswith('peak_'):
-            lines.append(f"    matmul peak {r[k]['dtype']}: {r[k]['peak_gflops']:.1f} GFLOP/s")
+            lines.append(f"    matmul peak {r[k]['dtype']}: {r[k]['peak_gflops']:.1f} GFLOP/s "
+                         f"(the %peak of the {r[k]['dtype']} rows is read against this)")
     if r.get('steps'):
         lines.append('(b,c,f) training step (AdamW, CE, 32 px, patch 4, 100 classes)')
         hdr = (f"  {'shape':22s} {'batch':>5s} {'jax img/s':>10s} {'GFLOP/s':>8s} {'%peak':>6s} "
                f"{'torch img/s':>11s} {'jax/torch':>9s} {'jax RSS MB':>10s} {'torch RSS MB':>12s} {'load':>5s}")
         lines.append(hdr)
+        device_mem = any('device_peak_mb' in rd['jax'] for e in r['steps'].values()
+                         for rd in e['rounds'])
+        if device_mem:
+            lines[-1] += f" {'dev MB':>7s}"
         for name, e in r['steps'].items():
             last = e['rounds'][-1]
             t = e.get('torch_img_per_s')
@@ -448,7 +459,9 @@ def format_table(r: dict) -> str:
                 f"  {name:22s} {e['batch']:5d} {e['jax_img_per_s']:10.1f} {e['jax_tflops'] * 1e3:8.1f} "
                 f"{e.get('pct_of_peak', float('nan')):6.1f} {t_ips} {ratio} "
                 f"{max(rd['jax']['max_rss_mb'] for rd in e['rounds']):10.0f} {t_rss} "
-                f"{last['jax']['load_1m']:5.2f}")
+                f"{last['jax']['load_1m']:5.2f}"
+                + (f" {max(rd['jax'].get('device_peak_mb', 0) for rd in e['rounds']):7.0f}"
+                   if device_mem else ''))
             if len(e['rounds']) > 1:
                 per = '; '.join(
                     f"{rd['jax']['modes']['plain']['img_per_s']:.1f}"

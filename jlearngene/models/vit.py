@@ -198,7 +198,10 @@ def _dense(x, p, n_in=1):
     kernel = p['kernel'].astype(x.dtype)
     k = math.prod(kernel.shape[:n_in])
     lead, out = x.shape[:x.ndim - n_in], kernel.shape[n_in:]
-    y = matmul(x.reshape(-1, k), kernel.reshape(k, -1))
+    # The XLA:CPU-specific derivative only pays on CPU; GPU/TPU matmul libraries take
+    # transposed operands natively, so materialising transposes there only costs memory.
+    mm = matmul if jax.default_backend() == 'cpu' else jnp.matmul
+    y = mm(x.reshape(-1, k), kernel.reshape(k, -1))
     if 'bias' in p:
         y = y + p['bias'].astype(x.dtype).reshape(-1)
     return y.reshape(lead + out)
