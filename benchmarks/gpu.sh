@@ -14,7 +14,10 @@
 #     utilisation of the bfloat16 rows can be read against the bfloat16 peak;
 #   * the exact float32 model (headline) and an extra bfloat16-compute row per shape
 #     (ViTConfig.dtype='bfloat16': parameters stay float32, activations/matmuls in bf16);
-#   * no torch rows: the PyTorch reference script is CPU-only;
+#   * torch rows: the reference's model moved to the GPU by benchmarks/torch_on_device.py
+#     (TF32 allowed, as in XLA), when torch sees a CUDA device and the reference script is at
+#     --torch-ref (default ../shared/bench/torch_vit_reference.py; pass another path after the
+#     script's name when that folder is not beside the checkout);
 #   * Aux-Net overhead and compile time vs depth as on CPU.
 # Note: XLA on GPU computes float32 matmuls with TF32 by default on Ampere and later
 # (jax_default_matmul_precision); set JAX_DEFAULT_MATMUL_PRECISION=highest for strict float32.
@@ -32,7 +35,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,clo
 # Keep XLA from grabbing 75% of GPU memory up front so the per-case peak is meaningful.
 export XLA_PYTHON_CLIENT_PREALLOCATE=${XLA_PYTHON_CLIENT_PREALLOCATE:-false}
 
-ARGS=(--no-torch --batch-scale "${BATCH_SCALE:-8}" --dtype bfloat16 --extra-rows dtype
+ARGS=(--torch-device cuda --batch-scale "${BATCH_SCALE:-8}" --dtype bfloat16 --extra-rows dtype
       --peak-sizes 4096,8192 --json "${JSON:-benchmarks/results_gpu.json}")
 if [[ -n "${QUICK:-}" ]]; then
   ARGS+=(--quick)

@@ -266,7 +266,12 @@ class Runner:
         from jlearngene.models.config import VARIANTS
         v = VARIANTS[variant]
         threads = len(self.cpus) if self.cpus else os.cpu_count()
-        cmd = [sys.executable, self.args.torch_ref, '--dim', str(v['width']), '--depth', str(depth),
+        if self.args.torch_device == 'cpu':
+            head = [sys.executable, self.args.torch_ref]
+        else:   # the same reference model, moved to the accelerator by a wrapper
+            head = [sys.executable, os.path.join(HERE, 'torch_on_device.py'), '--ref',
+                    self.args.torch_ref, '--device', self.args.torch_device]
+        cmd = head + ['--dim', str(v['width']), '--depth', str(depth),
                '--heads', str(v['num_heads']), '--mlp-ratio', str(v['mlp_dim'] / v['width']),
                '--image', '32', '--patch', '4', '--classes', '100', '--batch', str(batch),
                '--steps', str(self.args.steps), '--warmup', str(self.args.warmup),
@@ -282,11 +287,13 @@ class Runner:
         return res
 
 
-def _torch_available(path: str) -> tuple[bool, str]:
+def _torch_available(path: str, device: str = 'cpu') -> tuple[bool, str]:
     if not os.path.exists(path):
         return False, f'reference script not found at {path}'
-    rc = subprocess.run([sys.executable, '-c', 'import torch'], capture_output=True).returncode
-    return (rc == 0), ('' if rc == 0 else 'torch is not importable')
+    check = 'import torch' + ('' if device == 'cpu' else
+                              f'; torch.empty(1, device={device!r})')
+    rc = subprocess.run([sys.executable, '-c', check], capture_output=True).returncode
+    return (rc == 0), ('' if rc == 0 else f'torch is not importable or has no {device!r} device')
 
 
 def main(argv=None) -> int:
@@ -301,6 +308,8 @@ def main(argv=None) -> int:
                    help='path of the PyTorch-eager reference script, relative to the repo root '
                         'or absolute (default %(default)s)')
     p.add_argument('--no-torch', action='store_true', help='skip the torch reference')
+    p.add_argument('--torch-device', default='cpu',
+                   help="device of the torch reference ('cuda' runs it through torch_on_device.py)")
     p.add_argument('--steps', type=int, default=None, help='timed steps per case (default 10, quick 4)')
     p.add_argument('--warmup', type=int, default=2)
     p.add_argument('--rounds', type=int, default=None,
@@ -331,7 +340,7 @@ def main(argv=None) -> int:
                            'python': sys.version.split()[0], 'threads': args.threads or os.cpu_count(),
                            'started': time.strftime('%Y-%m-%d %H:%M:%S')},
                'args': vars(args), 'flop_count': 'matmul FLOPs (2/MAC) of the forward pass x 3'}
-    torch_ok, why = (False, 'skipped') if (args.no_torch or 'torch' in skip) else _torch_available(args.torch_ref)
+    torch_ok, why = (False, 'skipped') if (args.no_torch or 'torch' in skip) else _torch_available(args.torch_ref, args.torch_device)
     results['torch_available'] = torch_ok
     if not torch_ok:
         print(f'torch reference not run: {why}')

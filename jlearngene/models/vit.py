@@ -234,7 +234,9 @@ def attention(p: Params, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         raise ValueError('attention: q, k and v must all have biases or none')
     qkv = _dense(x, fused)                                                          # (B, T, 3, H, Dh)
     qkv = checkpoint_name(qkv, 'attn_qkv')
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    # `split`, not three slices: its derivative is one concatenate of dq, dk, dv, where the
+    # slices' would be three zero-padded full-size arrays summed.
+    q, k, v = (t.squeeze(2) for t in jnp.split(qkv, 3, axis=2))
     logits = jnp.einsum('bqhk,bthk->bhqt', q * jnp.asarray(head_dim ** -0.5, q.dtype), k)
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(x.dtype)
     probs = checkpoint_name(probs, 'attn_probs')
