@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""The matmul kernels of one ViT training step, XLA against PyTorch, shape by shape.
+
+    python benchmarks/kernels.py                  # the Ti-12, batch 128 step's shapes
+    python benchmarks/kernels.py --variant S --batch 64
+
+For every distinct matmul of the step (forward, input gradient and weight gradient of the
+q/k/v, output, fc1 and fc2 projections, and the batched attention products), times
+
+  xla       jax.jit(x @ w) as compiled by default (YNNPACK dots on XLA:CPU);
+  xla-eigen the same with YNNPACK fusions switched off for this compilation
+            (`xla_cpu_experimental_ynn_fusion_type=''`: Eigen dots);
+  torch     torch.mm / torch.bmm into a preallocated output (MKL/oneDNN on CPU), if installed;
+
+interleaved round by round (median of `--rounds`), and prints GFLOP/s per shape and the
+step's total matmul time at each rate (the patch embedding and head, under 1 % of the
+FLOPs, are left out). The step's own matmul work runs at these kernel
+speeds or below, so the torch/xla ratio of the totals bounds what the jax step can gain
+over the torch reference without faster kernels.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def step_shapes(variant: str, depth: int, batch: int) -> list[tuple[str, int, tuple[int, ...]]]:
+    """(label, count per step, (M, K, N) or (batch, M, K, N)) of the step's matmuls."""
+    from jlearngene.models.config import vit_config
+    cfg = vit_config(variant, depth=depth, image_size=32, patch_size=4, num_classes=100)
+    n, d, m, h, t = batch * cfg.num_tokens, cfg.width, cfg.mlp_dim, cfg.num_heads, cfg.num_tokens
+    dh = d // h
+    dense = [('qkv', d, 3 * d), ('out', d, d), ('fc1', d, m), ('fc2', m, d)]
+    shapes = []
+    for name, k_in, k_out in dense:
+        shapes.append((f'{name} forward', depth, (n, k_in, k_out)))
+        shapes.append((f'{name} input grad', depth, (n, k_out, k_in)))
+        shapes.append((f'{name} weight grad', depth, (k_in, n, k_out)))
+    bh = batch * h
+    shapes += [('attn q·kᵀ, dp', 2 * depth, (bh, t, dh, t)),          # (T, Dh) x (Dh, T)
+               ('attn p·v, dq, dk, dv', 4 * depth, (bh, t, t, dh))]   # (T, T) x (T, Dh)
+    return shapes
+
+
+def _time(fn, rounds: int) -> list[float]:
+    out = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    p.add_argument('--variant', default='Ti')
+    p.add_argument('--depth', type=int, default=12)
+    p.add_argument('--batch', type=int, default=128)
+    p.add_argument('--rounds', type=int, default=11)
+    a = p.parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    rng = np.random.default_rng(0)
+    xla_opts = {'xla': None, 'xla-eigen': {'xla_cpu_experimental_ynn_fusion_type': ''}}
+    if jax.default_backend() != 'cpu':
+        xla_opts.pop('xla-eigen')
+    names = list(xla_opts) + (['torch'] if torch is not None else [])
+    totals = dict.fromkeys(names, 0.0)
+    print(f"{'matmul':24s} {'shape':>22s} {'x/step':>6s} " + ' '.join(f'{n:>10s}' for n in names)
+          + '   (GFLOP/s)')
+    for label, count, shape in step_shapes(a.variant, a.depth, a.batch):
+        *b, m, k, n = shape
+        x = rng.standard_normal((*b, m, k), np.float32)
+        w = rng.standard_normal((*b, k, n), np.float32)
+        flops = 2 * m * k * n * (b[0] if b else 1)
+        runners = {}
+        xj, wj = jnp.asarray(x), jnp.asarray(w)
+        for name, opts in xla_opts.items():
+            f = jax.jit(lambda x, w: x @ w).lower(xj, wj).compile(compiler_options=opts)
+            runners[name] = lambda f=f: f(xj, wj).block_until_ready()
+        if torch is not None:
+            xt, wt = torch.from_numpy(x), torch.from_numpy(w)
+            out = torch.empty((*b, m, n))
+            mm = torch.bmm if b else torch.mm
+            runners['torch'] = lambda: mm(xt, wt, out=out)
+        for r in runners.values():
+            r()
+        times = {name: [] for name in runners}
+        for _ in range(a.rounds):
+            for name, r in runners.items():
+                times[name] += _time(r, 1)
+        rates = {name: flops / statistics.median(v) / 1e9 for name, v in times.items()}
+        for name, v in times.items():
+            totals[name] += count * statistics.median(v)
+        print(f"{label:24s} {'x'.join(map(str, shape)):>22s} {count:6d} "
+              + ' '.join(f'{rates[n]:10.0f}' for n in names))
+    print(f"{'total per step (ms)':24s} {'':>22s} {'':>6s} "
+          + ' '.join(f'{totals[n] * 1e3:10.0f}' for n in names))
+    if 'torch' in totals:
+        print(f"torch/xla kernel-time ratio: {totals['xla'] / totals['torch']:.2f}x")
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Where the time of one training step goes, per XLA operation.
+
+    python benchmarks/profile_step.py                       # Ti-12, batch 128 (the benchmark shape)
+    python benchmarks/profile_step.py --variant S --batch 64 --top 40
+    python benchmarks/profile_step.py --compiler-option xla_cpu_experimental_ynn_fusion_type=
+
+Compiles the same step as `run.py` (b), runs a few warm-up steps, records one step with
+`jax.profiler.trace(create_perfetto_trace=True)` and reads the trace back. Each moment of
+the step's wall time is shared equally among the XLA operations running at that moment
+(XLA:CPU runs independent operations concurrently), so the per-operation times add up to
+the step's wall time. Operations are grouped by what their HLO does:
+
+  matmul        fusions and ops that contain a dot (YNNPACK, Eigen, cuBLAS ...)
+  zero-fill     broadcasts of a constant: the buffers of the layer scan's saved residuals
+  scan stacks   dynamic-update-slice / dynamic-slice: residuals copied into / out of them
+  transpose     transposes and copies (layout changes)
+  elementwise   the rest: LayerNorm, softmax, GELU, residual adds, optimiser update ...
+
+and the top operations are listed with their output shape and the jax operation they come
+from. `--compiler-option k=v` (repeatable) passes XLA debug options to this compilation only.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+_RUNTIME_EVENTS = ('Thunk', 'Slinky', 'PjRt', 'TfrtCpu', 'Execute')
+
+
+def hlo_ops(hlo_text: str) -> dict[str, dict]:
+    """Op name -> {'shape', 'source', 'category'} for the instructions of an HLO module text."""
+    computations: dict[str, str] = {}
+    name, body = None, []
+    for line in hlo_text.splitlines():
+        m = re.match(r'^(?:ENTRY )?%(\S+) ', line)
+        if m and line.rstrip().endswith('{'):
+            name, body = m.group(1), []
+        elif line.startswith('}') and name:
+            computations[name] = '\n'.join(body)
+            name = None
+        elif name:
+            body.append(line)
+    ops = {}
+    for text in computations.values():
+        for m in re.finditer(r'^\s*(?:ROOT )?%(\S+) = (\S+) (\S+?)\((.*)$', text, re.M):
+            op, shape, kind, rest = m.groups()
+            called = re.search(r'calls=%([\w.\-]+)', rest)
+            inner = computations.get(called.group(1), '') if called else ''
+            source = re.search(r'op_name="([^"]*)"', rest)
+            if kind in ('dot', 'convolution') or ' dot(' in inner or ' convolution(' in inner:
+                cat = 'matmul'
+            elif 'dynamic-update-slice' in op or 'dynamic-slice' in op:
+                cat = 'scan stacks'
+            elif kind == 'broadcast' or op.startswith('wrapped_broadcast'):
+                cat = 'zero-fill'
+            elif 'transpose' in op or op.startswith('copy'):
+                cat = 'transpose'
+            else:
+                cat = 'elementwise'
+            ops[op] = {'shape': shape, 'source': source.group(1) if source else '', 'category': cat}
+    return ops
+
+
+def wall_shares(events: list[dict]) -> dict[str, float]:
+    """Per event name, its share of the wall time (concurrent events split each moment)."""
+    points = []
+    for e in events:
+        points.append((e['ts'], 1, e['name']))
+        points.append((e['ts'] + e['dur'], -1, e['name']))
+    points.sort(key=lambda p: (p[0], p[1]))
+    active: collections.Counter = collections.Counter()
+    share: collections.Counter = collections.Counter()
+    last = None
+    for t, delta, name in points:
+        if last is not None and active:
+            n = sum(active.values())
+            for a, c in active.items():
+                share[a] += (t - last) * c / n
+        last = t
+        active[name] += delta
+        if active[name] <= 0:
+            del active[name]
+    return dict(share)
+
+
+def op_events(trace_file: str, known_ops: dict) -> list[dict]:
+    with gzip.open(trace_file) as f:
+        trace = json.load(f)
+    events = trace['traceEvents'] if isinstance(trace, dict) else trace
+    return [e for e in events if e.get('ph') == 'X' and e['name'] in known_ops
+            and not any(r in e['name'] for r in _RUNTIME_EVENTS)]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    p.add_argument('--variant', default='Ti')
+    p.add_argument('--depth', type=int, default=12)
+    p.add_argument('--batch', type=int, default=128)
+    p.add_argument('--mode', default='plain', choices=('plain', 'auxnet'))
+    p.add_argument('--top', type=int, default=25)
+    p.add_argument('--warmup', type=int, default=2)
+    p.add_argument('--compiler-option', action='append', default=[], metavar='KEY=VALUE')
+    p.add_argument('--trace-dir', default=None, help='keep the trace here (default: a temp dir)')
+    a = p.parse_args(argv)
+
+    import jax
+    from run import _build_step, model_flops
+
+    options = {}
+    for kv in a.compiler_option:
+        k, _, v = kv.partition('=')
+        options[k] = {'true': True, 'false': False}.get(v.lower(), v)
+    step, state, data, base, _ = _build_step(a.variant, a.depth, a.batch, a.mode)
+    compiled = step.lower(state, data, base).compile(compiler_options=options or None)
+    ops = hlo_ops(compiled.as_text())
+    for _ in range(a.warmup):
+        state, metrics = compiled(state, data, base)
+        jax.block_until_ready(metrics)
+    trace_dir = a.trace_dir or tempfile.mkdtemp(prefix='jlearngene_trace_')
+    t = time.perf_counter()
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+        state, metrics = compiled(state, data, base)
+        jax.block_until_ready(metrics)
+    wall = time.perf_counter() - t
+    files = glob.glob(os.path.join(trace_dir, '**', '*.trace.json.gz'), recursive=True)
+    if not files:
+        raise SystemExit(f'profile_step: no perfetto trace written under {trace_dir}')
+    shares = wall_shares(op_events(max(files, key=os.path.getmtime), ops))
+    total = sum(shares.values())
+    by_cat: collections.Counter = collections.Counter()
+    for name, ms in shares.items():
+        by_cat[ops[name]['category']] += ms
+    flops = model_flops(a.variant, a.depth, a.batch)['train_step']
+    # Trace times are in microseconds.
+    print(f'{a.variant}-{a.depth} batch {a.batch} ({a.mode}) on {jax.default_backend()}: traced step '
+          f'{wall * 1e3:.0f} ms wall (profiler on), XLA operations {total / 1e3:.0f} ms, '
+          f'untraced {wall * 1e3 - total / 1e3:.0f} ms (dispatch, waits, and operations the '
+          f'runtime does not trace, e.g. Eigen dots)')
+    mm = by_cat.get('matmul', 0.0)
+    print(f'matmul work {flops / 1e9:.1f} GFLOP in {mm / 1e3:.0f} ms of traced matmuls = '
+          f'{flops / max(mm, 1e-9) / 1e3:.0f} GFLOP/s')
+    print(f"\n{'category':14s} {'ms':>8s} {'share':>6s}")
+    for cat, ms in by_cat.most_common():
+        print(f'{cat:14s} {ms / 1e3:8.1f} {100 * ms / total:5.1f}%')
+    print(f"\n{'ms':>8s}  {'op':38s} {'category':12s} {'output':34s} source")
+    for name, ms in sorted(shares.items(), key=lambda kv: -kv[1])[:a.top]:
+        o = ops[name]
+        print(f"{ms / 1e3:8.1f}  {name:38s} {o['category']:12s} {o['shape'][:34]:34s} "
+              f"{o['source'][-60:]}")
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
