@@ -272,10 +272,10 @@ class Runner:
             head = [sys.executable, os.path.join(HERE, 'torch_on_device.py'), '--ref',
                     self.args.torch_ref, '--device', self.args.torch_device]
         cmd = head + ['--dim', str(v['width']), '--depth', str(depth),
-               '--heads', str(v['num_heads']), '--mlp-ratio', str(v['mlp_dim'] / v['width']),
-               '--image', '32', '--patch', '4', '--classes', '100', '--batch', str(batch),
-               '--steps', str(self.args.steps), '--warmup', str(self.args.warmup),
-               '--threads', str(threads)]
+                      '--heads', str(v['num_heads']), '--mlp-ratio', str(v['mlp_dim'] / v['width']),
+                      '--image', '32', '--patch', '4', '--classes', '100', '--batch', str(batch),
+                      '--steps', str(self.args.steps), '--warmup', str(self.args.warmup),
+                      '--threads', str(threads)]
         print(f'  [{time.strftime("%H:%M:%S")}] {name} (torch) ...', flush=True)
         rc, text, meta = self.run(cmd, 1800)
         if rc != 0:
@@ -340,7 +340,10 @@ def main(argv=None) -> int:
                            'python': sys.version.split()[0], 'threads': args.threads or os.cpu_count(),
                            'started': time.strftime('%Y-%m-%d %H:%M:%S')},
                'args': vars(args), 'flop_count': 'matmul FLOPs (2/MAC) of the forward pass x 3'}
-    torch_ok, why = (False, 'skipped') if (args.no_torch or 'torch' in skip) else _torch_available(args.torch_ref, args.torch_device)
+    if args.no_torch or 'torch' in skip:
+        torch_ok, why = False, 'skipped'
+    else:
+        torch_ok, why = _torch_available(args.torch_ref, args.torch_device)
     results['torch_available'] = torch_ok
     if not torch_ok:
         print(f'torch reference not run: {why}')
