@@ -12,15 +12,21 @@ q/k/v, output, fc1 and fc2 projections, and the batched attention products), tim
             (`xla_cpu_experimental_ynn_fusion_type=''`: Eigen dots);
   torch     torch.mm / torch.bmm into a preallocated output (MKL/oneDNN on CPU), if installed;
 
-interleaved round by round (median of `--rounds`), and prints GFLOP/s per shape and the
+each for `--rounds` calls after two warm-up calls (median), and prints GFLOP/s per shape and the
 step's total matmul time at each rate (the patch embedding and head, under 1 % of the
 FLOPs, are left out). The step's own matmul work runs at these kernel
 speeds or below, so the torch/xla ratio of the totals bounds what the jax step can gain
 over the torch reference without faster kernels.
+
+Fair memory: torch writes into a preallocated output, while every jax call allocates a new
+one, which glibc maps fresh (page faults) for large sizes. On glibc the tool therefore keeps
+freed memory mapped (`mallopt(M_MMAP_MAX=0, M_TRIM_THRESHOLD=max)`, this process only), so
+both sides write into memory that is already mapped, as inside a training step.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import statistics
 import sys
 import time
@@ -46,6 +52,15 @@ def step_shapes(variant: str, depth: int, batch: int) -> list[tuple[str, int, tu
     return shapes
 
 
+def _keep_freed_memory_mapped() -> bool:
+    """glibc: serve large allocations from the heap and never trim it (see the docstring)."""
+    try:
+        libc = ctypes.CDLL('libc.so.6')
+        return bool(libc.mallopt(-4, 0) and libc.mallopt(-1, 2 ** 31 - 1))  # M_MMAP_MAX, M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
 def _time(fn, rounds: int) -> list[float]:
     out = []
     for _ in range(rounds):
@@ -63,6 +78,7 @@ def main(argv=None) -> int:
     p.add_argument('--rounds', type=int, default=11)
     a = p.parse_args(argv)
 
+    _keep_freed_memory_mapped()
     import jax
     import jax.numpy as jnp
     try:
@@ -92,12 +108,12 @@ def main(argv=None) -> int:
             out = torch.empty((*b, m, n))
             mm = torch.bmm if b else torch.mm
             runners['torch'] = lambda: mm(xt, wt, out=out)
-        for r in runners.values():
-            r()
-        times = {name: [] for name in runners}
-        for _ in range(a.rounds):
-            for name, r in runners.items():
-                times[name] += _time(r, 1)
+        times = {}
+        for name, r in runners.items():
+            # One backend at a time: the worker threads of one library keep spinning for a
+            # while after its call returns and would slow the other's next call.
+            r(), r()
+            times[name] = _time(r, a.rounds)
         rates = {name: flops / statistics.median(v) / 1e9 for name, v in times.items()}
         for name, v in times.items():
             totals[name] += count * statistics.median(v)
