@@ -31,7 +31,6 @@ import os
 import re
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -129,25 +128,27 @@ def main(argv=None) -> int:
         state, metrics = compiled(state, data, base)
         jax.block_until_ready(metrics)
     trace_dir = a.trace_dir or tempfile.mkdtemp(prefix='jlearngene_trace_')
-    t = time.perf_counter()
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
         state, metrics = compiled(state, data, base)
         jax.block_until_ready(metrics)
-    wall = time.perf_counter() - t
     files = glob.glob(os.path.join(trace_dir, '**', '*.trace.json.gz'), recursive=True)
     if not files:
         raise SystemExit(f'profile_step: no perfetto trace written under {trace_dir}')
-    shares = wall_shares(op_events(max(files, key=os.path.getmtime), ops))
+    events = op_events(max(files, key=os.path.getmtime), ops)
+    if not events:
+        raise SystemExit('profile_step: the trace holds no XLA operation events')
+    span = max(e['ts'] + e['dur'] for e in events) - min(e['ts'] for e in events)
+    shares = wall_shares(events)
     total = sum(shares.values())
     by_cat: collections.Counter = collections.Counter()
     for name, ms in shares.items():
         by_cat[ops[name]['category']] += ms
     flops = model_flops(a.variant, a.depth, a.batch)['train_step']
     # Trace times are in microseconds.
-    print(f'{a.variant}-{a.depth} batch {a.batch} ({a.mode}) on {jax.default_backend()}: traced step '
-          f'{wall * 1e3:.0f} ms wall (profiler on), XLA operations {total / 1e3:.0f} ms, '
-          f'untraced {wall * 1e3 - total / 1e3:.0f} ms (dispatch, waits, and operations the '
-          f'runtime does not trace, e.g. Eigen dots)')
+    print(f'{a.variant}-{a.depth} batch {a.batch} ({a.mode}) on {jax.default_backend()}: '
+          f'{span / 1e3:.0f} ms from the first to the last XLA operation of the step (profiler '
+          f'on); operations run during {total / 1e3:.0f} ms, none during {(span - total) / 1e3:.0f} ms '
+          f'(gaps, and any operation the runtime does not trace, e.g. Eigen dots)')
     mm = by_cat.get('matmul', 0.0)
     print(f'matmul work {flops / 1e9:.1f} GFLOP in {mm / 1e3:.0f} ms of traced matmuls = '
           f'{flops / max(mm, 1e-9) / 1e3:.0f} GFLOP/s')
