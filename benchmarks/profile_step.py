@@ -36,6 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 _RUNTIME_EVENTS = ('Thunk', 'Slinky', 'PjRt', 'TfrtCpu', 'Execute')
+_CONTROL_FLOW = ('while', 'call', 'conditional')
 
 
 def hlo_ops(hlo_text: str) -> dict[str, dict]:
@@ -53,8 +54,11 @@ def hlo_ops(hlo_text: str) -> dict[str, dict]:
             body.append(line)
     ops = {}
     for text in computations.values():
-        for m in re.finditer(r'^\s*(?:ROOT )?%(\S+) = (\S+) (\S+?)\((.*)$', text, re.M):
+        # The shape is one array type or a tuple of them (multi-output fusions, loops).
+        for m in re.finditer(r'^\s*(?:ROOT )?%(\S+) = (\([^=]*?\)|\S+) (\S+?)\((.*)$', text, re.M):
             op, shape, kind, rest = m.groups()
+            if kind in _CONTROL_FLOW:   # containers: their bodies' operations are counted
+                continue
             called = re.search(r'calls=%([\w.\-]+)', rest)
             inner = computations.get(called.group(1), '') if called else ''
             source = re.search(r'op_name="([^"]*)"', rest)
