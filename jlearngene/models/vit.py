@@ -170,21 +170,29 @@ def _materialised_t(a: jax.Array) -> jax.Array:
     return jax.lax.optimization_barrier(a.T)
 
 
-@jax.custom_jvp
 def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """`x @ w` for x (N, K), w (K, M), with a derivative written for XLA:CPU's matmul kernels.
+    """`x @ w` for x (N, K), w (K, M); on CPU with a derivative written for XLA:CPU's kernels.
 
-    Left to itself XLA computes the backward dx = g·wᵀ with a transposed operand (slower in
-    its YNNPACK kernels) and dw = xᵀ·g by copying the (tokens × MLP) gradient transposed
-    and running the product on Eigen. The JVP below uses materialised transposes (wᵀ, and xᵀ
-    when x is the narrower operand) so that its transpose, the backward pass JAX derives,
-    multiplies plain row-major matrices. Forward and reverse mode both work.
+    Left to itself XLA:CPU computes the backward dx = g·wᵀ with a transposed operand (slower
+    in its YNNPACK kernels) and dw = xᵀ·g by copying the (tokens × MLP) gradient transposed
+    and running the product on Eigen. `_cpu_matmul`'s JVP uses materialised transposes (wᵀ,
+    and xᵀ when x is the narrower operand) so that its transpose, the backward pass JAX
+    derives, multiplies plain row-major matrices. GPU/TPU matmul libraries take transposed
+    operands natively, so there the plain product is used: materialised transposes would
+    only cost memory. Forward and reverse mode both work.
     """
+    if jax.default_backend() == 'cpu':
+        return _cpu_matmul(x, w)
     return x @ w
 
 
-@matmul.defjvp
-def _matmul_jvp(primals, tangents):
+@jax.custom_jvp
+def _cpu_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    return x @ w
+
+
+@_cpu_matmul.defjvp
+def _cpu_matmul_jvp(primals, tangents):
     x, w = primals
     tx, tw = tangents
     dx_part = tx @ _materialised_t(w).T
@@ -198,10 +206,7 @@ def _dense(x, p, n_in=1):
     kernel = p['kernel'].astype(x.dtype)
     k = math.prod(kernel.shape[:n_in])
     lead, out = x.shape[:x.ndim - n_in], kernel.shape[n_in:]
-    # The XLA:CPU-specific derivative only pays on CPU; GPU/TPU matmul libraries take
-    # transposed operands natively, so materialising transposes there only costs memory.
-    mm = matmul if jax.default_backend() == 'cpu' else jnp.matmul
-    y = mm(x.reshape(-1, k), kernel.reshape(k, -1))
+    y = matmul(x.reshape(-1, k), kernel.reshape(k, -1))
     if 'bias' in p:
         y = y + p['bias'].astype(x.dtype).reshape(-1)
     return y.reshape(lead + out)
