@@ -20,7 +20,6 @@ import json
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jlearngene.models import vit
@@ -31,11 +30,7 @@ from jlearngene.train import tasks
 def _run(cfg, params, batch, device):
     params, batch = jax.device_put((params, batch), device)
     loss_fn = tasks.classification_loss(cfg)
-
-    def f(p):
-        loss, aux = loss_fn(p, batch, jax.random.key(0))
-        return loss, aux
-
+    f = lambda p: loss_fn(p, batch, jax.random.key(0))   # noqa: E731
     (loss, _), grads = jax.jit(jax.value_and_grad(f, has_aux=True))(params)
     logits, _ = jax.jit(lambda p, x: vit.apply(p, x, cfg))(params, batch['image'])
     return jax.device_get({'loss': loss, 'logits': logits, 'grads': grads})

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import statistics
 import sys
-import time
 
 import numpy as np
+
+from run import _median_time   # benchmarks/run.py, beside this script
 
 
 def step_shapes(variant: str, depth: int, batch: int) -> list[tuple[str, int, tuple[int, ...]]]:
@@ -60,15 +60,6 @@ def _keep_freed_memory_mapped() -> bool:
         return bool(libc.mallopt(-4, 0) and libc.mallopt(-1, 2 ** 31 - 1))  # M_MMAP_MAX, M_TRIM_THRESHOLD
     except (OSError, AttributeError):
         return False
-
-
-def _time(fn, rounds: int) -> list[float]:
-    out = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
 
 
 def main(argv=None) -> int:
@@ -111,15 +102,12 @@ def main(argv=None) -> int:
             out = torch.empty((*b, m, n))
             mm = torch.bmm if b else torch.mm
             runners['torch'] = lambda: mm(xt, wt, out=out)
-        times = {}
-        for name, r in runners.items():
-            # One backend at a time: the worker threads of one library keep spinning for a
-            # while after its call returns and would slow the other's next call.
-            _time(r, 2)   # warm-up
-            times[name] = _time(r, a.rounds)
-        rates = {name: flops / statistics.median(v) / 1e9 for name, v in times.items()}
-        for name, v in times.items():
-            totals[name] += count * statistics.median(v)
+        # One backend at a time: the worker threads of one library keep spinning for a
+        # while after its call returns and would slow the other's next call.
+        medians = {name: _median_time(r, a.rounds, 2)[0] for name, r in runners.items()}
+        rates = {name: flops / t / 1e9 for name, t in medians.items()}
+        for name, t in medians.items():
+            totals[name] += count * t
         print(f"{label:24s} {'x'.join(map(str, shape)):>22s} {count:6d} "
               + ' '.join(f'{rates[n]:10.0f}' for n in names))
     print(f"{'total per step (ms)':24s} {'':>22s} {'':>6s} "

@@ -77,7 +77,8 @@ def hlo_ops(hlo_text: str) -> dict[str, dict]:
 
 
 def wall_shares(events: list[dict]) -> dict[str, float]:
-    """Per event name, its share of the wall time (concurrent events split each moment)."""
+    """Per event name, its share of the wall time (concurrent events split each moment),
+    in the events' time unit (microseconds for perfetto traces)."""
     points = []
     for e in events:
         points.append((e['ts'], 1, e['name']))
@@ -145,8 +146,8 @@ def main(argv=None) -> int:
     shares = wall_shares(events)
     total = sum(shares.values())
     by_cat: collections.Counter = collections.Counter()
-    for name, ms in shares.items():
-        by_cat[ops[name]['category']] += ms
+    for name, us in shares.items():
+        by_cat[ops[name]['category']] += us
     flops = model_flops(a.variant, a.depth, a.batch)['train_step']
     # Trace times are in microseconds.
     print(f'{a.variant}-{a.depth} batch {a.batch} ({a.mode}) on {jax.default_backend()}: '
@@ -157,12 +158,12 @@ def main(argv=None) -> int:
     print(f'matmul work {flops / 1e9:.1f} GFLOP in {mm / 1e3:.0f} ms of traced matmuls = '
           f'{flops / max(mm, 1e-9) / 1e3:.0f} GFLOP/s')
     print(f"\n{'category':14s} {'ms':>8s} {'share':>6s}")
-    for cat, ms in by_cat.most_common():
-        print(f'{cat:14s} {ms / 1e3:8.1f} {100 * ms / total:5.1f}%')
+    for cat, us in by_cat.most_common():
+        print(f'{cat:14s} {us / 1e3:8.1f} {100 * us / total:5.1f}%')
     print(f"\n{'ms':>8s}  {'op':38s} {'category':12s} {'output':34s} source")
-    for name, ms in sorted(shares.items(), key=lambda kv: -kv[1])[:a.top]:
+    for name, us in sorted(shares.items(), key=lambda kv: -kv[1])[:a.top]:
         o = ops[name]
-        print(f"{ms / 1e3:8.1f}  {name:38s} {o['category']:12s} {o['shape'][:34]:34s} "
+        print(f"{us / 1e3:8.1f}  {name:38s} {o['category']:12s} {o['shape'][:34]:34s} "
               f"{o['source'][-60:]}")
     return 0
 

@@ -13,28 +13,22 @@ like the CPU reference. TF32 matmuls are allowed, as XLA does by default on the 
 import argparse
 import importlib.util
 import json
-import statistics
-import time
 
 import torch
+
+from run import _median_time   # benchmarks/run.py, beside this script
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('--ref', required=True, help='path of torch_vit_reference.py')
     p.add_argument('--device', default='cuda')
-    p.add_argument('--dim', type=int, default=192)
-    p.add_argument('--depth', type=int, default=12)
-    p.add_argument('--heads', type=int, default=3)
-    p.add_argument('--mlp-ratio', type=float, default=4.0)
-    p.add_argument('--image', type=int, default=32)
-    p.add_argument('--patch', type=int, default=4)
-    p.add_argument('--channels', type=int, default=3)
-    p.add_argument('--classes', type=int, default=100)
-    p.add_argument('--batch', type=int, default=128)
-    p.add_argument('--steps', type=int, default=5)
-    p.add_argument('--warmup', type=int, default=2)
-    p.add_argument('--threads', type=int, default=0)
+    # The reference script's shape and timing flags, with its defaults.
+    for flag, kind, default in (('dim', int, 192), ('depth', int, 12), ('heads', int, 3),
+                                ('mlp-ratio', float, 4.0), ('image', int, 32), ('patch', int, 4),
+                                ('channels', int, 3), ('classes', int, 100), ('batch', int, 128),
+                                ('steps', int, 5), ('warmup', int, 2), ('threads', int, 0)):
+        p.add_argument('--' + flag, type=kind, default=default)
     a = p.parse_args()
     spec = importlib.util.spec_from_file_location('torch_vit_reference', a.ref)
     ref = importlib.util.module_from_spec(spec)
@@ -55,14 +49,7 @@ def main():
         opt.step()
         return loss.item()
 
-    for _ in range(a.warmup):
-        step()
-    times = []
-    for _ in range(a.steps):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    med = statistics.median(times)
+    med, _ = _median_time(step, a.steps, a.warmup)
     out = {'framework': f'torch-eager ({a.device})', 'torch': torch.__version__,
            'params': sum(q.numel() for q in model.parameters()),
            'step_ms': round(med * 1e3, 3), 'img_per_s': round(a.batch / med, 2),
