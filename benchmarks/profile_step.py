@@ -32,6 +32,8 @@ import re
 import sys
 import tempfile
 
+from jlearngene.commands._config import parse_override
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
@@ -115,17 +117,15 @@ def main(argv=None) -> int:
     p.add_argument('--mode', default='plain', choices=('plain', 'auxnet'))
     p.add_argument('--top', type=int, default=25)
     p.add_argument('--warmup', type=int, default=2)
-    p.add_argument('--compiler-option', action='append', default=[], metavar='KEY=VALUE')
+    p.add_argument('--compiler-option', action='append', type=parse_override, default=[],
+                   metavar='KEY=VALUE')
     p.add_argument('--trace-dir', default=None, help='keep the trace here (default: a temp dir)')
     a = p.parse_args(argv)
 
     import jax
     from run import _build_step, model_flops
 
-    options = {}
-    for kv in a.compiler_option:
-        k, _, v = kv.partition('=')
-        options[k] = {'true': True, 'false': False}.get(v.lower(), v)
+    options = dict(a.compiler_option)
     step, state, data, base, _ = _build_step(a.variant, a.depth, a.batch, a.mode)
     compiled = step.lower(state, data, base).compile(compiler_options=options or None)
     ops = hlo_ops(compiled.as_text())

@@ -237,15 +237,14 @@ class Runner:
                     break
                 if time.time() > deadline:
                     proc.kill()
-                    pid, status, ru = os.wait4(proc.pid, 0)
-                    status = -9
+                    _, status, ru = os.wait4(proc.pid, 0)
                     break
                 time.sleep(0.05)
-            proc.returncode = os.waitstatus_to_exitcode(status) if status != -9 else -9
+            rc = os.waitstatus_to_exitcode(status)   # -9 after the kill on timeout
             log.seek(0)
             text = log.read()
         # ru_maxrss is KiB on Linux.
-        return proc.returncode, text, {'max_rss_mb': ru.ru_maxrss / 1024, 'load_1m': load}
+        return rc, text, {'max_rss_mb': ru.ru_maxrss / 1024, 'load_1m': load}
 
     def jax_case(self, name: str, extra: list[str], timeout: float = 1800) -> dict:
         with tempfile.NamedTemporaryFile(suffix='.json', delete=False) as f:

@@ -139,9 +139,10 @@ def gelu_exact(x: jax.Array) -> jax.Array:
     """Exact (erf) GELU, x·Φ(x) = x·(1 + erf(x/√2))/2 (the formula of torch's nn.GELU).
 
     Written with `erf` rather than jax.nn.gelu's `erfc`: XLA:CPU expands erfc into several
-    unfused loops while erf is one cheap polynomial. The custom derivative
-    Φ(x) + x·φ(x) is one fused elementwise expression, computed in the forward pass next
-    to the activation, so the backward pass of the MLP is a single multiply.
+    unfused loops while erf is one cheap polynomial. The custom derivative Φ(x) + x·φ(x)
+    shares Φ with the activation and is one fused elementwise expression; under the
+    encoder's save policy it is recomputed from the saved pre-activation in the backward
+    pass, fused with the multiply by the incoming gradient.
     """
     return x * (0.5 + 0.5 * jax.lax.erf(x * jnp.asarray(_SQRT_HALF, x.dtype)))
 
