@@ -115,6 +115,8 @@ def main(argv=None) -> int:
     p.add_argument('--depth', type=int, default=12)
     p.add_argument('--batch', type=int, default=128)
     p.add_argument('--mode', default='plain', choices=('plain', 'auxnet'))
+    p.add_argument('--microbatches', type=int, default=1,
+                   help='accumulate the gradient over this many parts of the batch')
     p.add_argument('--top', type=int, default=25)
     p.add_argument('--warmup', type=int, default=2)
     p.add_argument('--compiler-option', action='append', type=parse_override, default=[],
@@ -126,7 +128,8 @@ def main(argv=None) -> int:
     from run import _build_step, model_flops
 
     options = dict(a.compiler_option)
-    step, state, data, base, _ = _build_step(a.variant, a.depth, a.batch, a.mode)
+    step, state, data, base, _ = _build_step(a.variant, a.depth, a.batch, a.mode,
+                                             microbatches=a.microbatches)
     compiled = step.lower(state, data, base).compile(compiler_options=options or None)
     ops = hlo_ops(compiled.as_text())
     for _ in range(a.warmup):

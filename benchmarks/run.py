@@ -103,7 +103,7 @@ def worker_peak(a) -> dict:
             'backend': jax.default_backend(), 'device': str(jax.devices()[0])}
 
 
-def _build_step(variant, depth, batch, mode, dtype='float32', gelu='exact'):
+def _build_step(variant, depth, batch, mode, dtype='float32', gelu='exact', microbatches=1):
     """(jitted step, state, batch, rng) for a plain ViT or a TLEG Aux-Net of this shape."""
     import jax
     import jax.numpy as jnp
@@ -137,7 +137,8 @@ def _build_step(variant, depth, batch, mode, dtype='float32', gelu='exact'):
     data = {'image': jnp.asarray(rng.standard_normal((batch, 32, 32, 3), np.float32)),
             'label': jnp.asarray(rng.integers(0, 100, (batch,)), jnp.int32)}
     base = jax.random.key_data(jax.random.key(1))
-    step = jax.jit(trainer.make_train_step(loss_fn, opt), donate_argnums=(0,))
+    step = jax.jit(trainer.make_train_step(loss_fn, opt, microbatches=microbatches),
+                   donate_argnums=(0,))
     return step, state, data, base, cfg
 
 
@@ -145,9 +146,10 @@ def worker_step(a) -> dict:
     """Compile and time the training step of one shape (one or two modes, interleaved)."""
     import jax
     modes = a.mode.split(',')
-    built = {m: _build_step(a.variant, a.depth, a.batch, m, a.dtype, a.gelu) for m in modes}
+    built = {m: _build_step(a.variant, a.depth, a.batch, m, a.dtype, a.gelu, a.microbatches)
+             for m in modes}
     res = {'variant': a.variant, 'depth': a.depth, 'batch': a.batch, 'dtype': a.dtype,
-           'gelu': a.gelu, 'backend': jax.default_backend(), 'modes': {}}
+           'gelu': a.gelu, 'microbatches': a.microbatches, 'backend': jax.default_backend(), 'modes': {}}
     runners = {}
     for m, (step, state, data, base, cfg) in built.items():
         t = time.perf_counter()
@@ -198,6 +200,7 @@ def worker_main(argv) -> int:
     p.add_argument('--mode', default='plain')
     p.add_argument('--dtype', default='float32')
     p.add_argument('--gelu', default='exact')
+    p.add_argument('--microbatches', type=int, default=1)
     p.add_argument('--steps', type=int, default=5)
     p.add_argument('--warmup', type=int, default=2)
     p.add_argument('--sizes', type=int, nargs='*', default=[2048, 4096])
@@ -319,7 +322,8 @@ def main(argv=None) -> int:
     p.add_argument('--batch-scale', type=int, default=1,
                    help='multiply the batch sizes (GPU runs use larger batches)')
     p.add_argument('--extra-rows', default='',
-                   help="comma-separated extra jax rows: 'tanh' (tanh GELU), 'dtype' (--dtype)")
+                   help="comma-separated extra jax rows: 'tanh' (tanh GELU), 'dtype' (--dtype), "
+                        "'accumN' (the step accumulating over N micro-batches, e.g. accum4)")
     p.add_argument('--compile-depths', default=','.join(map(str, COMPILE_DEPTHS)))
     p.add_argument('--skip', default='', help='comma-separated parts to skip: peak,step,torch,auxnet,compile')
     p.add_argument('--peak-sizes', default='2048,4096')
@@ -388,14 +392,18 @@ def main(argv=None) -> int:
                     flag, label = ['--gelu', 'tanh'], f'{name} tanh-GELU'
                 elif extra == 'dtype':
                     flag, label = ['--dtype', args.dtype], f'{name} {args.dtype}'
+                elif extra.startswith('accum') and extra[5:].isdigit() and int(extra[5:]) > 1:
+                    flag, label = ['--microbatches', extra[5:]], f'{name} {extra[5:]} micro-batches'
                 else:
-                    raise SystemExit(f'unknown --extra-rows entry {extra!r} (tanh, dtype)')
+                    raise SystemExit(f'unknown --extra-rows entry {extra!r} (tanh, dtype, accumN)')
                 res = runner.jax_case(label, ['step', '--variant', variant, '--depth', str(depth),
                                               '--batch', str(batch)] + flag + common)
                 ips_x = res['modes']['plain']['img_per_s']
                 results['steps'][label] = {'batch': batch, 'flops_per_step': flops['train_step'],
                                            'rounds': [{'jax': res}], 'jax_img_per_s': ips_x,
                                            'jax_tflops': ips_x / batch * flops['train_step'] / 1e12}
+                if torch_ok:   # against the torch median of the shape's rounds just before
+                    results['steps'][label]['ratio'] = ips_x / entry['torch_img_per_s']
                 # A reduced-precision row is read against that dtype's peak when measured.
                 row_peak = (results.get('peak_' + args.dtype, {}).get('peak_gflops', peak)
                             if extra == 'dtype' else peak)

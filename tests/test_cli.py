@@ -40,6 +40,10 @@ def test_bad_configs_fail_clearly(tmp_path, capsys):
     assert cli.main(['train', '--config', os.path.join(ROOT, CONFIG), '--config.steps=3',
                      '--workdir', str(tmp_path)]) == 1
     assert 'warmup_steps=100 exceeds total_steps=3' in capsys.readouterr().out
+    assert cli.main(['train', '--config', os.path.join(ROOT, CONFIG), '--config.microbatches=3',
+                     '--workdir', str(tmp_path / 'mb')]) == 1
+    assert 'batch_size 128 is not a multiple of microbatches 3' in capsys.readouterr().out
+    assert not os.path.exists(tmp_path / 'mb')
 
 
 def test_eval(run, capsys):

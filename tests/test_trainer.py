@@ -7,6 +7,7 @@ import signal
 import chex
 import jax
 import numpy as np
+import optax
 import pytest
 
 from jlearngene import parallel, pytree
@@ -125,6 +126,51 @@ def test_same_result_on_one_and_eight_devices(tmp_path):
     chex.assert_trees_all_close(jax.device_get(one), jax.device_get(eight), rtol=2e-5, atol=2e-6)
     chex.assert_trees_all_close(jax.device_get(one), jax.device_get(fsdp), rtol=2e-5, atol=2e-6)
     assert fsdp['blocks']['mlp']['fc1']['kernel'].sharding.spec == jax.P(None, None, 'data')
+
+
+@pytest.mark.parametrize('jit', [True, False], ids=['jit', 'eager'])
+def test_microbatches_give_the_one_pass_update(jit):
+    # SGD: the update is linear in the gradient (Adam's first step is sign(g)·lr, which turns
+    # the rounding noise of an exactly-zero gradient, e.g. the key bias's, into a full step).
+    tx = optax.sgd(0.1)
+    state = trainer.init_state(PARAMS, tx)
+    batch = {'image': X[:16], 'label': Y[:16]}
+    rng = jax.random.key_data(jax.random.key(3))
+    results = []
+    for n in (1, 2, 4):
+        step = trainer.make_train_step(LOSS, tx, microbatches=n)
+        results.append((jax.jit(step) if jit else step)(state, batch, rng))
+    (one_state, one_metrics), rest = results[0], results[1:]
+    for new_state, new_metrics in rest:
+        chex.assert_trees_all_close(new_metrics, one_metrics, rtol=1e-5, atol=1e-6)
+        chex.assert_trees_all_close(new_state, one_state, rtol=1e-5, atol=1e-6)
+    # Not vacuous: one part alone gives another loss and update.
+    part_state, part_metrics = trainer.make_train_step(LOSS, tx)(
+        state, jax.tree.map(lambda x: x[::2], batch), rng)
+    assert abs(float(part_metrics['loss']) - float(one_metrics['loss'])) > 1e-4
+    assert not pytree.trees_equal(jax.device_get(part_state['params']),
+                                  jax.device_get(one_state['params']))
+    assert not pytree.trees_equal(jax.device_get(one_state['params']), jax.device_get(PARAMS))
+
+
+def test_microbatches_on_eight_devices(tmp_path):
+    one, _ = _fit(tmp_path / 'one', 4, mesh=parallel.make_mesh(1))
+    split, hist = _fit(tmp_path / 'split', 4, microbatches=2)
+    chex.assert_trees_all_close(jax.device_get(one), jax.device_get(split), rtol=2e-5, atol=2e-6)
+    assert hist['train'][-1]['loss'] < hist['train'][0]['loss']
+
+
+def test_microbatches_refuse_bad_values(tmp_path):
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match='microbatches must be a positive integer'):
+            trainer.make_train_step(LOSS, TX, microbatches=bad)
+    with pytest.raises(ValueError, match='microbatches must be a positive integer'):
+        _fit(tmp_path / 'zero', 2, microbatches=0)
+    assert not os.path.exists(tmp_path / 'zero')       # refused before touching the workdir
+    step = trainer.make_train_step(LOSS, TX, microbatches=3)
+    with pytest.raises(ValueError, match=r"microbatches=3 does not divide the batch: \['image'\] has 16 rows"):
+        step(trainer.init_state(PARAMS, TX), {'image': X[:16], 'label': Y[:16]},
+             jax.random.key_data(jax.random.key(0)))
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jlearngene.models import vit
+from jlearngene.models import layout, vit
 
 
 def test_gelu_exact_matches_jax_and_its_derivative():
@@ -72,3 +72,53 @@ def test_matmul_matches_plain_product_in_both_autodiff_modes(shape):
     tx, tw = jnp.ones_like(x), jnp.full_like(w, 0.5)
     np.testing.assert_allclose(jax.jvp(f, (x, w), (tx, tw))[1], jax.jvp(f_ref, (x, w), (tx, tw))[1],
                                rtol=1e-5, atol=1e-5)
+
+
+def test_attention_for_the_first_queries_only(tiny_cfg):
+    p = vit.init_block(tiny_cfg, jax.random.key(0))['attn']
+    p = jax.tree.map(lambda a: a + 0.01 * jax.random.normal(jax.random.key(1), a.shape), p)
+    x = jax.random.normal(jax.random.key(2), (2, 5, tiny_cfg.width))
+    out, probs = vit.attention(p, x, n_queries=2)
+    assert out.shape == (2, 2, tiny_cfg.width) and probs.shape == (2, tiny_cfg.num_heads, 2, 5)
+    np.testing.assert_allclose(out, _attention_reference(p, x)[:, :2], atol=1e-5)
+    g = jax.grad(lambda p: vit.attention(p, x, n_queries=2)[0].sum())(p)
+    g_ref = jax.grad(lambda p: _attention_reference(p, x)[:, :2].sum())(p)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4), g, g_ref)
+
+
+@pytest.mark.parametrize('stacked', [True, False], ids=['stacked', 'list'])
+@pytest.mark.parametrize('distill', [False, True], ids=['cls', 'cls+dist'])
+@pytest.mark.parametrize('jit', [True, False], ids=['jit', 'eager'])
+def test_class_token_pooling_computes_only_the_prefix_of_the_last_block(tiny_cfg, stacked,
+                                                                          distill, jit):
+    cfg = tiny_cfg.replace(pool='cls', class_token=True, distill_token=distill)
+    params = vit.init(cfg, jax.random.key(0))
+    params = jax.tree.map(lambda a: a + 0.02 * jax.random.normal(jax.random.key(1), a.shape), params)
+    if not stacked:
+        params = layout.unstack_blocks(params)
+    x = jax.random.normal(jax.random.key(2), (3, cfg.image_size, cfg.image_size, 3))
+    n_prefix = 2 if distill else 1
+
+    def pruned(p):        # the default path: the last block returns the prefix tokens only
+        return vit.apply(p, x, cfg)[0]
+
+    def full(p):          # capturing every block's tokens makes the last block run in full
+        return vit.apply(p, x, cfg, capture=('blocks',))[0]
+
+    tokens = vit.embed(params, x, cfg)
+    assert vit.encode(params['blocks'], tokens, cfg, n_out=n_prefix)[0].shape[1] == n_prefix
+    run = jax.jit if jit else (lambda f: f)
+    np.testing.assert_allclose(run(pruned)(params), run(full)(params), atol=1e-5, rtol=1e-5)
+    g = run(jax.grad(lambda p: jnp.square(pruned(p)).sum()))(params)
+    g_ref = run(jax.grad(lambda p: jnp.square(full(p)).sum()))(params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4), g, g_ref)
+
+
+def test_pruned_last_block_trains_with_dropout_and_refuses_capture(tiny_cfg):
+    cfg = tiny_cfg.replace(pool='cls', class_token=True, dropout=0.1, drop_path=0.1)
+    params = vit.init(cfg, jax.random.key(0))
+    x = jax.random.normal(jax.random.key(2), (3, cfg.image_size, cfg.image_size, 3))
+    logits, _ = vit.apply(params, x, cfg, train=True, rng=jax.random.key(3))
+    assert logits.shape == (3, cfg.num_classes) and bool(jnp.isfinite(logits).all())
+    with pytest.raises(ValueError, match='n_out=1 drops tokens'):
+        vit.encode(params['blocks'], vit.embed(params, x, cfg), cfg, n_out=1, capture=('attn',))

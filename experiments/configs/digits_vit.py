@@ -23,6 +23,7 @@ def get_config(arg=None):
     c.keep_checkpoints = 2
     c.best_metric = 'eval/accuracy'
     c.sharding = 'replicate'
+    c.microbatches = 1     # gradient accumulation: parts per batch (see trainer.make_train_step)
     c.init = ''            # optional model artefact (checkpoint.save_model) to start from
     c.label_smoothing = 0.1
 

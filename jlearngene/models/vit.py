@@ -228,21 +228,30 @@ def _dropout(x, rate, key):
     return jnp.where(mask, x / keep, 0.0).astype(x.dtype)
 
 
-def attention(p: Params, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Multi-head self-attention with explicit heads; returns (output, probabilities)."""
+def attention(p: Params, x: jax.Array, n_queries: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """Multi-head self-attention with explicit heads; returns (output, probabilities).
+
+    `n_queries` computes the output only for the first `n_queries` tokens (all tokens still
+    serve as keys and values): what the last block needs when only the class token is read.
+    """
     head_dim = p['q']['kernel'].shape[-1]
-    # One (D, 3·H·Dh) projection instead of three: a bigger matmul, and one matmul each for
-    # the input and weight gradients in the backward pass.
-    fused = {'kernel': jnp.stack([p[n]['kernel'] for n in 'qkv'], axis=1)}   # (D, 3, H, Dh)
+    names = 'qkv' if n_queries is None else 'kv'
+    # One (D, n·H·Dh) projection instead of n: a bigger matmul, and one matmul each for the
+    # input and weight gradients in the backward pass.
+    fused = {'kernel': jnp.stack([p[n]['kernel'] for n in names], axis=1)}   # (D, n, H, Dh)
     if all('bias' in p[n] for n in 'qkv'):
-        fused['bias'] = jnp.stack([p[n]['bias'] for n in 'qkv'])
+        fused['bias'] = jnp.stack([p[n]['bias'] for n in names])
     elif any('bias' in p[n] for n in 'qkv'):
         raise ValueError('attention: q, k and v must all have biases or none')
-    qkv = _dense(x, fused)                                                          # (B, T, 3, H, Dh)
+    qkv = _dense(x, fused)                                                  # (B, T, n, H, Dh)
     qkv = checkpoint_name(qkv, 'attn_qkv')
-    # `split`, not three slices: its derivative is one concatenate of dq, dk, dv, where the
-    # slices' would be three zero-padded full-size arrays summed.
-    q, k, v = (t.squeeze(2) for t in jnp.split(qkv, 3, axis=2))
+    # `split`, not slices: its derivative is one concatenate of the parts' gradients, where
+    # the slices' would be zero-padded full-size arrays summed.
+    parts = [t.squeeze(2) for t in jnp.split(qkv, len(names), axis=2)]
+    if n_queries is None:
+        q, k, v = parts
+    else:
+        (k, v), q = parts, checkpoint_name(_dense(x[:, :n_queries], p['q']), 'attn_qkv')
     logits = jnp.einsum('bqhk,bthk->bhqt', q * jnp.asarray(head_dim ** -0.5, q.dtype), k)
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(x.dtype)
     probs = checkpoint_name(probs, 'attn_probs')
@@ -267,11 +276,17 @@ def _branch(y, p, scale_name, cfg, drop_rate, keys, stochastic):
 
 
 def block_apply(p: Params, x: jax.Array, cfg: ViTConfig, *, drop_rate=0.0, key=None,
-                train: bool = False) -> tuple[jax.Array, jax.Array]:
-    """One pre-norm encoder block; returns (new tokens, attention probabilities)."""
+                train: bool = False, n_out: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """One pre-norm encoder block; returns (new tokens, attention probabilities).
+
+    `n_out` returns only the first `n_out` tokens, computing nothing for the others beyond
+    their keys and values.
+    """
     stochastic = train and key is not None
     keys = jax.random.split(key, 4) if stochastic else [None] * 4
-    y, probs = attention(p['attn'], layer_norm(x, p['norm1'], cfg.ln_eps))
+    y, probs = attention(p['attn'], layer_norm(x, p['norm1'], cfg.ln_eps), n_out)
+    if n_out is not None:
+        x = x[:, :n_out]
     x = checkpoint_name(x + _branch(y, p, 'ls1', cfg, drop_rate, keys[:2], stochastic), 'block_mid')
     y = mlp(p['mlp'], layer_norm(x, p['norm2'], cfg.ln_eps), cfg.gelu)
     return x + _branch(y, p, 'ls2', cfg, drop_rate, keys[2:], stochastic), probs
@@ -307,30 +322,49 @@ def _drop_rates(cfg: ViTConfig, depth: int) -> jax.Array:
 
 
 def encode(blocks, x: jax.Array, cfg: ViTConfig, *, train=False, rng=None,
-           capture: Sequence[str] = ()) -> tuple[jax.Array, dict[str, Any]]:
-    """Run the encoder blocks in either layout; stacked blocks run under one `lax.scan`."""
+           capture: Sequence[str] = (), n_out: int | None = None) -> tuple[jax.Array, dict[str, Any]]:
+    """Run the encoder blocks in either layout; stacked blocks run under one `lax.scan`.
+
+    `n_out` computes the last block's output only for the first `n_out` tokens (the returned
+    tokens are (B, n_out, D)); the values equal those tokens of the full output. Not
+    combinable with `capture`, which reports every block in full.
+    """
     want_blocks, want_attn = 'blocks' in capture, 'attn' in capture
+    if n_out is not None and (want_blocks or want_attn):
+        raise ValueError(f'encode: n_out={n_out} drops tokens that capture={tuple(capture)} reports')
     stacked = isinstance(blocks, dict)
     depth = jax.tree.leaves(blocks)[0].shape[0] if stacked else len(blocks)
     rates = _drop_rates(cfg, depth)
     keys = jax.random.split(rng, depth) if (train and rng is not None) else None
-    step = functools.partial(block_apply, cfg=cfg, train=train)
-    # Under differentiation a block keeps only the SAVED_IN_BLOCK tensors for its backward
-    # pass and recomputes the cheap elementwise rest (LayerNorms, GELU, bias adds): with
-    # layers in a `lax.scan` every saved tensor is copied into a (depth, ...) stack and back,
-    # which costs more than recomputing it. `cfg.remat` saves nothing (recompute everything).
-    step = jax.checkpoint(step, prevent_cse=False, policy=None if cfg.remat else _SAVE_POLICY)
+
+    def checkpointed(n):
+        # Under differentiation a block keeps only the SAVED_IN_BLOCK tensors for its
+        # backward pass and recomputes the cheap elementwise rest (LayerNorms, GELU, bias
+        # adds): with layers in a `lax.scan` every saved tensor is copied into a (depth, ...)
+        # stack and back, which costs more than recomputing it. `cfg.remat` saves nothing.
+        step = functools.partial(block_apply, cfg=cfg, train=train, n_out=n)
+        return jax.checkpoint(step, prevent_cse=False, policy=None if cfg.remat else _SAVE_POLICY)
+
+    step, last_step = checkpointed(None), checkpointed(n_out)
     aux: dict[str, Any] = {}
+    per_layer = (blocks, rates, keys)
     if stacked:
         def body(h, xs):
             p, rate, key = xs
             h, probs = step(p, h, drop_rate=rate, key=key)
             return h, (h if want_blocks else None, probs if want_attn else None)
-        x, (outs, probs) = jax.lax.scan(body, x, (blocks, rates, keys))
+        if n_out is None:
+            x, (outs, probs) = jax.lax.scan(body, x, per_layer)
+        else:   # all but the last block in the scan, the last one pruned
+            if depth > 1:
+                x, _ = jax.lax.scan(body, x, jax.tree.map(lambda a: a[:-1], per_layer))
+            p, rate, key = jax.tree.map(lambda a: a[-1], per_layer)
+            x, _ = last_step(p, x, drop_rate=rate, key=key)
     else:
         outs, probs = [], []
         for i, p in enumerate(blocks):
-            x, pr = step(p, x, drop_rate=rates[i], key=None if keys is None else keys[i])
+            fn = last_step if i == depth - 1 else step
+            x, pr = fn(p, x, drop_rate=rates[i], key=None if keys is None else keys[i])
             outs.append(x)
             probs.append(pr)
         outs, probs = _stack_if_same(outs), _stack_if_same(probs)
@@ -347,9 +381,13 @@ def _stack_if_same(xs):
     return xs
 
 
+def _n_prefix(params: Params) -> int:
+    return sum(n in params for n in ('cls_token', 'dist_token'))
+
+
 def pool(params: Params, x: jax.Array, cfg: ViTConfig) -> jax.Array:
     """Final LayerNorm and pooling to one feature vector per image (pre-logits)."""
-    n_prefix = sum(n in params for n in ('cls_token', 'dist_token'))
+    n_prefix = _n_prefix(params)
     if cfg.pool == 'cls':
         return layer_norm(x[:, 0], params['norm'], cfg.ln_eps)
     patches = x[:, n_prefix:]
@@ -368,12 +406,17 @@ def apply(params: Params, images: jax.Array, cfg: ViTConfig, *, train: bool = Fa
     token, `aux['logits_cls']` and `aux['logits_dist']` hold both heads; `logits` is their
     mean in evaluation and the class head when `train=True` (DeiT semantics).
     `rng` drives dropout and stochastic depth and is needed only when `train=True`.
+    With class-token pooling and no `capture`, the last block computes only the prefix
+    tokens that the heads read (keys and values still come from every token): the same
+    logits for ≈1/depth less work.
     """
     for name in capture:
         if name not in CAPTURES:
             raise ValueError(f'unknown capture {name!r}; expected a subset of {CAPTURES}')
     x = embed(params, images, cfg)
-    x, aux = encode(params['blocks'], x, cfg, train=train, rng=rng, capture=capture)
+    # Class-token pooling reads only the prefix tokens of the last block: compute just those.
+    n_out = _n_prefix(params) if cfg.pool == 'cls' and not capture else None
+    x, aux = encode(params['blocks'], x, cfg, train=train, rng=rng, capture=capture, n_out=n_out)
     feats = pool(params, x, cfg)
     aux['pre_logits'] = feats
     if 'head' not in params:

@@ -92,6 +92,10 @@ def run_classification(config, workdir: str, *, progress: bool = True):
     from jlearngene import data
     from jlearngene.train import checkpoint, optim, trainer
     cfg = model_config(config.model)
+    microbatches = config.get('microbatches', 1)
+    if isinstance(microbatches, int) and microbatches > 0 and config.batch_size % microbatches:
+        raise ValueError(f'batch_size {config.batch_size} is not a multiple of '
+                         f'microbatches {microbatches}')
     train_it, info = data.from_config(config.data, 'train', batch_size=config.batch_size,
                                       seed=config.seed, train=True)
     _check_data_fits(cfg, info, 'train')
@@ -103,7 +107,7 @@ def run_classification(config, workdir: str, *, progress: bool = True):
         eval_data=eval_data_fn(config), eval_every=config.eval_every, log_every=config.log_every,
         checkpoint_every=config.checkpoint_every, keep_checkpoints=config.keep_checkpoints,
         best_metric=config.best_metric or None, seed=config.seed, config=config, model_config=cfg,
-        sharding=config.sharding, progress=progress)
+        sharding=config.sharding, microbatches=microbatches, progress=progress)
     final = history['eval'][-1] if history['eval'] else {}
     checkpoint.save_model(os.path.join(workdir, 'model'), params, cfg, overwrite=True,
                           extra={'source': 'jlearngene train', 'steps': int(config.steps), **final})
