@@ -131,8 +131,8 @@ def init_state(trainable, optimizer: optax.GradientTransformation, seed: int = 0
             'rng': jax.random.key_data(jax.random.key(seed))}
 
 
-# Jitted functions are cached on (loss_fn, optimizer, microbatches, shardings) so repeated `fit` calls with
-# the same objects (sweeps, resumed runs in one process) compile once.
+# Jitted functions are cached on (loss_fn, optimizer, microbatches, shardings) so repeated
+# `fit` calls with the same objects (sweeps, resumed runs in one process) compile once.
 _init_state_jit = jax.jit(init_state, static_argnames=('optimizer', 'seed'))
 
 
