@@ -17,7 +17,8 @@ Measures, each case in its own subprocess (so peak host memory is per case):
       ../shared/bench/torch_vit_reference.py) when torch imports, and the ratio jlearngene/torch;
   (d) the TLEG Aux-Net step (gene -> tleg.expand(gene, L) -> apply) against a plain step of
       the same shape, both compiled in one process and timed alternately: overhead %;
-  (e) compile time of the train step at depth 6, 12, 24 (`jit(...).lower(...).compile()`);
+  (e) compile time of the train step at depth 6, 12, 24 (`jit(...).lower(...).compile()`;
+      median of 3 processes per depth);
   (f) peak host memory (max RSS) of every case's process (from os.wait4).
 
 FLOP count (`model_flops`): 2 FLOPs per multiply-accumulate of every matmul of the forward
@@ -325,11 +326,14 @@ def main(argv=None) -> int:
                    help="comma-separated extra jax rows: 'tanh' (tanh GELU), 'dtype' (--dtype), "
                         "'accumN' (the step accumulating over N micro-batches, e.g. accum4)")
     p.add_argument('--compile-depths', default=','.join(map(str, COMPILE_DEPTHS)))
+    p.add_argument('--compile-repeats', type=int, default=None,
+                   help='compile processes per depth; the median is reported (default 3, quick 1)')
     p.add_argument('--skip', default='', help='comma-separated parts to skip: peak,step,torch,auxnet,compile')
     p.add_argument('--peak-sizes', default='2048,4096')
     args = p.parse_args(argv)
     args.steps = args.steps or (4 if args.quick else 10)
     args.rounds = args.rounds or (1 if args.quick else 2)
+    args.compile_repeats = args.compile_repeats or (1 if args.quick else 3)
     if not os.path.isabs(args.torch_ref):
         args.torch_ref = os.path.normpath(os.path.join(REPO, args.torch_ref))
     skip = set(filter(None, args.skip.split(',')))
@@ -426,14 +430,22 @@ def main(argv=None) -> int:
         res['shape'] = name
         results['auxnet'] = res
 
-    # (e) compile time vs depth
+    # (e) compile time vs depth: the median of `--compile-repeats` processes per depth, the
+    # depths alternating so that each repeat sees the same load.
     if 'compile' not in skip:
+        samples: dict[str, list] = {}
+        for r in range(args.compile_repeats):
+            for depth in map(int, args.compile_depths.split(',')):
+                samples.setdefault(str(depth), []).append(runner.jax_case(
+                    f'compile Ti depth {depth} ({r + 1}/{args.compile_repeats})',
+                    ['step', '--variant', 'Ti', '--depth', str(depth),
+                     '--batch', str(128 * args.batch_scale), '--compile-only']))
         results['compile'] = {}
-        for depth in map(int, args.compile_depths.split(',')):
-            res = runner.jax_case(f'compile Ti depth {depth}', [
-                'step', '--variant', 'Ti', '--depth', str(depth), '--batch', str(128 * args.batch_scale),
-                '--compile-only'])
-            results['compile'][str(depth)] = res
+        for depth, runs in samples.items():
+            times = [res['modes']['plain']['compile_s'] for res in runs]
+            res = dict(runs[-1], max_rss_mb=max(res['max_rss_mb'] for res in runs), compile_s_all=times)
+            res['modes']['plain']['compile_s'] = statistics.median(times)
+            results['compile'][depth] = res
 
     results['finished'] = time.strftime('%Y-%m-%d %H:%M:%S')
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
