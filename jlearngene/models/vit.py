@@ -345,7 +345,8 @@ def encode(blocks, x: jax.Array, cfg: ViTConfig, *, train=False, rng=None,
         step = functools.partial(block_apply, cfg=cfg, train=train, n_out=n)
         return jax.checkpoint(step, prevent_cse=False, policy=None if cfg.remat else _SAVE_POLICY)
 
-    step, last_step = checkpointed(None), checkpointed(n_out)
+    step = checkpointed(None)
+    last_step = step if n_out is None else checkpointed(n_out)
     aux: dict[str, Any] = {}
     per_layer = (blocks, rates, keys)
     if stacked:

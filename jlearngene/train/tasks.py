@@ -93,7 +93,8 @@ def run_classification(config, workdir: str, *, progress: bool = True):
     from jlearngene.train import checkpoint, optim, trainer
     cfg = model_config(config.model)
     microbatches = config.get('microbatches', 1)
-    if isinstance(microbatches, int) and microbatches > 0 and config.batch_size % microbatches:
+    trainer.check_microbatches(microbatches)     # before anything is read or written
+    if config.batch_size % microbatches:
         raise ValueError(f'batch_size {config.batch_size} is not a multiple of '
                          f'microbatches {microbatches}')
     train_it, info = data.from_config(config.data, 'train', batch_size=config.batch_size,

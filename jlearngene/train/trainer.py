@@ -74,7 +74,7 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
     i+2n, ... of the batch, so a batch sharded over devices stays evenly spread, and draws
     the key `fold_in(step key, i)` (so dropout masks differ from the one-pass step's).
     """
-    _check_microbatches(microbatches)
+    check_microbatches(microbatches)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if microbatches > 1:
         grad_fn = _accumulated(grad_fn, microbatches)
@@ -94,7 +94,8 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
     return step
 
 
-def _check_microbatches(n) -> None:
+def check_microbatches(n) -> None:
+    """Raise a ValueError unless `n` is a positive integer (a `microbatches` value)."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f'microbatches must be a positive integer, got {n!r}')
 
@@ -318,7 +319,7 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
             raise ValueError(f'{name} must be a positive integer, got {every!r}')
     if eval_fn is not None and eval_data is None:
         raise ValueError('eval_fn needs eval_data')
-    _check_microbatches(microbatches)
+    check_microbatches(microbatches)
     os.makedirs(workdir, exist_ok=True)
     mesh = mesh or parallel.make_mesh()
     repl = parallel.replicated(mesh)
