@@ -117,6 +117,9 @@ def main(argv=None) -> int:
     p.add_argument('--mode', default='plain', choices=('plain', 'auxnet'))
     p.add_argument('--microbatches', type=int, default=1,
                    help='accumulate the gradient over this many parts of the batch')
+    p.add_argument('--dtype', default='float32', help="computation dtype ('bfloat16')")
+    p.add_argument('--dense-precision', default='float32',
+                   help="operands of the dense layers' matmuls ('bfloat16')")
     p.add_argument('--top', type=int, default=25)
     p.add_argument('--warmup', type=int, default=2)
     p.add_argument('--compiler-option', action='append', type=parse_override, default=[],
@@ -128,8 +131,9 @@ def main(argv=None) -> int:
     from run import _build_step, model_flops
 
     options = dict(a.compiler_option)
-    step, state, data, base, _ = _build_step(a.variant, a.depth, a.batch, a.mode,
-                                             microbatches=a.microbatches)
+    step, state, data, base, _ = _build_step(a.variant, a.depth, a.batch, a.mode, dtype=a.dtype,
+                                             microbatches=a.microbatches,
+                                             dense_precision=a.dense_precision)
     compiled = step.lower(state, data, base).compile(compiler_options=options or None)
     ops = hlo_ops(compiled.as_text())
     for _ in range(a.warmup):

@@ -96,7 +96,9 @@ def worker_peak(a) -> dict:
         k1, k2 = jax.random.split(jax.random.key(0))
         x = jax.random.normal(k1, (n, n), dtype)
         y = jax.random.normal(k2, (n, n), dtype)
-        f = jax.jit(lambda x, y: x @ y)
+        # Accumulate in float32, as the model's reduced-precision matmuls do (XLA:CPU runs
+        # bfloat16 x bfloat16 -> float32 dots in YNNPACK, on AMX where the CPU has it).
+        f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
         f(x, y).block_until_ready()
         med, _ = _median_time(lambda: f(x, y).block_until_ready(), a.steps, 1)
         out[str(n)] = 2 * n ** 3 / med / 1e9
@@ -104,7 +106,8 @@ def worker_peak(a) -> dict:
             'backend': jax.default_backend(), 'device': str(jax.devices()[0])}
 
 
-def _build_step(variant, depth, batch, mode, dtype='float32', gelu='exact', microbatches=1):
+def _build_step(variant, depth, batch, mode, dtype='float32', gelu='exact', microbatches=1,
+                dense_precision='float32'):
     """(jitted step, state, batch, rng) for a plain ViT or a TLEG Aux-Net of this shape."""
     import jax
     import jax.numpy as jnp
@@ -115,7 +118,7 @@ def _build_step(variant, depth, batch, mode, dtype='float32', gelu='exact', micr
     from jlearngene.train import optim, tasks, trainer
 
     cfg = vit_config(variant, depth=depth, image_size=32, patch_size=4, num_classes=100,
-                     dtype=dtype, gelu=gelu)
+                     dtype=dtype, gelu=gelu, dense_precision=dense_precision)
     key = jax.random.key(0)
     if mode == 'plain':
         trainable = vit.init(cfg, key)
@@ -147,10 +150,10 @@ def worker_step(a) -> dict:
     """Compile and time the training step of one shape (one or two modes, interleaved)."""
     import jax
     modes = a.mode.split(',')
-    built = {m: _build_step(a.variant, a.depth, a.batch, m, a.dtype, a.gelu, a.microbatches)
-             for m in modes}
+    built = {m: _build_step(a.variant, a.depth, a.batch, m, a.dtype, a.gelu, a.microbatches,
+                            a.dense_precision) for m in modes}
     res = {'variant': a.variant, 'depth': a.depth, 'batch': a.batch, 'dtype': a.dtype,
-           'gelu': a.gelu, 'microbatches': a.microbatches, 'backend': jax.default_backend(), 'modes': {}}
+           'gelu': a.gelu, 'microbatches': a.microbatches, 'dense_precision': a.dense_precision, 'backend': jax.default_backend(), 'modes': {}}
     runners = {}
     for m, (step, state, data, base, cfg) in built.items():
         t = time.perf_counter()
@@ -202,6 +205,7 @@ def worker_main(argv) -> int:
     p.add_argument('--dtype', default='float32')
     p.add_argument('--gelu', default='exact')
     p.add_argument('--microbatches', type=int, default=1)
+    p.add_argument('--dense-precision', default='float32')
     p.add_argument('--steps', type=int, default=5)
     p.add_argument('--warmup', type=int, default=2)
     p.add_argument('--sizes', type=int, nargs='*', default=[2048, 4096])
@@ -324,7 +328,8 @@ def main(argv=None) -> int:
                    help='multiply the batch sizes (GPU runs use larger batches)')
     p.add_argument('--extra-rows', default='',
                    help="comma-separated extra jax rows: 'tanh' (tanh GELU), 'dtype' (--dtype), "
-                        "'accumN' (the step accumulating over N micro-batches, e.g. accum4)")
+                        "'accumN' (the step accumulating over N micro-batches, e.g. accum4), "
+                        "'bf16dense' (dense layers with bfloat16 operands, ViTConfig.dense_precision)")
     p.add_argument('--compile-depths', default=','.join(map(str, COMPILE_DEPTHS)))
     p.add_argument('--compile-repeats', type=int, default=None,
                    help='compile processes per depth; the median is reported (default 3, quick 1)')
@@ -361,10 +366,13 @@ def main(argv=None) -> int:
         results['peak'] = runner.jax_case('matmul peak', ['peak', '--steps', '5', '--dtype', 'float32',
                                                           '--sizes', *args.peak_sizes.split(',')])
         peak = results['peak']['peak_gflops']
-        if args.dtype != 'float32':
-            results['peak_' + args.dtype] = runner.jax_case(
-                f'matmul peak {args.dtype}', ['peak', '--steps', '5', '--dtype', args.dtype,
-                                              '--sizes', *args.peak_sizes.split(',')])
+        low = {args.dtype} - {'float32'}
+        if 'bf16dense' in args.extra_rows.split(','):
+            low.add('bfloat16')
+        for dtype in sorted(low):
+            results['peak_' + dtype] = runner.jax_case(
+                f'matmul peak {dtype}', ['peak', '--steps', '5', '--dtype', dtype,
+                                         '--sizes', *args.peak_sizes.split(',')])
 
     # (b) + (c) training step vs torch, alternating jax / torch per round
     results['steps'] = {}
@@ -398,8 +406,11 @@ def main(argv=None) -> int:
                     flag, label = ['--dtype', args.dtype], f'{name} {args.dtype}'
                 elif extra.startswith('accum') and extra[5:].isdigit() and int(extra[5:]) > 1:
                     flag, label = ['--microbatches', extra[5:]], f'{name} {extra[5:]} micro-batches'
+                elif extra == 'bf16dense':
+                    flag, label = ['--dense-precision', 'bfloat16'], f'{name} bf16 dense'
                 else:
-                    raise SystemExit(f'unknown --extra-rows entry {extra!r} (tanh, dtype, accumN)')
+                    raise SystemExit(f'unknown --extra-rows entry {extra!r} '
+                                     '(tanh, dtype, accumN, bf16dense)')
                 res = runner.jax_case(label, ['step', '--variant', variant, '--depth', str(depth),
                                               '--batch', str(batch)] + flag + common)
                 ips_x = res['modes']['plain']['img_per_s']
@@ -409,8 +420,8 @@ def main(argv=None) -> int:
                 if torch_ok:   # against the torch median of the shape's rounds just before
                     results['steps'][label]['ratio'] = ips_x / entry['torch_img_per_s']
                 # A reduced-precision row is read against that dtype's peak when measured.
-                row_peak = (results.get('peak_' + args.dtype, {}).get('peak_gflops', peak)
-                            if extra == 'dtype' else peak)
+                row_dtype = {'dtype': args.dtype, 'bf16dense': 'bfloat16'}.get(extra, 'float32')
+                row_peak = results.get('peak_' + row_dtype, {}).get('peak_gflops', peak)
                 if row_peak:
                     results['steps'][label]['pct_of_peak'] = \
                         100 * results['steps'][label]['jax_tflops'] * 1e3 / row_peak

@@ -37,6 +37,10 @@ def test_bad_configs_fail_clearly(tmp_path, capsys):
         cli.main(['train', '--config', os.path.join(ROOT, CONFIG), '--config.stpes=3', '--workdir', str(tmp_path)])
     assert e.value.code == 2
     assert 'Did you mean "steps"' in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(['train', '--config', os.path.join(ROOT, CONFIG), '--config.model.nosuch=1',
+                  '--workdir', str(tmp_path)])
+    assert "the config has no field 'nosuch' to override" in capsys.readouterr().err
     assert cli.main(['train', '--config', os.path.join(ROOT, CONFIG), '--config.steps=3',
                      '--workdir', str(tmp_path)]) == 1
     assert 'warmup_steps=100 exceeds total_steps=3' in capsys.readouterr().out

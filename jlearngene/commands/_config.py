@@ -27,6 +27,10 @@ def parse(prog: str, argv: list[str], define_extra=None, *, config_required: boo
         # A locked ConfigDict's KeyError (str() is a repr) surfaces wrapped; show its message.
         key_error = next((c for c in (e, e.__cause__, e.__context__) if isinstance(c, KeyError)), None)
         message = key_error.args[0] if key_error is not None and key_error.args else e
+        key = message.strip("'") if isinstance(message, str) else ''
+        if key.isidentifier():   # a bare key name: no such field, and no close match
+            message = (f'the config has no field {key!r} to override (overrides can only '
+                       'change fields that the config file defines)')
         print(f'{prog}: {message}', file=sys.stderr)
         raise SystemExit(2) from None
     if config_required and fv.config is None:

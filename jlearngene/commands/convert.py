@@ -21,7 +21,7 @@ HELP = 'convert timm/DeiT state dicts (.safetensors/.npz/.pth) to and from model
 
 # Config fields that no shape reveals; taken from a file's metadata when it has them.
 _NON_SHAPE_FIELDS = ('num_heads', 'ln_eps', 'gelu', 'pool', 'pool_norm', 'class_token', 'dtype',
-                     'drop_path', 'dropout', 'remat')
+                     'dense_precision', 'drop_path', 'dropout', 'remat')
 
 
 def _parser() -> argparse.ArgumentParser:

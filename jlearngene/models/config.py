@@ -11,6 +11,7 @@ from typing import Any, Mapping
 POOLS = ('cls', 'avg')
 GELUS = ('exact', 'tanh')
 DTYPES = ('float32', 'bfloat16', 'float16')
+DENSE_PRECISIONS = ('float32', 'bfloat16')
 POOL_NORMS = ('before', 'after')
 
 # DeiT shapes (Touvron et al. 2021): width, heads, MLP size. Depth is free.
@@ -43,6 +44,11 @@ class ViTConfig:
       ln_eps: LayerNorm epsilon (timm and flax default 1e-6).
       gelu: 'exact' (erf, timm's nn.GELU) or 'tanh' (faster approximation).
       dtype: computation dtype; parameters are always stored in float32.
+      dense_precision: operand precision of the dense layers' matmuls (q/k/v/out
+        projections, MLP, heads). 'float32' is exact. 'bfloat16' rounds both operands to
+        bfloat16 and accumulates in float32, as TPUs do by default; activations, LayerNorm,
+        softmax, GELU and the attention products keep `dtype`. On CPUs with AMX (e.g.
+        Xeon Sapphire Rapids) the training step runs 1.4–1.7× faster (benchmarks/README).
       qkv_bias: attention q/k/v projections carry biases (timm default True).
       layer_scale: LayerScale (`ls1`, `ls2` per-channel gains, DeiT-3) is present.
       drop_path: stochastic depth rate of the last block (linear from 0), used when train=True.
@@ -64,6 +70,7 @@ class ViTConfig:
     ln_eps: float = 1e-6
     gelu: str = 'exact'
     dtype: str = 'float32'
+    dense_precision: str = 'float32'
     qkv_bias: bool = True
     layer_scale: bool = False
     drop_path: float = 0.0
@@ -135,6 +142,8 @@ def validate(cfg: ViTConfig) -> None:
     _check(cfg.pool in POOLS, 'pool', cfg.pool, f'unknown pool, expected one of {POOLS}')
     _check(cfg.gelu in GELUS, 'gelu', cfg.gelu, f'unknown gelu, expected one of {GELUS}')
     _check(cfg.dtype in DTYPES, 'dtype', cfg.dtype, f'unknown dtype, expected one of {DTYPES}')
+    _check(cfg.dense_precision in DENSE_PRECISIONS, 'dense_precision', cfg.dense_precision,
+           f'unknown dense_precision, expected one of {DENSE_PRECISIONS}')
     _check(cfg.pool_norm in POOL_NORMS, 'pool_norm', cfg.pool_norm,
            f'unknown pool_norm, expected one of {POOL_NORMS}')
     _check(not (cfg.pool == 'cls' and not cfg.class_token), 'class_token', cfg.class_token,

@@ -171,17 +171,24 @@ def _materialised_t(a: jax.Array) -> jax.Array:
     return jax.lax.optimization_barrier(a.T)
 
 
-def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """`x @ w` for x (N, K), w (K, M); on CPU with a derivative written for XLA:CPU's kernels.
+def matmul(x: jax.Array, w: jax.Array, precision: str = 'float32') -> jax.Array:
+    """`x @ w` for x (N, K), w (K, M), with derivatives written for the backends' kernels.
 
-    Left to itself XLA:CPU computes the backward dx = g·wᵀ with a transposed operand (slower
-    in its YNNPACK kernels) and dw = xᵀ·g by copying the (tokens × MLP) gradient transposed
-    and running the product on Eigen. `_cpu_matmul`'s JVP uses materialised transposes (wᵀ,
-    and xᵀ when x is the narrower operand) so that its transpose, the backward pass JAX
-    derives, multiplies plain row-major matrices. GPU/TPU matmul libraries take transposed
-    operands natively, so there the plain product is used: materialised transposes would
-    only cost memory. Forward and reverse mode both work.
+    precision='float32' (exact): left to itself XLA:CPU computes the backward dx = g·wᵀ with
+    a transposed operand (slower in its YNNPACK kernels) and dw = xᵀ·g by copying the
+    (tokens × MLP) gradient transposed and running the product on Eigen. `_cpu_matmul`'s
+    JVP uses materialised transposes (wᵀ, and xᵀ when x is the narrower operand) so that
+    its transpose, the backward pass JAX derives, multiplies plain row-major matrices.
+    GPU/TPU matmul libraries take transposed operands natively, so there the plain product
+    is used: materialised transposes would only cost memory. Forward and reverse mode work.
+
+    precision='bfloat16': both operands rounded to bfloat16, products accumulated in
+    float32, the result cast back to x.dtype (see `_bf16_matmul`; reverse mode only).
     """
+    if precision == 'bfloat16':
+        return _bf16_matmul(x, w).astype(x.dtype)
+    if precision != 'float32':
+        raise ValueError(f"matmul: unknown precision {precision!r}, expected 'float32' or 'bfloat16'")
     if jax.default_backend() == 'cpu':
         return _cpu_matmul(x, w)
     return x @ w
@@ -202,12 +209,60 @@ def _cpu_matmul_jvp(primals, tangents):
     return x @ w, dx_part + x @ tw   # transposing x (wider than the gradient) costs more
 
 
-def _dense(x, p, n_in=1):
+def _bf16_product(a: jax.Array, b: jax.Array) -> jax.Array:
+    return jnp.matmul(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
+                      preferred_element_type=jnp.float32)
+
+
+def _bf16_t(a: jax.Array) -> jax.Array:
+    """`a.T` in bfloat16 as a row-major array.
+
+    On CPU the transpose is written out through a flat, barriered copy: XLA:CPU decides
+    early, while a plain transpose is still a column-major view, whether a bfloat16 dot can
+    run in YNNPACK (AMX on recent Xeons), and upcasts the dot to float32 when it cannot.
+    """
+    t = a.T.astype(jnp.bfloat16)
+    if jax.default_backend() != 'cpu':
+        return t
+    return jax.lax.optimization_barrier(t.reshape(-1)).reshape(t.shape)
+
+
+@jax.custom_vjp
+def _bf16_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x @ w (float32 result) from bfloat16-rounded operands, forward and backward.
+
+    The backward pass is written out (a custom VJP) so that its products also take bfloat16
+    operands: JAX's derived backward would multiply the float32 cotangent with a bfloat16
+    operand, which XLA computes in float32.
+    """
+    return _bf16_product(x, w)
+
+
+def _bf16_matmul_fwd(x, w):
+    return _bf16_product(x, w), (x, w)
+
+
+def _bf16_matmul_bwd(res, g):
+    x, w = res
+    g = g.astype(jnp.bfloat16)
+    dx = _bf16_product(g, _bf16_t(w))
+    if x.shape[1] <= w.shape[1]:
+        dw = _bf16_product(_bf16_t(x), g)
+    else:   # transpose the narrower gradient instead of x; the barrier keeps XLA from
+        # folding the small result's transpose back into the product as a transposed operand
+        dw = jax.lax.optimization_barrier(_bf16_product(_bf16_t(g), x)).T
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+_bf16_matmul.defvjp(_bf16_matmul_fwd, _bf16_matmul_bwd)
+
+
+def _dense(x, p, n_in=1, precision='float32'):
     """A dense layer over the last `n_in` axes of x (kernel axes: n_in inputs, then outputs)."""
     kernel = p['kernel'].astype(x.dtype)
     k = math.prod(kernel.shape[:n_in])
     lead, out = x.shape[:x.ndim - n_in], kernel.shape[n_in:]
-    y = matmul(x.reshape(-1, k), kernel.reshape(k, -1))
+    y = matmul(x.reshape(-1, k), kernel.reshape(k, -1), precision)
     if 'bias' in p:
         y = y + p['bias'].astype(x.dtype).reshape(-1)
     return y.reshape(lead + out)
@@ -228,11 +283,14 @@ def _dropout(x, rate, key):
     return jnp.where(mask, x / keep, 0.0).astype(x.dtype)
 
 
-def attention(p: Params, x: jax.Array, n_queries: int | None = None) -> tuple[jax.Array, jax.Array]:
+def attention(p: Params, x: jax.Array, n_queries: int | None = None,
+              precision: str = 'float32') -> tuple[jax.Array, jax.Array]:
     """Multi-head self-attention with explicit heads; returns (output, probabilities).
 
     `n_queries` computes the output only for the first `n_queries` tokens (all tokens still
     serve as keys and values): what the last block needs when only the class token is read.
+    `precision` is that of the q/k/v and output projections (`matmul`); the attention
+    products themselves stay in x.dtype.
     """
     head_dim = p['q']['kernel'].shape[-1]
     names = 'qkv' if n_queries is None else 'kv'
@@ -243,7 +301,7 @@ def attention(p: Params, x: jax.Array, n_queries: int | None = None) -> tuple[ja
         fused['bias'] = jnp.stack([p[n]['bias'] for n in names])
     elif any('bias' in p[n] for n in 'qkv'):
         raise ValueError('attention: q, k and v must all have biases or none')
-    qkv = _dense(x, fused)                                                  # (B, T, n, H, Dh)
+    qkv = _dense(x, fused, precision=precision)                             # (B, T, n, H, Dh)
     qkv = checkpoint_name(qkv, 'attn_qkv')
     # `split`, not slices: its derivative is one concatenate of the parts' gradients, where
     # the slices' would be zero-padded full-size arrays summed.
@@ -251,17 +309,18 @@ def attention(p: Params, x: jax.Array, n_queries: int | None = None) -> tuple[ja
     if n_queries is None:
         q, k, v = parts
     else:
-        (k, v), q = parts, checkpoint_name(_dense(x[:, :n_queries], p['q']), 'attn_qkv')
+        (k, v), q = parts, checkpoint_name(_dense(x[:, :n_queries], p['q'], precision=precision),
+                                           'attn_qkv')
     logits = jnp.einsum('bqhk,bthk->bhqt', q * jnp.asarray(head_dim ** -0.5, q.dtype), k)
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(x.dtype)
     probs = checkpoint_name(probs, 'attn_probs')
     o = checkpoint_name(jnp.einsum('bhqt,bthk->bqhk', probs, v), 'attn_o')
-    return _dense(o, p['out'], n_in=2), probs
+    return _dense(o, p['out'], n_in=2, precision=precision), probs
 
 
-def mlp(p: Params, x: jax.Array, gelu_kind: str) -> jax.Array:
-    h = checkpoint_name(_dense(x, p['fc1']), 'mlp_hidden')
-    return _dense(gelu(h, gelu_kind), p['fc2'])
+def mlp(p: Params, x: jax.Array, gelu_kind: str, precision: str = 'float32') -> jax.Array:
+    h = checkpoint_name(_dense(x, p['fc1'], precision=precision), 'mlp_hidden')
+    return _dense(gelu(h, gelu_kind), p['fc2'], precision=precision)
 
 
 def _branch(y, p, scale_name, cfg, drop_rate, keys, stochastic):
@@ -284,11 +343,12 @@ def block_apply(p: Params, x: jax.Array, cfg: ViTConfig, *, drop_rate=0.0, key=N
     """
     stochastic = train and key is not None
     keys = jax.random.split(key, 4) if stochastic else [None] * 4
-    y, probs = attention(p['attn'], layer_norm(x, p['norm1'], cfg.ln_eps), n_out)
+    y, probs = attention(p['attn'], layer_norm(x, p['norm1'], cfg.ln_eps), n_out,
+                         cfg.dense_precision)
     if n_out is not None:
         x = x[:, :n_out]
     x = checkpoint_name(x + _branch(y, p, 'ls1', cfg, drop_rate, keys[:2], stochastic), 'block_mid')
-    y = mlp(p['mlp'], layer_norm(x, p['norm2'], cfg.ln_eps), cfg.gelu)
+    y = mlp(p['mlp'], layer_norm(x, p['norm2'], cfg.ln_eps), cfg.gelu, cfg.dense_precision)
     return x + _branch(y, p, 'ls2', cfg, drop_rate, keys[2:], stochastic), probs
 
 
@@ -422,10 +482,10 @@ def apply(params: Params, images: jax.Array, cfg: ViTConfig, *, train: bool = Fa
     aux['pre_logits'] = feats
     if 'head' not in params:
         return feats, aux
-    logits = _dense(feats, params['head'])
+    logits = _dense(feats, params['head'], precision=cfg.dense_precision)
     if 'dist_token' in params and 'head_dist' in params:
         dist_feats = layer_norm(x[:, 1], params['norm'], cfg.ln_eps)
-        logits_dist = _dense(dist_feats, params['head_dist'])
+        logits_dist = _dense(dist_feats, params['head_dist'], precision=cfg.dense_precision)
         aux['logits_cls'], aux['logits_dist'] = logits, logits_dist
         if not train:
             logits = (logits + logits_dist) / 2
