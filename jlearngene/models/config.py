@@ -49,6 +49,7 @@ class ViTConfig:
         bfloat16 and accumulates in float32, as TPUs do by default; activations, LayerNorm,
         softmax, GELU and the attention products keep `dtype`. On CPUs with AMX (e.g.
         Xeon Sapphire Rapids) the training step runs 1.4–1.7× faster (benchmarks/README).
+        With 'bfloat16' the dense layers have a custom VJP: no forward mode (`jax.jvp`).
       qkv_bias: attention q/k/v projections carry biases (timm default True).
       layer_scale: LayerScale (`ls1`, `ls2` per-channel gains, DeiT-3) is present.
       drop_path: stochastic depth rate of the last block (linear from 0), used when train=True.
