@@ -171,10 +171,15 @@ def _expand_core(gene: Gene, depth: int) -> Params:
     c = coefficients(depth)
 
     def lin(b, a=None):
-        b = jnp.broadcast_to(b[None], (depth,) + b.shape)
-        if a is None:
-            return b
-        return b + c.reshape((depth,) + (1,) * a.ndim).astype(a.dtype) * a[None]
+        # One (depth, n) x (n, size) product instead of a broadcast-multiply-add: its
+        # derivative, the gene's gradient, is again a product, where XLA:CPU reduces the
+        # (depth, ...) per-layer gradients over the leading axis 20-40x slower. HIGHEST
+        # keeps it exact float32 on GPUs (no TF32).
+        terms = [b] if a is None else [b, a.astype(b.dtype)]
+        coef = jnp.stack([jnp.ones_like(c), c][:len(terms)], axis=1).astype(b.dtype)
+        flat = jnp.stack([t.reshape(-1) for t in terms])
+        out = jnp.matmul(coef, flat, precision=jax.lax.Precision.HIGHEST)
+        return out.reshape((depth,) + b.shape)
 
     if 'theta_a' in gene:
         blocks = jax.tree.map(lin, gene['theta_b'], gene['theta_a'])
