@@ -153,7 +153,8 @@ def worker_step(a) -> dict:
     built = {m: _build_step(a.variant, a.depth, a.batch, m, a.dtype, a.gelu, a.microbatches,
                             a.dense_precision) for m in modes}
     res = {'variant': a.variant, 'depth': a.depth, 'batch': a.batch, 'dtype': a.dtype,
-           'gelu': a.gelu, 'microbatches': a.microbatches, 'dense_precision': a.dense_precision, 'backend': jax.default_backend(), 'modes': {}}
+           'gelu': a.gelu, 'microbatches': a.microbatches, 'dense_precision': a.dense_precision,
+           'backend': jax.default_backend(), 'modes': {}}
     runners = {}
     for m, (step, state, data, base, cfg) in built.items():
         t = time.perf_counter()
