@@ -75,6 +75,19 @@ def test_expand_formula_and_layer0_is_theta_b(gene4):
     chex.assert_trees_all_equal(params['pos_embed'], gene['shared']['pos_embed'])
 
 
+def test_expand_gradient_is_the_coefficient_weighted_sum_over_layers(gene4):
+    """The gene's gradient through `expand`: dθ_B = Σ_l G_l, dθ_A = Σ_l (l/L)·G_l."""
+    g = jax.tree.map(lambda x: jax.random.normal(jax.random.key(x.size), x.shape),
+                     tleg.expand(gene4, 4)['blocks'])
+    _, vjp = jax.vjp(lambda gene: tleg.expand(gene, 4)['blocks'], gene4)
+    (d_gene,) = jax.jit(vjp)(g)
+    c = np.arange(4, dtype=np.float32) / 4
+    for path, gl in pytree.flatten(jax.device_get(g)).items():
+        np.testing.assert_allclose(pytree.flatten(d_gene['theta_b'])[path], gl.sum(0), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(pytree.flatten(d_gene['theta_a'])[path],
+                                   np.tensordot(c, gl, axes=1), rtol=1e-5, atol=1e-5)
+
+
 def test_expand_module_choices_table4():
     cfg = aux_cfg()
     for expand, keys in [(('msa',), {'attn'}), (('mlp',), {'mlp'}), (('msa', 'mlp'), {'attn', 'mlp'})]:
