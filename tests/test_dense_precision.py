@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from jlearngene.models import config as config_lib, vit
+from jlearngene.models import config as config_lib, layout, vit
 
 BF16 = jnp.bfloat16
 
@@ -51,12 +51,6 @@ def test_config_rejects_an_unknown_dense_precision(tiny_cfg):
     assert config_lib.ViTConfig.from_dict(cfg.to_dict()) == cfg
 
 
-def _unstack(params):
-    depth = jax.tree.leaves(params['blocks'])[0].shape[0]
-    return {**params, 'blocks': [jax.tree.map(lambda a, i=i: a[i], params['blocks'])
-                                 for i in range(depth)]}
-
-
 @pytest.mark.parametrize('changes, batch, stacked', [
     ({}, 4, True),                                        # the pruned last block
     ({'distill_token': True, 'num_classes': 1}, 1, False),  # one image, one-output heads
@@ -66,7 +60,7 @@ def test_bf16_dense_model_is_close_to_float32(tiny_cfg, changes, batch, stacked)
     cfg16 = cfg32.replace(dense_precision='bfloat16')
     params = vit.init(cfg32, jax.random.key(0))
     if not stacked:
-        params = _unstack(params)
+        params = layout.unstack_blocks(params)
     images = jax.random.normal(jax.random.key(1), (batch, 16, 16, 3))
 
     def loss(p, cfg):

@@ -176,7 +176,7 @@ def _expand_core(gene: Gene, depth: int) -> Params:
         # (depth, ...) per-layer gradients over the leading axis 20-40x slower. HIGHEST
         # keeps it exact float32 on GPUs (no TF32).
         terms = [b] if a is None else [b, a.astype(b.dtype)]
-        coef = jnp.stack([jnp.ones_like(c), c][:len(terms)], axis=1).astype(b.dtype)
+        coef = jnp.stack([jnp.ones_like(c), c], axis=1)[:, :len(terms)].astype(b.dtype)
         flat = jnp.stack([t.reshape(-1) for t in terms])
         out = jnp.matmul(coef, flat, precision=jax.lax.Precision.HIGHEST)
         return out.reshape((depth,) + b.shape)

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jlearngene.models.config import ViTConfig
+from jlearngene.models.config import DENSE_PRECISIONS, ViTConfig
 
 Params = dict[str, Any]
 CAPTURES = ('blocks', 'attn')
@@ -185,10 +185,11 @@ def matmul(x: jax.Array, w: jax.Array, precision: str = 'float32') -> jax.Array:
     precision='bfloat16': both operands rounded to bfloat16, products accumulated in
     float32, the result cast back to x.dtype (see `_bf16_matmul`; reverse mode only).
     """
+    if precision not in DENSE_PRECISIONS:
+        raise ValueError(f'matmul: unknown precision {precision!r}, '
+                         f'expected one of {DENSE_PRECISIONS}')
     if precision == 'bfloat16':
         return _bf16_matmul(x, w).astype(x.dtype)
-    if precision != 'float32':
-        raise ValueError(f"matmul: unknown precision {precision!r}, expected 'float32' or 'bfloat16'")
     if jax.default_backend() == 'cpu':
         return _cpu_matmul(x, w)
     return x @ w
