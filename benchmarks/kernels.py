@@ -7,10 +7,12 @@
 For every distinct matmul of the step (forward, input gradient and weight gradient of the
 q/k/v, output, fc1 and fc2 projections, and the batched attention products), times
 
-  xla       jax.jit(x @ w) as compiled by default (YNNPACK dots on XLA:CPU);
-  xla-eigen the same with YNNPACK fusions switched off for this compilation
-            (`xla_cpu_experimental_ynn_fusion_type=''`: Eigen dots);
-  torch     torch.mm / torch.bmm into a preallocated output (MKL/oneDNN on CPU), if installed;
+  xla        jax.jit(x @ w) as compiled by default (YNNPACK dots on XLA:CPU);
+  xla-eigen  the same with YNNPACK fusions switched off for this compilation
+             (`xla_cpu_experimental_ynn_fusion_type=''`: Eigen dots);
+  xla-onednn the same with `jlearngene.compiler.CPU_ONEDNN_OPTIONS` (oneDNN dots), what
+             the trainer compiles with on CPU;
+  torch      torch.mm / torch.bmm into a preallocated output (MKL/oneDNN on CPU), if installed;
 
 each for `--rounds` calls after two warm-up calls (median), and prints GFLOP/s per shape and the
 step's total matmul time at each rate (the patch embedding and head, under 1 % of the
@@ -80,9 +82,11 @@ def main(argv=None) -> int:
     if jax.default_backend() != 'cpu':
         torch = None   # a CPU torch column against accelerator XLA would compare nothing
     rng = np.random.default_rng(0)
-    xla_opts = {'xla': None, 'xla-eigen': {'xla_cpu_experimental_ynn_fusion_type': ''}}
+    from jlearngene import compiler
+    xla_opts = {'xla': None, 'xla-eigen': {'xla_cpu_experimental_ynn_fusion_type': ''},
+                'xla-onednn': compiler.CPU_ONEDNN_OPTIONS}
     if jax.default_backend() != 'cpu':
-        xla_opts.pop('xla-eigen')
+        xla_opts = {'xla': None}
     names = list(xla_opts) + (['torch'] if torch is not None else [])
     totals = dict.fromkeys(names, 0.0)
     print(f"{'matmul':24s} {'shape':>22s} {'x/step':>6s} " + ' '.join(f'{n:>10s}' for n in names)
@@ -113,7 +117,8 @@ def main(argv=None) -> int:
     print(f"{'total per step (ms)':24s} {'':>22s} {'':>6s} "
           + ' '.join(f'{totals[n] * 1e3:10.0f}' for n in names))
     if 'torch' in totals:
-        print(f"XLA / torch matmul time per step: {totals['xla'] / totals['torch']:.2f}x")
+        for name in xla_opts:
+            print(f"{name} / torch matmul time per step: {totals[name] / totals['torch']:.2f}x")
     return 0
 
 

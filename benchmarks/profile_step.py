@@ -3,7 +3,7 @@
 
     python benchmarks/profile_step.py                       # Ti-12, batch 128 (the benchmark shape)
     python benchmarks/profile_step.py --variant S --batch 64 --top 40
-    python benchmarks/profile_step.py --compiler-option xla_cpu_experimental_ynn_fusion_type=
+    JLEARNGENE_CPU_ONEDNN=0 python benchmarks/profile_step.py   # XLA's default CPU kernels
 
 Compiles the same step as `run.py` (b), runs a few warm-up steps, records one step with
 `jax.profiler.trace(create_perfetto_trace=True)` and reads the trace back. Each moment of
@@ -11,14 +11,15 @@ the step's wall time is shared equally among the XLA operations running at that 
 (XLA:CPU runs independent operations concurrently), so the per-operation times add up to
 the step's wall time. Operations are grouped by what their HLO does:
 
-  matmul        fusions and ops that contain a dot (YNNPACK, Eigen, cuBLAS ...)
+  matmul        fusions and ops that contain a dot (oneDNN, YNNPACK, Eigen, cuBLAS ...)
   zero-fill     broadcasts of a constant: the buffers of the layer scan's saved residuals
   scan stacks   dynamic-update-slice / dynamic-slice: residuals copied into / out of them
   transpose     transposes and copies (layout changes)
   elementwise   the rest: LayerNorm, softmax, GELU, residual adds, optimiser update ...
 
 and the top operations are listed with their output shape and the jax operation they come
-from. `--compiler-option k=v` (repeatable) passes XLA debug options to this compilation only.
+from. The step compiles with `jlearngene.compiler.options()`, as the trainer's does;
+`--compiler-option k=v` (repeatable) adds XLA debug options to this compilation only.
 """
 from __future__ import annotations
 

@@ -87,21 +87,28 @@ def _median_time(fn, steps: int, warmup: int) -> tuple[float, list[float]]:
 
 
 def worker_peak(a) -> dict:
-    """Median GFLOP/s of square float32 (or --dtype) matmuls; the best size is the peak."""
+    """Median GFLOP/s of square float32 (or --dtype) matmuls, compiled with XLA's default
+    kernels and with `jlearngene.compiler.options()` (oneDNN on CPU); the best is the peak."""
     import jax
     import jax.numpy as jnp
+    from jlearngene import compiler
     dtype = jnp.dtype(a.dtype)
     out = {}
+    kernels = {'xla-default': None, 'jlearngene': compiler.options() or None}
+    if kernels['jlearngene'] is None:
+        kernels.pop('jlearngene')
     for n in a.sizes:
         k1, k2 = jax.random.split(jax.random.key(0))
         x = jax.random.normal(k1, (n, n), dtype)
         y = jax.random.normal(k2, (n, n), dtype)
-        # Accumulate in float32, as the model's reduced-precision matmuls do (XLA:CPU runs
-        # bfloat16 x bfloat16 -> float32 dots in YNNPACK, on AMX where the CPU has it).
-        f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
-        f(x, y).block_until_ready()
-        med, _ = _median_time(lambda: f(x, y).block_until_ready(), a.steps, 1)
-        out[str(n)] = 2 * n ** 3 / med / 1e9
+        for name, opts in kernels.items():
+            # Accumulate in float32, as the model's reduced-precision matmuls do (XLA:CPU
+            # runs bfloat16 x bfloat16 -> float32 dots on AMX where the CPU has it).
+            f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32),
+                        compiler_options=opts)
+            f(x, y).block_until_ready()
+            med, _ = _median_time(lambda: f(x, y).block_until_ready(), a.steps, 1)
+            out[f'{name} {n}'] = 2 * n ** 3 / med / 1e9
     return {'gflops_by_size': out, 'peak_gflops': max(out.values()), 'dtype': a.dtype,
             'backend': jax.default_backend(), 'device': str(jax.devices()[0])}
 
@@ -112,6 +119,7 @@ def _build_step(variant, depth, batch, mode, dtype='float32', gelu='exact', micr
     import jax
     import jax.numpy as jnp
     import numpy as np
+    from jlearngene import compiler
     from jlearngene.genes import tleg
     from jlearngene.models import vit
     from jlearngene.models.config import vit_config
@@ -141,8 +149,8 @@ def _build_step(variant, depth, batch, mode, dtype='float32', gelu='exact', micr
     data = {'image': jnp.asarray(rng.standard_normal((batch, 32, 32, 3), np.float32)),
             'label': jnp.asarray(rng.integers(0, 100, (batch,)), jnp.int32)}
     base = jax.random.key_data(jax.random.key(1))
-    step = jax.jit(trainer.make_train_step(loss_fn, opt, microbatches=microbatches),
-                   donate_argnums=(0,))
+    step = compiler.jit(trainer.make_train_step(loss_fn, opt, microbatches=microbatches),
+                        donate_argnums=(0,))
     return step, state, data, base, cfg
 
 

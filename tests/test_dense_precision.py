@@ -3,6 +3,7 @@ with float32 accumulation, forward and backward, and the model stays close to fl
 
 Compiled with XLA's full optimisation pipeline (no `fast_compile`): whether XLA:CPU keeps a
 bfloat16 dot in bfloat16 depends on it, and a dot it keeps but cannot run fails at run time.
+Both with XLA's default kernels (`jax.jit`) and with the trainer's (`compiler.jit`).
 """
 import jax
 import jax.numpy as jnp
@@ -10,16 +11,18 @@ import numpy as np
 import optax
 import pytest
 
+from jlearngene import compiler
 from jlearngene.models import config as config_lib, layout, vit
 
 BF16 = jnp.bfloat16
+JITS = [jax.jit, compiler.jit]
 
 
 def _rounded_product(a, b):
     return jnp.matmul(a.astype(BF16), b.astype(BF16), preferred_element_type=jnp.float32)
 
 
-@pytest.mark.parametrize('jit', [False, True])
+@pytest.mark.parametrize('jit', [None] + JITS)
 @pytest.mark.parametrize('shape', [((12, 16), (16, 24)), ((12, 24), (24, 16))])
 def test_bf16_matmul_is_the_rounded_product_forward_and_backward(shape, jit):
     """Both branches of the weight gradient (x narrower or wider than the output)."""
@@ -27,13 +30,13 @@ def test_bf16_matmul_is_the_rounded_product_forward_and_backward(shape, jit):
     x = jax.random.normal(jax.random.key(0), (n, k))
     w = jax.random.normal(jax.random.key(1), (k, m))
     g = jax.random.normal(jax.random.key(2), (n, m))
-    fwd = jax.jit(vit.matmul, static_argnums=2) if jit else vit.matmul
+    fwd = jit(vit.matmul, static_argnums=2) if jit else vit.matmul
     y = fwd(x, w, 'bfloat16')
     np.testing.assert_allclose(y, _rounded_product(x, w), rtol=1e-6, atol=1e-6)
     assert float(jnp.max(jnp.abs(y - x @ w))) > 1e-4   # the operands really were rounded
 
     vjp = lambda x, w, g: jax.vjp(lambda x, w: vit.matmul(x, w, 'bfloat16'), x, w)[1](g)
-    dx, dw = (jax.jit(vjp) if jit else vjp)(x, w, g)
+    dx, dw = (jit(vjp) if jit else vjp)(x, w, g)
     np.testing.assert_allclose(dx, _rounded_product(g, w.T), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dw, _rounded_product(x.T, g), rtol=1e-5, atol=1e-5)
     assert dx.dtype == x.dtype and dw.dtype == w.dtype
@@ -51,11 +54,12 @@ def test_config_rejects_an_unknown_dense_precision(tiny_cfg):
     assert config_lib.ViTConfig.from_dict(cfg.to_dict()) == cfg
 
 
+@pytest.mark.parametrize('jit', JITS)
 @pytest.mark.parametrize('changes, batch, stacked', [
     ({}, 4, True),                                        # the pruned last block
     ({'distill_token': True, 'num_classes': 1}, 1, False),  # one image, one-output heads
 ])
-def test_bf16_dense_model_is_close_to_float32(tiny_cfg, changes, batch, stacked):
+def test_bf16_dense_model_is_close_to_float32(tiny_cfg, changes, batch, stacked, jit):
     cfg32 = tiny_cfg.replace(**changes)
     cfg16 = cfg32.replace(dense_precision='bfloat16')
     params = vit.init(cfg32, jax.random.key(0))
@@ -66,7 +70,7 @@ def test_bf16_dense_model_is_close_to_float32(tiny_cfg, changes, batch, stacked)
     def loss(p, cfg):
         return jnp.sum(jnp.sin(vit.apply(p, images, cfg)[0]))
 
-    grad_fn = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    grad_fn = jit(jax.value_and_grad(loss), static_argnums=1)
     (v32, g32), (v16, g16) = grad_fn(params, cfg32), grad_fn(params, cfg16)
     err = float(optax.tree.norm(jax.tree.map(jnp.subtract, g16, g32)) / optax.tree.norm(g32))
     assert 0 < err < 1e-2, err

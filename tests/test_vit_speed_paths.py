@@ -60,22 +60,6 @@ def test_block_save_policy_gives_the_gradients_of_full_remat(tiny_cfg):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), g_policy, g_remat)
 
 
-@pytest.mark.parametrize('shape', [((6, 4), (4, 9)), ((9, 7), (7, 3))])
-def test_matmul_matches_plain_product_in_both_autodiff_modes(shape):
-    """`vit.matmul` (materialised transposes in its derivative) is x @ w for grad and jvp."""
-    (n, k), (_, m) = shape
-    x = jax.random.normal(jax.random.key(0), (n, k))
-    w = jax.random.normal(jax.random.key(1), (k, m))
-    np.testing.assert_allclose(vit.matmul(x, w), x @ w, rtol=1e-6)
-    f = lambda x, w: jnp.sum(jnp.sin(vit.matmul(x, w)))
-    f_ref = lambda x, w: jnp.sum(jnp.sin(x @ w))
-    for a, b in zip(jax.grad(f, (0, 1))(x, w), jax.grad(f_ref, (0, 1))(x, w)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    tx, tw = jnp.ones_like(x), jnp.full_like(w, 0.5)
-    np.testing.assert_allclose(jax.jvp(f, (x, w), (tx, tw))[1], jax.jvp(f_ref, (x, w), (tx, tw))[1],
-                               rtol=1e-5, atol=1e-5)
-
-
 def test_attention_for_the_first_queries_only(tiny_cfg):
     p = vit.init_block(tiny_cfg, jax.random.key(0))['attn']
     p = jax.tree.map(lambda a: a + 0.01 * jax.random.normal(jax.random.key(1), a.shape), p)

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from jlearngene import costs, data
+from jlearngene import compiler, costs, data
 from jlearngene.genes import baselines, tleg
 from jlearngene.models import ViTConfig, apply, vit_config
 from jlearngene.train import checkpoint, losses, optim, tasks, trainer
@@ -139,7 +139,7 @@ class _Data:
 
 @functools.lru_cache(maxsize=None)
 def _eval_step(cfg: ViTConfig):
-    return jax.jit(tasks.classification_eval(cfg))
+    return compiler.jit(tasks.classification_eval(cfg))
 
 
 def evaluate(params, cfg: ViTConfig, test: Callable) -> float:

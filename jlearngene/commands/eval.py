@@ -52,10 +52,10 @@ def load_params(config, workdir: str | None, which: str, model_path: str | None)
 
 def evaluate(config, params, cfg, split: str) -> dict:
     import jax
-    from jlearngene import data
+    from jlearngene import compiler, data
     from jlearngene.train import tasks
     it, _ = data.from_config(config.data, split, batch_size=config.eval_batch_size, seed=config.seed, train=False)
-    fn = jax.jit(tasks.classification_eval(cfg))
+    fn = compiler.jit(tasks.classification_eval(cfg))
     total = None
     for batch in it:
         out = fn(params, batch)

@@ -12,6 +12,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from jlearngene import compiler
 from jlearngene.models import ViTConfig, apply
 from jlearngene.train import losses
 
@@ -41,7 +42,7 @@ def classification_eval(cfg: ViTConfig) -> Callable:
 
 def predict_fn(cfg: ViTConfig) -> Callable:
     """Jitted logits of a batch of NHWC images."""
-    return jax.jit(lambda params, images: apply(params, images, cfg)[0])
+    return compiler.jit(lambda params, images: apply(params, images, cfg)[0])
 
 
 # ----------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jlearngene import parallel
+from jlearngene import compiler, parallel
 from jlearngene.train import checkpoint as ckpt_lib
 from jlearngene.train import metrics as metrics_lib
 from jlearngene.train.optim import current_lr
@@ -141,15 +141,16 @@ _init_state_jit = jax.jit(init_state, static_argnames=('optimizer', 'seed'))
 def _jitted_step(loss_fn, optimizer, microbatches, state_sh_key, batch_sh, repl):
     treedef, leaves = state_sh_key
     state_sh = jax.tree.unflatten(treedef, leaves)
-    return jax.jit(make_train_step(loss_fn, optimizer, microbatches=microbatches),
-                   in_shardings=(state_sh, batch_sh, repl),
-                   out_shardings=(state_sh, repl), donate_argnums=(0,))
+    return compiler.jit(make_train_step(loss_fn, optimizer, microbatches=microbatches),
+                        in_shardings=(state_sh, batch_sh, repl),
+                        out_shardings=(state_sh, repl), donate_argnums=(0,))
 
 
 @functools.lru_cache(maxsize=4)
 def _jitted_eval(eval_fn, params_sh_key, batch_sh, repl):
     treedef, leaves = params_sh_key
-    return jax.jit(eval_fn, in_shardings=(jax.tree.unflatten(treedef, leaves), batch_sh), out_shardings=repl)
+    return compiler.jit(eval_fn, in_shardings=(jax.tree.unflatten(treedef, leaves), batch_sh),
+                        out_shardings=repl)
 
 
 def _key(tree):
