@@ -44,7 +44,7 @@ def options() -> dict[str, Any]:
         return {}
     switch = os.environ.get(ENV_SWITCH, '1').strip().lower()
     if switch not in ('0', '1', 'false', 'true', 'no', 'yes', 'off', 'on', ''):
-        raise ValueError(f'{ENV_SWITCH}={switch!r}: expected 1 or 0')
+        raise ValueError(f'{ENV_SWITCH}={switch!r}: expected 0 or 1 (or false/true, no/yes, off/on)')
     if switch in ('0', 'false', 'no', 'off') or jax.config.jax_compilation_cache_dir:
         return {}
     return dict(CPU_ONEDNN_OPTIONS) if _cpu_onednn_works() else {}

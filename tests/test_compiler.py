@@ -70,10 +70,10 @@ def test_options_this_jaxlib_rejects_are_dropped(monkeypatch):
 
 
 def test_trainer_and_predict_compile_with_the_options(tiny_cfg, monkeypatch, tmp_path):
-    texts = []
+    texts, jit = [], compiler.jit
 
     def spy(fun, **kwargs):
-        jitted = jax.jit(fun, compiler_options=compiler.options() or None, **kwargs)
+        jitted = jit(fun, **kwargs)
 
         def call(*args):
             texts.append(jitted.lower(*args).compile().as_text())
