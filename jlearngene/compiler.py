@@ -68,6 +68,14 @@ def uses_onednn(hlo_text: str) -> bool:
     return re.search(r'^\s*(ROOT )?%onednn_fusion[.\w]* = ', hlo_text, re.MULTILINE) is not None
 
 
-def jit(fun: Callable, **kwargs) -> Callable:
-    """`jax.jit(fun, **kwargs)` compiled with `options()` for the default backend."""
-    return jax.jit(fun, compiler_options=options() or None, **kwargs)
+def jit(fun: Callable, *, compiler_options: dict[str, Any] | None = None, **kwargs) -> Callable:
+    """`jax.jit(fun, **kwargs)` compiled with `compiler_options` (default: `options()`)."""
+    if compiler_options is None:
+        compiler_options = options()
+    return jax.jit(fun, compiler_options=compiler_options or None, **kwargs)
+
+
+def options_key() -> tuple:
+    """`options()` as a hashable key: caches of jitted functions include it, so that a change
+    of options (the environment switch, a persistent cache configured later) compiles anew."""
+    return tuple(sorted(options().items()))

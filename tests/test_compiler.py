@@ -87,6 +87,10 @@ def test_trainer_and_predict_compile_with_the_options(tiny_cfg, monkeypatch, tmp
     tx = optim.make_optimizer(dict(lr=1e-3, schedule='constant'), params)
     loss = tasks.classification_loss(tiny_cfg)
     batch = {'image': images, 'label': jnp.zeros((8,), jnp.int32)}
-    trainer.fit(lambda p, b, r: loss(p, b, r), params, [batch], tx, workdir=str(tmp_path),
-                steps=1, progress=False, console=False)
-    assert len(texts) == 2 and all(compiler.uses_onednn(t) for t in texts)
+    loss_fn = lambda p, b, r: loss(p, b, r)   # noqa: E731 - a fresh object: no cached step
+    for run in ('on', 'off'):
+        if run == 'off':   # switched off later in the process: the step compiles anew
+            monkeypatch.setenv(compiler.ENV_SWITCH, '0')
+        trainer.fit(loss_fn, params, [batch], tx, workdir=str(tmp_path / run), steps=1,
+                    progress=False, console=False)
+    assert [compiler.uses_onednn(t) for t in texts] == [True, True, False]

@@ -118,13 +118,25 @@ def test_resume_refuses_other_model(tmp_path):
                     steps=4, progress=False, console=False, model_config=other)
 
 
+def _assert_same_training(a, b):
+    """Equal up to float32 reordering, except the key bias. Softmax ignores a shift of the
+    logits, so the key bias's gradient is zero in exact arithmetic and its AdamW updates are
+    normalised rounding noise, which differs with the device layout and the matmul kernels:
+    there both runs must only keep it near zero (the other parameters are ~1e-2 and more)."""
+    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
+        if "['k']['bias']" in jax.tree_util.keystr(path):
+            assert max(np.abs(x).max(), np.abs(y).max()) < 1e-4
+        else:
+            np.testing.assert_allclose(x, y, rtol=2e-5, atol=2e-6, err_msg=jax.tree_util.keystr(path))
+
+
 def test_same_result_on_one_and_eight_devices(tmp_path):
     assert jax.device_count() == 8
     one, _ = _fit(tmp_path / 'one', 4, mesh=parallel.make_mesh(1))
     eight, _ = _fit(tmp_path / 'eight', 4)
     fsdp, _ = _fit(tmp_path / 'fsdp', 4, sharding='fsdp', fsdp_min_size=0)
-    chex.assert_trees_all_close(jax.device_get(one), jax.device_get(eight), rtol=2e-5, atol=2e-6)
-    chex.assert_trees_all_close(jax.device_get(one), jax.device_get(fsdp), rtol=2e-5, atol=2e-6)
+    _assert_same_training(jax.device_get(one), jax.device_get(eight))
+    _assert_same_training(jax.device_get(one), jax.device_get(fsdp))
     assert fsdp['blocks']['mlp']['fc1']['kernel'].sharding.spec == jax.P(None, None, 'data')
 
 

@@ -132,24 +132,27 @@ def init_state(trainable, optimizer: optax.GradientTransformation, seed: int = 0
             'rng': jax.random.key_data(jax.random.key(seed))}
 
 
-# Jitted functions are cached on (loss_fn, optimizer, microbatches, shardings) so repeated
-# `fit` calls with the same objects (sweeps, resumed runs in one process) compile once.
+# Jitted functions are cached on (loss_fn, optimizer, microbatches, shardings, compiler
+# options) so repeated `fit` calls with the same objects (sweeps, resumed runs in one
+# process) compile once.
 _init_state_jit = jax.jit(init_state, static_argnames=('optimizer', 'seed'))
 
 
 @functools.lru_cache(maxsize=4)
-def _jitted_step(loss_fn, optimizer, microbatches, state_sh_key, batch_sh, repl):
+def _jitted_step(loss_fn, optimizer, microbatches, state_sh_key, batch_sh, repl, options_key):
     treedef, leaves = state_sh_key
     state_sh = jax.tree.unflatten(treedef, leaves)
     return compiler.jit(make_train_step(loss_fn, optimizer, microbatches=microbatches),
+                        compiler_options=dict(options_key),
                         in_shardings=(state_sh, batch_sh, repl),
                         out_shardings=(state_sh, repl), donate_argnums=(0,))
 
 
 @functools.lru_cache(maxsize=4)
-def _jitted_eval(eval_fn, params_sh_key, batch_sh, repl):
+def _jitted_eval(eval_fn, params_sh_key, batch_sh, repl, options_key):
     treedef, leaves = params_sh_key
-    return compiler.jit(eval_fn, in_shardings=(jax.tree.unflatten(treedef, leaves), batch_sh),
+    return compiler.jit(eval_fn, compiler_options=dict(options_key),
+                        in_shardings=(jax.tree.unflatten(treedef, leaves), batch_sh),
                         out_shardings=repl)
 
 
@@ -352,11 +355,13 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
     # itself is donated at every step.
     base_rng = jax.device_put(np.asarray(jax.device_get(state['rng'])), repl)
 
+    options_key = compiler.options_key()
     step_fn = _jitted_step(loss_fn, optimizer, microbatches, _key(state_sh),
-                           parallel.batch_sharding(mesh), repl)
+                           parallel.batch_sharding(mesh), repl, options_key)
     eval_step = None
     if eval_fn is not None:
-        eval_step = _jitted_eval(eval_fn, _key(trainable_sh), parallel.batch_sharding(mesh), repl)
+        eval_step = _jitted_eval(eval_fn, _key(trainable_sh), parallel.batch_sharding(mesh), repl,
+                                 options_key)
     eval_cache: list = []
 
     writer = metrics_lib.MetricWriter(workdir, console=console, tensorboard=tensorboard)
