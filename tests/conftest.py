@@ -20,6 +20,16 @@ def tiny_cfg():
                       patch_size=4, num_classes=10)
 
 
+@pytest.fixture
+def no_persistent_cache():
+    """Other tests in this process may have configured jax's persistent compilation cache,
+    which turns `jlearngene.compiler`'s oneDNN options off."""
+    old = jax.config.jax_compilation_cache_dir
+    jax.config.update('jax_compilation_cache_dir', None)
+    yield
+    jax.config.update('jax_compilation_cache_dir', old)
+
+
 @pytest.fixture(scope='module')
 def fast_compile():
     """Tiny programs: XLA optimisation passes cost more than they save. Opt in per module

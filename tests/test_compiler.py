@@ -8,16 +8,8 @@ from jlearngene import compiler
 from jlearngene.models import vit
 from jlearngene.train import optim, tasks, trainer
 
-pytestmark = pytest.mark.skipif(jax.default_backend() != 'cpu', reason='CPU compiler options')
-
-
-@pytest.fixture(autouse=True)
-def no_persistent_cache():
-    """Other tests in this process may have configured jax's persistent compilation cache."""
-    old = jax.config.jax_compilation_cache_dir
-    jax.config.update('jax_compilation_cache_dir', None)
-    yield
-    jax.config.update('jax_compilation_cache_dir', old)
+pytestmark = [pytest.mark.skipif(jax.default_backend() != 'cpu', reason='CPU compiler options'),
+              pytest.mark.usefixtures('no_persistent_cache')]
 
 
 def _mm(a, b):

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jlearngene import compiler
 from jlearngene.models import layout, vit
 
 pytestmark = pytest.mark.usefixtures('fast_compile')
@@ -58,6 +59,35 @@ def test_block_save_policy_gives_the_gradients_of_full_remat(tiny_cfg):
 
     g_policy, g_remat = grads(tiny_cfg), grads(tiny_cfg.replace(remat=True))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), g_policy, g_remat)
+
+
+@pytest.mark.parametrize('shape', [((6, 4), (4, 9)), ((9, 7), (7, 3))])
+def test_matmul_matches_plain_product_in_both_autodiff_modes(shape, monkeypatch):
+    """Without the oneDNN options `vit.matmul` (on CPU: materialised transposes in its
+    derivative) is x @ w for grad and jvp."""
+    monkeypatch.setenv(compiler.ENV_SWITCH, '0')
+    (n, k), (_, m) = shape
+    x = jax.random.normal(jax.random.key(0), (n, k))
+    w = jax.random.normal(jax.random.key(1), (k, m))
+    np.testing.assert_allclose(vit.matmul(x, w), x @ w, rtol=1e-6)
+    f = lambda x, w: jnp.sum(jnp.sin(vit.matmul(x, w)))
+    f_ref = lambda x, w: jnp.sum(jnp.sin(x @ w))
+    for a, b in zip(jax.grad(f, (0, 1))(x, w), jax.grad(f_ref, (0, 1))(x, w)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    tx, tw = jnp.ones_like(x), jnp.full_like(w, 0.5)
+    np.testing.assert_allclose(jax.jvp(f, (x, w), (tx, tw))[1], jax.jvp(f_ref, (x, w), (tx, tw))[1],
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(jax.default_backend() != 'cpu', reason='the CPU choice of derivative')
+@pytest.mark.parametrize('onednn, materialised', [('1', False), ('0', True)])
+@pytest.mark.usefixtures('no_persistent_cache')
+def test_matmul_derivative_follows_the_compiler_options(onednn, materialised, monkeypatch):
+    """oneDNN takes transposed operands (plain product); YNNPACK gets materialised ones."""
+    monkeypatch.setenv(compiler.ENV_SWITCH, onednn)
+    x, w = jnp.ones((6, 4)), jnp.ones((4, 9))
+    jaxpr = str(jax.make_jaxpr(jax.grad(lambda x, w: vit.matmul(x, w).sum(), (0, 1)))(x, w))
+    assert ('optimization_barrier' in jaxpr) == materialised
 
 
 def test_attention_for_the_first_queries_only(tiny_cfg):
