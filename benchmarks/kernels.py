@@ -83,10 +83,10 @@ def main(argv=None) -> int:
         torch = None   # a CPU torch column against accelerator XLA would compare nothing
     rng = np.random.default_rng(0)
     from jlearngene import compiler
-    xla_opts = {'xla': None, 'xla-eigen': {'xla_cpu_experimental_ynn_fusion_type': ''},
-                'xla-onednn': compiler.CPU_ONEDNN_OPTIONS}
-    if jax.default_backend() != 'cpu':
-        xla_opts = {'xla': None}
+    xla_opts = {'xla': None}
+    if jax.default_backend() == 'cpu':
+        xla_opts.update({'xla-eigen': {'xla_cpu_experimental_ynn_fusion_type': ''},
+                         'xla-onednn': compiler.CPU_ONEDNN_OPTIONS})
     names = list(xla_opts) + (['torch'] if torch is not None else [])
     totals = dict.fromkeys(names, 0.0)
     print(f"{'matmul':24s} {'shape':>22s} {'x/step':>6s} " + ' '.join(f'{n:>10s}' for n in names)

@@ -95,8 +95,8 @@ def worker_peak(a) -> dict:
     dtype = jnp.dtype(a.dtype)
     out = {}
     kernels = {'xla-default': {}}
-    if compiler.options():
-        kernels['jlearngene'] = compiler.options()
+    if options := compiler.options():
+        kernels['jlearngene'] = options
     for n in a.sizes:
         k1, k2 = jax.random.split(jax.random.key(0))
         x = jax.random.normal(k1, (n, n), dtype)
