@@ -18,7 +18,8 @@ the step's wall time. Operations are grouped by what their HLO does:
   elementwise   the rest: LayerNorm, softmax, GELU, residual adds, optimiser update ...
 
 and the top operations are listed with their output shape and the jax operation they come
-from. The step compiles with `jlearngene.compiler.options()`, as the trainer's does;
+from. `--steps-per-call K` profiles a call of K steps (as `trainer.fit` runs them) and
+divides every time by K. The step compiles with `jlearngene.compiler.options()`, as the trainer's does;
 `--compiler-option k=v` (repeatable) adds XLA debug options to this compilation only.
 """
 from __future__ import annotations
@@ -118,6 +119,9 @@ def main(argv=None) -> int:
     p.add_argument('--mode', default='plain', choices=('plain', 'auxnet'))
     p.add_argument('--microbatches', type=int, default=1,
                    help='accumulate the gradient over this many parts of the batch')
+    p.add_argument('--steps-per-call', default='1',
+                   help="optimiser steps per compiled call, or 'auto' (as run.py); the times "
+                        'printed are per step')
     p.add_argument('--dtype', default='float32', help="computation dtype ('bfloat16')")
     p.add_argument('--dense-precision', default='float32',
                    help="operands of the dense layers' matmuls ('bfloat16')")
@@ -129,12 +133,14 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
 
     import jax
-    from run import _build_step, model_flops
+    from run import _build_step, model_flops, resolve_steps_per_call
 
     options = dict(a.compiler_option)
+    k = resolve_steps_per_call(a.steps_per_call)
     step, state, data, base, _ = _build_step(a.variant, a.depth, a.batch, a.mode, dtype=a.dtype,
                                              microbatches=a.microbatches,
-                                             dense_precision=a.dense_precision)
+                                             dense_precision=a.dense_precision,
+                                             steps_per_call=k)
     compiled = step.lower(state, data, base).compile(compiler_options=options or None)
     ops = hlo_ops(compiled.as_text())
     for _ in range(a.warmup):
@@ -150,17 +156,18 @@ def main(argv=None) -> int:
     events = op_events(max(files, key=os.path.getmtime), ops)
     if not events:
         raise SystemExit('profile_step: the trace holds no XLA operation events')
-    span = max(e['ts'] + e['dur'] for e in events) - min(e['ts'] for e in events)
-    shares = wall_shares(events)
+    # Per optimiser step: a call of k steps is k steps.
+    span = (max(e['ts'] + e['dur'] for e in events) - min(e['ts'] for e in events)) / k
+    shares = {name: us / k for name, us in wall_shares(events).items()}
     total = sum(shares.values())
     by_cat: collections.Counter = collections.Counter()
     for name, us in shares.items():
         by_cat[ops[name]['category']] += us
     flops = model_flops(a.variant, a.depth, a.batch)['train_step']
     # Trace times are in microseconds.
-    print(f'{a.variant}-{a.depth} batch {a.batch} ({a.mode}) on {jax.default_backend()}: '
-          f'{span / 1e3:.0f} ms from the first to the last XLA operation of the step (profiler '
-          f'on); operations run during {total / 1e3:.0f} ms, none during {(span - total) / 1e3:.0f} ms '
+    print(f'{a.variant}-{a.depth} batch {a.batch} ({a.mode}, {k} step(s) per call) on '
+          f'{jax.default_backend()}: {span / 1e3:.0f} ms per step from the first to the last XLA '
+          f'operation (profiler on); operations run during {total / 1e3:.0f} ms, none during {(span - total) / 1e3:.0f} ms '
           f'(gaps, and any operation the runtime does not trace, e.g. Eigen dots)')
     mm = by_cat.get('matmul', 0.0)
     print(f'matmul work {flops / 1e9:.1f} GFLOP in {mm / 1e3:.0f} ms of traced matmuls = '

@@ -28,8 +28,14 @@ LayerNorm, softmax, GELU, adds, the loss and the optimiser update are not counte
 model FLOP/s is a matmul-only utilisation figure comparable with the matmul peak. (This is
 2x the fvcore "FLOPs" = MACs of `jlearngene.costs.flops_per_image`, minus its LayerNorm term.)
 
+Steps per call: the jax step runs as `trainer.fit` runs it, `--steps-per-call` optimiser
+steps per compiled call ('auto': fit's choice on this backend, 8 on CPU, 1 elsewhere; the
+K copies of the batch are stacked); the 'single' extra row (on by default) runs one step per
+call. Times are per optimiser step (a call's time / K). torch runs eagerly, step by step.
+
 Timing: a warm-up of `--warmup` steps, then the median of `--steps` steps, each ended by
-`block_until_ready` on the step's outputs. The machine's 1-minute load average is recorded
+`block_until_ready` on the step's outputs (with K steps per call: at least one warm-up
+call and two timed calls, each call's time / K). The machine's 1-minute load average is recorded
 with every case: on a shared machine compare the ratios measured back-to-back in one run,
 not absolute numbers across runs. `--threads N` pins every case (jax and torch) to the
 first N CPUs (default: all CPUs, torch uses as many intra-op threads).
@@ -114,8 +120,10 @@ def worker_peak(a) -> dict:
 
 
 def _build_step(variant, depth, batch, mode, dtype='float32', gelu='exact', microbatches=1,
-                dense_precision='float32'):
-    """(jitted step, state, batch, rng) for a plain ViT or a TLEG Aux-Net of this shape."""
+                dense_precision='float32', steps_per_call=1):
+    """(jitted step, state, batch, rng) for a plain ViT or a TLEG Aux-Net of this shape;
+    with `steps_per_call` > 1 the step is that many steps in one call, on that many copies
+    of the batch stacked (as `trainer.fit` runs it)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -146,23 +154,39 @@ def _build_step(variant, depth, batch, mode, dtype='float32', gelu='exact', micr
     # distinct buffers, as the trainer's jitted init_state gives).
     state = jax.tree.map(lambda x: jnp.array(x, copy=True), trainer.init_state(trainable, opt))
     rng = np.random.default_rng(0)
-    data = {'image': jnp.asarray(rng.standard_normal((batch, 32, 32, 3), np.float32)),
-            'label': jnp.asarray(rng.integers(0, 100, (batch,)), jnp.int32)}
+    data = {'image': rng.standard_normal((batch, 32, 32, 3), np.float32),
+            'label': rng.integers(0, 100, (batch,)).astype(np.int32)}
+    if steps_per_call > 1:
+        data = {k: np.stack([v] * steps_per_call) for k, v in data.items()}
+    data = {k: jnp.asarray(v) for k, v in data.items()}
     base = jax.random.key_data(jax.random.key(1))
-    step = compiler.jit(trainer.make_train_step(loss_fn, opt, microbatches=microbatches),
+    step = compiler.jit(trainer.make_train_step(loss_fn, opt, microbatches=microbatches,
+                                                steps_per_call=steps_per_call),
                         donate_argnums=(0,))
     return step, state, data, base, cfg
 
 
+def resolve_steps_per_call(value: str) -> int:
+    """--steps-per-call: an integer, or 'auto' = what `trainer.fit` picks on this backend
+    when no log/eval/checkpoint interval constrains it."""
+    if value == 'auto':
+        import jax
+        from jlearngene.train import trainer
+        return trainer.auto_steps_per_call(jax.default_backend())
+    return int(value)
+
+
 def worker_step(a) -> dict:
-    """Compile and time the training step of one shape (one or two modes, interleaved)."""
+    """Compile and time the training step of one shape (one or two modes, interleaved).
+    Times are per optimiser step: a call of K steps per call counts as K steps."""
     import jax
     modes = a.mode.split(',')
+    k = resolve_steps_per_call(a.steps_per_call)
     built = {m: _build_step(a.variant, a.depth, a.batch, m, a.dtype, a.gelu, a.microbatches,
-                            a.dense_precision) for m in modes}
+                            a.dense_precision, k) for m in modes}
     res = {'variant': a.variant, 'depth': a.depth, 'batch': a.batch, 'dtype': a.dtype,
            'gelu': a.gelu, 'microbatches': a.microbatches, 'dense_precision': a.dense_precision,
-           'backend': jax.default_backend(), 'modes': {}}
+           'steps_per_call': k, 'backend': jax.default_backend(), 'modes': {}}
     runners = {}
     for m, (step, state, data, base, cfg) in built.items():
         t = time.perf_counter()
@@ -181,19 +205,23 @@ def worker_step(a) -> dict:
         res['modes'][m] = {'compile_s': compile_s,
                            'xla_flops': float((cost or {}).get('flops', float('nan')))}
     if not a.compile_only:
+        # --warmup and --steps count optimiser steps; calls of k steps cover them (at least
+        # one warm-up call and two timed calls).
+        calls = max(2, -(-a.steps // k))
         for m, run in runners.items():
-            for _ in range(a.warmup):
+            for _ in range(max(1, -(-a.warmup // k))):
                 run()
         times = {m: [] for m in runners}
-        for _ in range(a.steps):          # alternate the modes so they see the same load
+        last = {}
+        for _ in range(calls):            # alternate the modes so they see the same load
             for m, run in runners.items():
                 t = time.perf_counter()
-                metrics = run()
-                times[m].append(time.perf_counter() - t)
+                last[m] = run()
+                times[m].append((time.perf_counter() - t) / k)
         for m in runners:
             med = statistics.median(times[m])
             res['modes'][m].update(step_s=med, step_s_all=times[m], img_per_s=a.batch / med,
-                                   loss=float(metrics['loss']))
+                                   loss=float(last[m]['loss'].reshape(-1)[-1]))
     stats = jax.devices()[0].memory_stats() or {}
     if 'peak_bytes_in_use' in stats:   # accelerators: peak device memory of this process
         res['device_peak_mb'] = stats['peak_bytes_in_use'] / 2 ** 20
@@ -214,6 +242,7 @@ def worker_main(argv) -> int:
     p.add_argument('--dtype', default='float32')
     p.add_argument('--gelu', default='exact')
     p.add_argument('--microbatches', type=int, default=1)
+    p.add_argument('--steps-per-call', default='1')
     p.add_argument('--dense-precision', default='float32')
     p.add_argument('--steps', type=int, default=5)
     p.add_argument('--warmup', type=int, default=2)
@@ -335,8 +364,12 @@ def main(argv=None) -> int:
     p.add_argument('--shapes', default='Ti-12,S-12', help='comma-separated subset of Ti-12,S-12')
     p.add_argument('--batch-scale', type=int, default=1,
                    help='multiply the batch sizes (GPU runs use larger batches)')
-    p.add_argument('--extra-rows', default='',
-                   help="comma-separated extra jax rows: 'tanh' (tanh GELU), 'dtype' (--dtype), "
+    p.add_argument('--steps-per-call', default='auto',
+                   help="optimiser steps per compiled call of the jax step: an integer, or 'auto' "
+                        "= what trainer.fit picks on this backend (8 on CPU, 1 elsewhere)")
+    p.add_argument('--extra-rows', default='single',
+                   help="comma-separated extra jax rows: 'single' (one step per call), "
+                        "'tanh' (tanh GELU), 'dtype' (--dtype), "
                         "'accumN' (the step accumulating over N micro-batches, e.g. accum4), "
                         "'bf16dense' (dense layers with bfloat16 operands, ViTConfig.dense_precision)")
     p.add_argument('--compile-depths', default=','.join(map(str, COMPILE_DEPTHS)))
@@ -356,7 +389,8 @@ def main(argv=None) -> int:
         p.error(f'--shapes {args.shapes!r} selects nothing; known: {[s[0] for s in SHAPES]}')
 
     runner = Runner(args)
-    common = ['--steps', str(args.steps), '--warmup', str(args.warmup)]
+    common = ['--steps', str(args.steps), '--warmup', str(args.warmup),
+              '--steps-per-call', args.steps_per_call]
     results = {'machine': {'platform': platform.platform(), 'cpu_count': os.cpu_count(),
                            'python': sys.version.split()[0], 'threads': args.threads or os.cpu_count(),
                            'started': time.strftime('%Y-%m-%d %H:%M:%S')},
@@ -409,7 +443,11 @@ def main(argv=None) -> int:
                 entry['ratio'] = statistics.median([j / t for j, t in zip(ips, tps)])
             results['steps'][name] = entry
             for extra in filter(None, args.extra_rows.split(',')):
-                if extra == 'tanh':
+                if extra == 'single' and rounds[-1]['jax']['steps_per_call'] == 1:
+                    continue        # the main row already runs one step per call
+                if extra == 'single':
+                    flag, label = ['--steps-per-call', '1'], f'{name} 1 step/call'
+                elif extra == 'tanh':
                     flag, label = ['--gelu', 'tanh'], f'{name} tanh-GELU'
                 elif extra == 'dtype':
                     flag, label = ['--dtype', args.dtype], f'{name} {args.dtype}'
@@ -419,9 +457,9 @@ def main(argv=None) -> int:
                     flag, label = ['--dense-precision', 'bfloat16'], f'{name} bf16 dense'
                 else:
                     raise SystemExit(f'unknown --extra-rows entry {extra!r} '
-                                     '(tanh, dtype, accumN, bf16dense)')
+                                     '(single, tanh, dtype, accumN, bf16dense)')
                 res = runner.jax_case(label, ['step', '--variant', variant, '--depth', str(depth),
-                                              '--batch', str(batch)] + flag + common)
+                                              '--batch', str(batch)] + common + flag)
                 ips_x = res['modes']['plain']['img_per_s']
                 results['steps'][label] = {'batch': batch, 'flops_per_step': flops['train_step'],
                                            'rounds': [{'jax': res}], 'jax_img_per_s': ips_x,
@@ -459,7 +497,8 @@ def main(argv=None) -> int:
                 samples.setdefault(str(depth), []).append(runner.jax_case(
                     f'compile Ti depth {depth} ({r + 1}/{args.compile_repeats})',
                     ['step', '--variant', 'Ti', '--depth', str(depth),
-                     '--batch', str(128 * args.batch_scale), '--compile-only']))
+                     '--batch', str(128 * args.batch_scale), '--compile-only',
+                     '--steps-per-call', args.steps_per_call]))
         results['compile'] = {}
         for depth, runs in samples.items():
             times = [res['modes']['plain']['compile_s'] for res in runs]
@@ -491,7 +530,10 @@ def format_table(r: dict) -> str:
             lines.append(f"    matmul peak {r[k]['dtype']}: {r[k]['peak_gflops']:.1f} GFLOP/s "
                          f"(the %peak of the {r[k]['dtype']} rows is read against this)")
     if r.get('steps'):
-        lines.append('(b,c,f) training step (AdamW, CE, 32 px, patch 4, 100 classes)')
+        per_call = sorted({rd['jax'].get('steps_per_call', 1) for e in r['steps'].values()
+                           for rd in e['rounds']})
+        lines.append('(b,c,f) training step (AdamW, CE, 32 px, patch 4, 100 classes); jax steps '
+                     f"per call: {'/'.join(map(str, per_call))} (rows say when 1), torch eager")
         hdr = (f"  {'shape':22s} {'batch':>5s} {'jax img/s':>10s} {'GFLOP/s':>8s} {'%peak':>6s} "
                f"{'torch img/s':>11s} {'jax/torch':>9s} {'jax RSS MB':>10s} {'torch RSS MB':>12s} {'load':>5s}")
         lines.append(hdr)

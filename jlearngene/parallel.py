@@ -42,9 +42,10 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Leading (batch) axis split over 'data'."""
-    return NamedSharding(mesh, P(DATA))
+def batch_sharding(mesh: Mesh, *, stacked: bool = False) -> NamedSharding:
+    """Leading (batch) axis split over 'data'; with `stacked`, batches stacked on a new
+    leading axis (one per step of a call), their batch axis (the second) split."""
+    return NamedSharding(mesh, P(None, DATA) if stacked else P(DATA))
 
 
 def _logical_axes(params, axes) -> Any:
@@ -118,17 +119,20 @@ def state_shardings(state, params_sharding, mesh: Mesh, params_key: str = 'param
     return jax.tree_util.tree_map_with_path(one, state)
 
 
-def shard_batch(batch: dict, mesh: Mesh) -> dict:
-    """Host batch (numpy, this process's share) -> global arrays split over 'data'."""
+def shard_batch(batch: dict, mesh: Mesh, *, stacked: bool = False) -> dict:
+    """Host batch (numpy, this process's share) -> global arrays split over 'data'
+    (`stacked`: batches stacked on a leading axis, see `batch_sharding`)."""
     n = data_size(mesh)
-    sharding = batch_sharding(mesh)
+    sharding = batch_sharding(mesh, stacked=stacked)
+    axis = int(stacked)
     out = {}
     for k, v in batch.items():
         v = np.asarray(v)
         if v.dtype.kind not in 'biuf':
             continue  # strings, object ids: not device data
-        if v.ndim == 0 or (v.shape[0] * jax.process_count()) % n:
-            raise ValueError(f"batch entry {k!r} has leading size {v.shape[:1]}, which does not split "
-                             f"over {n} devices of the 'data' axis; use a batch size divisible by {n}")
+        if v.ndim <= axis or (v.shape[axis] * jax.process_count()) % n:
+            raise ValueError(f"batch entry {k!r} has batch size {v.shape[axis:axis + 1]}, which does "
+                             f"not split over {n} devices of the 'data' axis; use a batch size "
+                             f"divisible by {n}")
         out[k] = jax.make_array_from_process_local_data(sharding, v)
     return out

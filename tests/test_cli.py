@@ -18,7 +18,7 @@ def run(tmp_path_factory, fast_compile):
     workdir = str(tmp_path_factory.mktemp('cli') / 'run')
     rc = cli.main(['train', '--config', os.path.join(ROOT, CONFIG) + ':smoke', '--config.steps=4',
                    '--config.model.depth=1', '--config.batch_size=32', '--config.optim.warmup_steps=1', '--config.log_every=2',
-                   '--workdir', workdir, '--noprogress'])
+                   '--config.steps_per_call=2', '--workdir', workdir, '--noprogress'])
     return rc, workdir
 
 
@@ -48,6 +48,10 @@ def test_bad_configs_fail_clearly(tmp_path, capsys):
                      '--workdir', str(tmp_path / 'mb')]) == 1
     assert 'batch_size 128 is not a multiple of microbatches 3' in capsys.readouterr().out
     assert not os.path.exists(tmp_path / 'mb')
+    assert cli.main(['train', '--config', os.path.join(ROOT, CONFIG), '--config.steps_per_call=fast',
+                     '--workdir', str(tmp_path / 'spc')]) == 1
+    assert "steps_per_call must be 'auto' or a positive integer, got 'fast'" in capsys.readouterr().out
+    assert not os.path.exists(tmp_path / 'spc')
 
 
 def test_eval(run, capsys):

@@ -90,10 +90,10 @@ def test_fit_logs_evaluates_and_checkpoints(tmp_path):
 
 
 def test_exact_resume(tmp_path):
-    full, _ = _fit(tmp_path / 'full', 6)
+    full, _ = _fit(tmp_path / 'full', 6, steps_per_call=1)
     traces = TRACES[0]
-    _fit(tmp_path / 'part', 3)                     # stop at k = 3 (final checkpoint)
-    resumed, hist = _fit(tmp_path / 'part', 6)     # fresh iterator, resumes at 3
+    _fit(tmp_path / 'part', 3, steps_per_call=1)   # stop at k = 3 (final checkpoint)
+    resumed, hist = _fit(tmp_path / 'part', 6, steps_per_call=1)  # fresh iterator, resumes at 3
     assert TRACES[0] == traces                     # the step compiled once for all three fits
     assert [r['step'] for r in hist['train']] == [4, 6]
     assert pytree.trees_equal(jax.device_get(full), jax.device_get(resumed))
@@ -182,6 +182,92 @@ def test_microbatches_refuse_bad_values(tmp_path):
     with pytest.raises(ValueError, match=r"microbatches=3 does not divide the batch: \['image'\] has 16 rows"):
         step(trainer.init_state(PARAMS, TX), {'image': X[:16], 'label': Y[:16]},
              jax.random.key_data(jax.random.key(0)))
+
+
+def test_steps_per_call_runs_the_same_steps():
+    state = trainer.init_state(PARAMS, TX)
+    rng = jax.random.key_data(jax.random.key(3))
+    data = Batches()
+    batches = [next(data) for _ in range(3)]
+    one = jax.jit(trainer.make_train_step(LOSS, TX))
+    s, expected = state, []
+    for b in batches:
+        s, m = one(s, b, rng)
+        expected.append(m)
+    stacked = jax.tree.map(lambda *x: np.stack(x), *batches)
+    for jit in (True, False):
+        three = trainer.make_train_step(LOSS, TX, steps_per_call=3)
+        new_state, metrics = (jax.jit(three) if jit else three)(state, stacked, rng)
+        chex.assert_trees_all_close(new_state, s, rtol=1e-6, atol=1e-7)
+        chex.assert_trees_all_close(metrics, jax.tree.map(lambda *x: np.stack(x), *expected),
+                                    rtol=1e-6, atol=1e-7)
+        assert metrics['loss'].shape == (3,) and new_state['step'] == 3
+    assert len({float(m['loss']) for m in expected}) == 3     # three different steps
+    with pytest.raises(ValueError, match=r"steps_per_call=2 needs batches stacked .*\['image'\] has "
+                                         r"leading size 3"):
+        trainer.make_train_step(LOSS, TX, steps_per_call=2)(state, stacked, rng)
+
+
+def test_fit_with_several_steps_per_call(tmp_path, monkeypatch):
+    calls = []
+    jitted = trainer._jitted_step
+
+    def spy(*args):
+        fn, n = jitted(*args), args[3]  # steps_per_call of the program
+
+        def call(*a):
+            calls.append(n)
+            return fn(*a)
+        return call
+    monkeypatch.setattr(trainer, '_jitted_step', spy)
+    kw = dict(log_every=5, eval_fn=tasks.classification_eval(CFG), eval_data=EVAL, eval_every=5)
+    one, hist1 = _fit(tmp_path / 'one', 10, steps_per_call=1, **kw)
+    assert set(calls) == {1}
+    # 3 steps per call where no log/eval step falls inside: 0-3, 3, 4, 5-8, 8, 9.
+    calls.clear()
+    three, hist3 = _fit(tmp_path / 'three', 10, steps_per_call=3, **kw)
+    assert calls == [3, 1, 1, 3, 1, 1]
+    _assert_same_training(jax.device_get(one), jax.device_get(three))
+    for a, b in zip(hist1['train'] + hist1['eval'], hist3['train'] + hist3['eval'], strict=True):
+        assert a['step'] == b['step']
+        np.testing.assert_allclose([a[k] for k in sorted(a) if k != 'steps_per_sec'],
+                                   [b[k] for k in sorted(b) if k != 'steps_per_sec'], rtol=1e-5)
+    # Resume: a run stopped at step 4 (0-3, 3) continues with 4, 5-8, 8, 9.
+    calls.clear()
+    _fit(tmp_path / 'part', 4, steps_per_call=3, log_every=4)
+    resumed, hist = _fit(tmp_path / 'part', 10, steps_per_call=3, **kw)
+    assert calls == [3, 1, 1, 3, 1, 1] and [r['step'] for r in hist['train']] == [5, 10]
+    _assert_same_training(jax.device_get(one), jax.device_get(resumed))
+    # 'auto' on CPU: the largest K <= 8 dividing log_every, eval_every and steps.
+    calls.clear()
+    _fit(tmp_path / 'auto', 10, **kw)
+    assert calls == [5, 5]
+
+
+def test_auto_steps_per_call():
+    assert trainer.auto_steps_per_call('cpu', [100, 500, 500, 1500]) == 5
+    assert trainer.auto_steps_per_call('cpu', [16, 64]) == 8
+    assert trainer.auto_steps_per_call('cpu', []) == trainer.AUTO_STEPS_PER_CALL_MAX
+    assert trainer.auto_steps_per_call('cpu', [2, 3]) == 1
+    assert trainer.auto_steps_per_call('gpu', [100, 500]) == 1
+    assert trainer.auto_steps_per_call('tpu', [100, 500]) == 1
+
+
+def test_steps_per_call_refuses_bad_values_and_ragged_batches(tmp_path):
+    for bad in (0, 2.0, True, 'fast'):
+        with pytest.raises(ValueError, match='steps_per_call must be a positive integer'):
+            _fit(tmp_path / 'bad', 2, steps_per_call=bad)
+        assert not os.path.exists(tmp_path / 'bad')       # refused before touching the workdir
+    with pytest.raises(ValueError, match='steps_per_call must be a positive integer'):
+        trainer.make_train_step(LOSS, TX, steps_per_call=0)
+
+    class Ragged(Batches):
+        def __next__(self):
+            b = super().__next__()
+            return jax.tree.map(lambda x: x[:8], b) if self.i % 2 == 0 else b
+    with pytest.raises(ValueError, match=r"batch entry 'image' changes shape between consecutive "
+                                         r"batches .*steps_per_call=2"):
+        _fit(tmp_path / 'ragged', 4, data=Ragged(), steps_per_call=2)
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):

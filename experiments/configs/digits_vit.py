@@ -24,6 +24,7 @@ def get_config(arg=None):
     c.best_metric = 'eval/accuracy'
     c.sharding = 'replicate'
     c.microbatches = 1     # gradient accumulation: parts per batch (see trainer.make_train_step)
+    c.steps_per_call = 'auto'   # optimiser steps per compiled call, or an integer (trainer.fit)
     c.init = ''            # optional model artefact (checkpoint.save_model) to start from
     c.label_smoothing = 0.1
 

@@ -85,6 +85,19 @@ def eval_data_fn(config):
                                     seed=config.seed, train=False)[0]
 
 
+def _steps_per_call(value):
+    """A config's `steps_per_call`: 'auto' or a positive integer, also as the text that a
+    command-line override of the 'auto' default gives."""
+    from jlearngene.train import trainer
+    if isinstance(value, str) and value != 'auto':
+        if not value.strip().isdigit():
+            raise ValueError(f"steps_per_call must be 'auto' or a positive integer, got {value!r}")
+        value = int(value)
+    if value != 'auto':
+        trainer.check_steps_per_call(value)
+    return value
+
+
 def run_classification(config, workdir: str, *, progress: bool = True):
     """Train a ViT classifier as `config` describes (see experiments/configs/digits_vit.py);
     the final parameters are also saved as a model artefact in `workdir/model`."""
@@ -98,6 +111,7 @@ def run_classification(config, workdir: str, *, progress: bool = True):
     if config.batch_size % microbatches:
         raise ValueError(f'batch_size {config.batch_size} is not a multiple of '
                          f'microbatches {microbatches}')
+    steps_per_call = _steps_per_call(config.get('steps_per_call', 'auto'))
     train_it, info = data.from_config(config.data, 'train', batch_size=config.batch_size,
                                       seed=config.seed, train=True)
     _check_data_fits(cfg, info, 'train')
@@ -109,7 +123,8 @@ def run_classification(config, workdir: str, *, progress: bool = True):
         eval_data=eval_data_fn(config), eval_every=config.eval_every, log_every=config.log_every,
         checkpoint_every=config.checkpoint_every, keep_checkpoints=config.keep_checkpoints,
         best_metric=config.best_metric or None, seed=config.seed, config=config, model_config=cfg,
-        sharding=config.sharding, microbatches=microbatches, progress=progress)
+        sharding=config.sharding, microbatches=microbatches, steps_per_call=steps_per_call,
+        progress=progress)
     final = history['eval'][-1] if history['eval'] else {}
     checkpoint.save_model(os.path.join(workdir, 'model'), params, cfg, overwrite=True,
                           extra={'source': 'jlearngene train', 'steps': int(config.steps), **final})

@@ -10,7 +10,8 @@ Train state: a plain dict {'params', 'opt_state', 'step' (int32), 'rng' (uint32 
 The step's randomness is `fold_in(rng, step)`, so a resumed run draws the same keys as an
 uninterrupted one. Host syncs happen only every `log_every` steps (and at eval/checkpoint
 steps); the non-finite check runs there, before anything is saved, so the last checkpoint
-is always a finite one.
+is always a finite one. Several steps may run in one compiled call (`steps_per_call`; on
+CPU by default), with the same steps, keys and per-step metrics as one step per call.
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ class Preempted(SystemExit):
 # The step.
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
-                    microbatches: int = 1) -> Callable:
+                    microbatches: int = 1, steps_per_call: int = 1) -> Callable:
     """The pure step `(state, batch, rng) -> (state, metrics)`; `fit` jits it with donation.
 
     `rng` is the run's base key data (uint32); the step folds in `state['step']`.
@@ -73,8 +74,15 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
     differs from the one-pass update only by float rounding. Part i takes rows i, i+n,
     i+2n, ... of the batch, so a batch sharded over devices stays evenly spread, and draws
     the key `fold_in(step key, i)` (so dropout masks differ from the one-pass step's).
+
+    `steps_per_call` > 1 returns `steps_per_call` consecutive steps as one function (a
+    `lax.scan` over the step): its batch has a leading axis of that size (entry i feeds step
+    i) and so do its metrics. The steps are the one-step function's, in order, with the
+    same keys. One call of several steps pays the per-call costs once: dispatch, and on
+    CPU the fresh, page-faulted temporary buffer that XLA:CPU allocates for every call.
     """
     check_microbatches(microbatches)
+    check_steps_per_call(steps_per_call)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if microbatches > 1:
         grad_fn = _accumulated(grad_fn, microbatches)
@@ -91,13 +99,53 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
         new_state = {'params': params, 'opt_state': opt_state, 'step': state['step'] + 1,
                      'rng': state['rng']}
         return new_state, {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
-    return step
+    if steps_per_call == 1:
+        return step
+
+    def steps(state, batches, rng):
+        for path, x in jax.tree.leaves_with_path(batches):
+            if jnp.ndim(x) == 0 or x.shape[0] != steps_per_call:
+                lead = 'a scalar' if jnp.ndim(x) == 0 else f'leading size {x.shape[0]}'
+                raise ValueError(f'steps_per_call={steps_per_call} needs batches stacked on a '
+                                 f'leading axis of that size: {jax.tree_util.keystr(path)} has {lead}')
+        return jax.lax.scan(lambda s, batch: step(s, batch, rng), state, batches)
+    return steps
+
+
+def _check_positive_int(name: str, n) -> None:
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f'{name} must be a positive integer, got {n!r}')
 
 
 def check_microbatches(n) -> None:
     """Raise a ValueError unless `n` is a positive integer (a `microbatches` value)."""
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f'microbatches must be a positive integer, got {n!r}')
+    _check_positive_int('microbatches', n)
+
+
+def check_steps_per_call(n) -> None:
+    """Raise a ValueError unless `n` is a positive integer (a `steps_per_call` value)."""
+    _check_positive_int('steps_per_call', n)
+
+
+# The largest number of steps `fit(steps_per_call='auto')` runs in one call on CPU: beyond
+# it the per-call costs are already small next to the steps (Ti-12 batch 128: 250k page
+# faults per call).
+AUTO_STEPS_PER_CALL_MAX = 8
+
+
+def auto_steps_per_call(platform: str, intervals: Iterable[int] = ()) -> int:
+    """`fit(steps_per_call='auto')`: on CPU, the largest K <= AUTO_STEPS_PER_CALL_MAX that
+    divides every interval given (fit passes its log, eval and checkpoint intervals and its
+    total steps), so one compiled program serves the whole run and its resumes; 1
+    elsewhere, where it has not been measured."""
+    if platform != 'cpu':
+        return 1
+    common = 0
+    for every in intervals:
+        common = math.gcd(common, int(every))
+    if common == 0:
+        return AUTO_STEPS_PER_CALL_MAX
+    return max(k for k in range(1, AUTO_STEPS_PER_CALL_MAX + 1) if common % k == 0)
 
 
 def _accumulated(grad_fn: Callable, n: int) -> Callable:
@@ -138,11 +186,13 @@ def init_state(trainable, optimizer: optax.GradientTransformation, seed: int = 0
 _init_state_jit = jax.jit(init_state, static_argnames=('optimizer', 'seed'))
 
 
-@functools.lru_cache(maxsize=4)
-def _jitted_step(loss_fn, optimizer, microbatches, state_sh_key, batch_sh, repl, options_key):
+@functools.lru_cache(maxsize=8)
+def _jitted_step(loss_fn, optimizer, microbatches, steps_per_call, state_sh_key, batch_sh, repl,
+                 options_key):
     treedef, leaves = state_sh_key
     state_sh = jax.tree.unflatten(treedef, leaves)
-    return compiler.jit(make_train_step(loss_fn, optimizer, microbatches=microbatches),
+    return compiler.jit(make_train_step(loss_fn, optimizer, microbatches=microbatches,
+                                        steps_per_call=steps_per_call),
                         compiler_options=dict(options_key),
                         in_shardings=(state_sh, batch_sh, repl),
                         out_shardings=(state_sh, repl), donate_argnums=(0,))
@@ -202,6 +252,25 @@ class _Batches:
                 next(self)
 
 
+def _stack_batches(batches: list) -> dict:
+    """Host batches -> one batch with a leading axis over them (for a call of several steps)."""
+    keys = list(batches[0])
+    out = {}
+    for i, b in enumerate(batches[1:], 1):
+        if list(b) != keys:
+            raise ValueError(f'batch {i} of a call has entries {sorted(b)}, the first has '
+                             f'{sorted(keys)}; consecutive batches must have the same entries')
+    for k in keys:
+        arrays = [np.asarray(b[k]) for b in batches]
+        shapes = {a.shape for a in arrays}
+        if len(shapes) > 1:
+            raise ValueError(f'batch entry {k!r} changes shape between consecutive batches '
+                             f'({sorted(shapes)}); steps_per_call={len(batches)} stacks that many '
+                             'batches into one call: pass batches of one shape or steps_per_call=1')
+        out[k] = np.stack(arrays)
+    return out
+
+
 def _eval_iter(eval_data, cache: list):
     if callable(eval_data):
         return iter(eval_data())
@@ -216,6 +285,19 @@ def _eval_iter(eval_data, cache: list):
 
 def _to_host(tree):
     return jax.tree.map(lambda x: np.asarray(x).item() if np.ndim(x) == 0 else np.asarray(x), jax.device_get(tree))
+
+
+def _step_records(calls: list[dict]) -> list[dict]:
+    """Host metrics of the calls since the last sync -> one record per step (a call of
+    several steps returns its metrics stacked)."""
+    records = []
+    for m in calls:
+        n = np.shape(m['loss'])
+        if not n:
+            records.append(m)
+        else:
+            records.extend({k: v[i].item() for k, v in m.items()} for i in range(n[0]))
+    return records
 
 
 def _mean_records(records: list[dict]) -> dict[str, float]:
@@ -280,7 +362,7 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
         log_every: int = 50, checkpoint_every: int | None = None, keep_checkpoints: int = 2,
         best_metric: str | None = None, best_mode: str = 'max', seed: int = 0, config=None,
         model_config=None, sharding: str = 'replicate', axes=None, mesh=None,
-        fsdp_min_size: int = 2 ** 12, microbatches: int = 1,
+        fsdp_min_size: int = 2 ** 12, microbatches: int = 1, steps_per_call: int | str = 'auto',
         resume: bool = True, progress: bool = True, console: bool = True,
         tensorboard: bool = True, handle_sigterm: bool = True):
     """Train `trainable` for `steps` optimiser steps; returns `(trainable, history)`.
@@ -311,6 +393,12 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
       mesh: a mesh with a 'data' axis (default: all devices).
       microbatches: accumulate each step's gradient over this many equal parts of the batch
         (see `make_train_step`); the batch size must be a multiple of it.
+      steps_per_call: optimiser steps per compiled call (see `make_train_step`): the step
+        is the same, only the host dispatches it less often. A call never runs past a log,
+        eval or checkpoint step (steps up to one run one at a time, with a second compiled
+        program), and holds that many batches in memory at once; a SIGTERM is acted on
+        after the call. 'auto' (`auto_steps_per_call`): on CPU the largest K <= 8 dividing
+        the intervals and `steps`, 1 on other platforms.
       resume, progress, console, tensorboard, handle_sigterm: switches for resuming from
         workdir, the tqdm bar, console metric lines, TensorBoard events and the SIGTERM
         checkpoint (which then raises `Preempted`, a SystemExit with status 143).
@@ -324,6 +412,8 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
     if eval_fn is not None and eval_data is None:
         raise ValueError('eval_fn needs eval_data')
     check_microbatches(microbatches)
+    if steps_per_call != 'auto':
+        check_steps_per_call(steps_per_call)
     os.makedirs(workdir, exist_ok=True)
     mesh = mesh or parallel.make_mesh()
     repl = parallel.replicated(mesh)
@@ -356,8 +446,28 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
     base_rng = jax.device_put(np.asarray(jax.device_get(state['rng'])), repl)
 
     options_key = compiler.options_key()
-    step_fn = _jitted_step(loss_fn, optimizer, microbatches, _key(state_sh),
-                           parallel.batch_sharding(mesh), repl, options_key)
+    events = [e for e in (log_every, eval_every if eval_fn is not None else None,
+                          checkpoint_every) if e]
+    if steps_per_call == 'auto':
+        steps_per_call = auto_steps_per_call(mesh.devices.flat[0].platform,
+                                             events + [steps])
+
+    state_sh_key, step_fns = _key(state_sh), {}
+
+    def step_fn(n: int):
+        """The jitted call of `n` steps (compiled on its first use)."""
+        if n not in step_fns:
+            step_fns[n] = _jitted_step(loss_fn, optimizer, microbatches, n, state_sh_key,
+                                       parallel.batch_sharding(mesh, stacked=n > 1), repl,
+                                       options_key)
+        return step_fns[n]
+
+    def steps_in_call(step: int) -> int:
+        """`steps_per_call` unless a log/eval/checkpoint step or the end comes sooner."""
+        n = steps_per_call
+        if step + n > steps or any((step // e + 1) * e < step + n for e in events):
+            return 1
+        return n
     eval_step = None
     if eval_fn is not None:
         eval_step = _jitted_eval(eval_fn, _key(trainable_sh), parallel.batch_sharding(mesh), repl,
@@ -375,7 +485,7 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
         nonlocal pending, last_sync
         if not pending:
             return None
-        records = _to_host(pending)
+        records = _step_records(_to_host(pending))
         first = step - len(records) + 1
         for i, r in enumerate(records):
             if not math.isfinite(r['loss']):
@@ -418,11 +528,16 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
         with _SigtermFlag(handle_sigterm) as sigterm:
             step = start
             while step < steps:
-                batch = parallel.shard_batch(next(batches), mesh)
-                state, m = step_fn(state, batch, base_rng)
+                n = steps_in_call(step)
+                if n == 1:
+                    batch = parallel.shard_batch(next(batches), mesh)
+                else:
+                    batch = parallel.shard_batch(_stack_batches([next(batches) for _ in range(n)]),
+                                                 mesh, stacked=True)
+                state, m = step_fn(n)(state, batch, base_rng)
                 pending.append(m)
-                step += 1
-                bar.update(1)
+                step += n
+                bar.update(n)
                 if step % log_every == 0 or step == steps:
                     rec = sync_train(step)
                     if rec:
