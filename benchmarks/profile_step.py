@@ -19,8 +19,9 @@ the step's wall time. Operations are grouped by what their HLO does:
 
 and the top operations are listed with their output shape and the jax operation they come
 from. `--steps-per-call K` profiles a call of K steps (as `trainer.fit` runs them) and
-divides every time by K. The step compiles with `jlearngene.compiler.options()`, as the trainer's does;
-`--compiler-option k=v` (repeatable) adds XLA debug options to this compilation only.
+divides every time by K. The step compiles with `jlearngene.compiler.options()`, as the
+trainer's does; `--compiler-option k=v` (repeatable) adds XLA debug options to this
+compilation only.
 """
 from __future__ import annotations
 
@@ -167,7 +168,8 @@ def main(argv=None) -> int:
     # Trace times are in microseconds.
     print(f'{a.variant}-{a.depth} batch {a.batch} ({a.mode}, {k} step(s) per call) on '
           f'{jax.default_backend()}: {span / 1e3:.0f} ms per step from the first to the last XLA '
-          f'operation (profiler on); operations run during {total / 1e3:.0f} ms, none during {(span - total) / 1e3:.0f} ms '
+          f'operation (profiler on); operations run during {total / 1e3:.0f} ms, none during '
+          f'{(span - total) / 1e3:.0f} ms '
           f'(gaps, and any operation the runtime does not trace, e.g. Eigen dots)')
     mm = by_cat.get('matmul', 0.0)
     print(f'matmul work {flops / 1e9:.1f} GFLOP in {mm / 1e3:.0f} ms of traced matmuls = '

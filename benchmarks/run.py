@@ -35,8 +35,8 @@ call. Times are per optimiser step (a call's time / K). torch runs eagerly, step
 
 Timing: a warm-up of `--warmup` steps, then the median of `--steps` steps, each ended by
 `block_until_ready` on the step's outputs (with K steps per call: at least one warm-up
-call and two timed calls, each call's time / K). The machine's 1-minute load average is recorded
-with every case: on a shared machine compare the ratios measured back-to-back in one run,
+call and two timed calls, each call's time / K). The machine's 1-minute load average is
+recorded with every case: on a shared machine compare the ratios measured back-to-back in one run,
 not absolute numbers across runs. `--threads N` pins every case (jax and torch) to the
 first N CPUs (default: all CPUs, torch uses as many intra-op threads).
 """
@@ -178,7 +178,7 @@ def resolve_steps_per_call(value: str) -> int:
 
 def worker_step(a) -> dict:
     """Compile and time the training step of one shape (one or two modes, interleaved).
-    Times are per optimiser step: a call of K steps per call counts as K steps."""
+    Times are per optimiser step: a call of K steps counts as K steps."""
     import jax
     modes = a.mode.split(',')
     k = resolve_steps_per_call(a.steps_per_call)
