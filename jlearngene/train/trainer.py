@@ -103,13 +103,20 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
         return step
 
     def steps(state, batches, rng):
-        for path, x in jax.tree.leaves_with_path(batches):
-            if jnp.ndim(x) == 0 or x.shape[0] != steps_per_call:
-                lead = 'a scalar' if jnp.ndim(x) == 0 else f'leading size {x.shape[0]}'
-                raise ValueError(f'steps_per_call={steps_per_call} needs batches stacked on a '
-                                 f'leading axis of that size: {jax.tree_util.keystr(path)} has {lead}')
+        _check_leading_axis(batches, lambda n: n == steps_per_call, 'leading size {}',
+                            f'steps_per_call={steps_per_call} needs batches stacked on a '
+                            'leading axis of that size')
         return jax.lax.scan(lambda s, batch: step(s, batch, rng), state, batches)
     return steps
+
+
+def _check_leading_axis(batch, fits: Callable[[int], bool], size: str, problem: str) -> None:
+    """ValueError `problem: <entry> has <size>` for the first leaf of `batch` whose leading
+    axis does not `fit` (or that is a scalar); `size` formats the leading size."""
+    for path, x in jax.tree.leaves_with_path(batch):
+        if jnp.ndim(x) == 0 or not fits(x.shape[0]):
+            have = 'a scalar' if jnp.ndim(x) == 0 else size.format(x.shape[0])
+            raise ValueError(f'{problem}: {jax.tree_util.keystr(path)} has {have}')
 
 
 def _check_positive_int(name: str, n) -> None:
@@ -151,11 +158,8 @@ def auto_steps_per_call(platform: str, intervals: Iterable[int] = ()) -> int:
 def _accumulated(grad_fn: Callable, n: int) -> Callable:
     """`grad_fn` averaged over `n` strided parts of the batch, one part at a time."""
     def mean_grad(params, batch, key):
-        for path, x in jax.tree.leaves_with_path(batch):
-            if jnp.ndim(x) == 0 or x.shape[0] % n:
-                rows = 'a scalar' if jnp.ndim(x) == 0 else f'{x.shape[0]} rows'
-                raise ValueError(f'microbatches={n} does not divide the batch: '
-                                 f'{jax.tree_util.keystr(path)} has {rows}')
+        _check_leading_axis(batch, lambda rows: rows % n == 0, '{} rows',
+                            f'microbatches={n} does not divide the batch')
         # (B, ...) -> (B/n, n, ...): part i is [:, i], a slice that stays on each device.
         parts = jax.tree.map(lambda x: x.reshape(x.shape[0] // n, n, *x.shape[1:]), batch)
 
@@ -255,11 +259,11 @@ class _Batches:
 def _stack_batches(batches: list) -> dict:
     """Host batches -> one batch with a leading axis over them (for a call of several steps)."""
     keys = list(batches[0])
-    out = {}
     for i, b in enumerate(batches[1:], 1):
         if list(b) != keys:
             raise ValueError(f'batch {i} of a call has entries {sorted(b)}, the first has '
                              f'{sorted(keys)}; consecutive batches must have the same entries')
+    out = {}
     for k in keys:
         arrays = [np.asarray(b[k]) for b in batches]
         shapes = {a.shape for a in arrays}
