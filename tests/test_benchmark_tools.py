@@ -38,3 +38,26 @@ def test_kernel_shapes_cover_the_step_matmul_flops():
     step = bench_run.model_flops(variant, depth, batch)['train_step']
     # Everything but the patch embedding and the head (well under 1 % of the work).
     assert 0.99 * step < total <= step
+
+
+_VERBOSE = """\
+onednn_verbose,v1,info,oneDNN v3.7.3 (commit N/A)
+onednn_verbose,v1,primitive,exec,cpu,reorder,brgemm_matmul_copy_reorder_t,undef,src:f32::blocked:ba::f0 dst:f32::blocked:ab::f0,attr-scratchpad:user,,192x8320,2.5
+onednn_verbose,v1,primitive,exec,cpu,reorder,brgemm_matmul_copy_reorder_t,undef,src:f32::blocked:ab::f0 dst:f32::blocked:BA16a64b::f0,attr-scratchpad:user,,8320x768,8.0
+onednn_verbose,v1,primitive,exec,cpu,matmul,brg_matmul:avx512_core,undef,src:f32:a:blocked:ab::f0 wei:f32:a:blocked:BA16a64b::f0 dst:f32:a:blocked:ab::f0,attr-scratchpad:user,,192x8320:8320x768,10.0
+onednn_verbose,v1,graph,exec,cpu,100002,matmul_post_ops,MatMul_0,,in0_f32:0:strided:undef:8320x192:192s1,fpm:strict,matmul_t,dnnl_backend,21.0
+onednn_verbose,v1,primitive,exec,cpu,matmul,brg_matmul:avx512_core,undef,src:f32:a:blocked:abcd::f0,,,128x3x65x64:128x3x64x65,1.0
+"""
+
+
+def test_onednn_breakdown_parses_kernels_and_both_kinds_of_reorder():
+    import onednn_breakdown
+    records = onednn_breakdown.parse_verbose(_VERBOSE.splitlines())
+    assert [r['kind'] for r in records] == ['reorder: transpose', 'reorder: to blocked',
+                                            'matmul', 'matmul']
+    assert records[2]['flop'] == 2 * 192 * 8320 * 768
+    assert records[3]['flop'] == 2 * 128 * 3 * 65 * 64 * 65
+    table = onednn_breakdown.summarise(records, calls=1, steps_per_call=2)
+    # Per optimiser step: 21.5 ms of primitives over a call of 2 steps.
+    assert 'all' in table and '10.8' in table.splitlines()[4]
+    assert '245.4' in table   # 192x8320x768 GEMM: 2.45 GFLOP in 10 ms
