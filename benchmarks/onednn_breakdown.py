@@ -100,19 +100,13 @@ def _mark(*extra) -> None:
 
 def _child(a) -> int:
     sys.path.insert(0, HERE)
-    import jax
-    from run import _build_step, resolve_steps_per_call
+    from run import warm_step
 
-    k = resolve_steps_per_call(a.steps_per_call)
-    step, state, data, base, _ = _build_step(a.variant, a.depth, a.batch, 'plain', steps_per_call=k)
-    compiled = step.lower(state, data, base).compile()
-    for _ in range(a.warmup):
-        state, metrics = compiled(state, data, base)
-        jax.block_until_ready(metrics)
+    run, _, k = warm_step(a.variant, a.depth, a.batch, steps_per_call=a.steps_per_call,
+                          warmup=a.warmup)
     _mark(k)
     for _ in range(a.calls):
-        state, metrics = compiled(state, data, base)
-        jax.block_until_ready(metrics)
+        run()
     _mark()
     return 0
 

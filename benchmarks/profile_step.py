@@ -134,23 +134,16 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
 
     import jax
-    from run import _build_step, model_flops, resolve_steps_per_call
+    from run import model_flops, warm_step
 
-    options = dict(a.compiler_option)
-    k = resolve_steps_per_call(a.steps_per_call)
-    step, state, data, base, _ = _build_step(a.variant, a.depth, a.batch, a.mode, dtype=a.dtype,
-                                             microbatches=a.microbatches,
-                                             dense_precision=a.dense_precision,
-                                             steps_per_call=k)
-    compiled = step.lower(state, data, base).compile(compiler_options=options or None)
+    run, compiled, k = warm_step(a.variant, a.depth, a.batch, a.mode,
+                                 steps_per_call=a.steps_per_call, warmup=a.warmup,
+                                 compiler_options=dict(a.compiler_option), dtype=a.dtype,
+                                 microbatches=a.microbatches, dense_precision=a.dense_precision)
     ops = hlo_ops(compiled.as_text())
-    for _ in range(a.warmup):
-        state, metrics = compiled(state, data, base)
-        jax.block_until_ready(metrics)
     trace_dir = a.trace_dir or tempfile.mkdtemp(prefix='jlearngene_trace_')
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-        state, metrics = compiled(state, data, base)
-        jax.block_until_ready(metrics)
+        run()
     files = glob.glob(os.path.join(trace_dir, '**', '*.trace.json.gz'), recursive=True)
     if not files:
         raise SystemExit(f'profile_step: no perfetto trace written under {trace_dir}')

@@ -176,6 +176,26 @@ def resolve_steps_per_call(value: str) -> int:
     return int(value)
 
 
+def warm_step(variant, depth, batch, mode='plain', *, steps_per_call='1', warmup=2,
+              compiler_options=None, **build_kw):
+    """`_build_step`'s step compiled (with extra `compiler_options`) and run `warmup` calls:
+    returns `(run, compiled, k)`, where `run()` runs one call of k steps on the carried
+    state and waits for its metrics (what the profiling tools record)."""
+    import jax
+    k = resolve_steps_per_call(steps_per_call)
+    step, state, data, base, _ = _build_step(variant, depth, batch, mode, steps_per_call=k,
+                                             **build_kw)
+    compiled = step.lower(state, data, base).compile(compiler_options=compiler_options or None)
+    carry = {'state': state}
+
+    def run():
+        carry['state'], metrics = compiled(carry['state'], data, base)
+        return jax.block_until_ready(metrics)
+    for _ in range(warmup):
+        run()
+    return run, compiled, k
+
+
 def worker_step(a) -> dict:
     """Compile and time the training step of one shape (one or two modes, interleaved).
     Times are per optimiser step: a call of K steps counts as K steps."""
