@@ -41,7 +41,8 @@ def parse_verbose(lines) -> list[dict]:
     Each record: {'kind': 'matmul' | 'gemm_api' | 'reorder: transpose' |
     'reorder: to blocked' | another oneDNN primitive kind, 'impl', 'problem', 'ms', 'flop'}.
     'flop' is 2·M·K·N times the batch size for a matmul or a call of oneDNN's sgemm
-    interface (`gemm_api`, what XLA's Eigen dots use), and 0 otherwise. Graph-level lines, info lines and anything else are skipped.
+    interface (`gemm_api`, what XLA's Eigen dots use), and 0 otherwise. Graph-level lines,
+    info lines and anything else are skipped.
     """
     records = []
     for line in lines:
@@ -102,7 +103,7 @@ def _child(a) -> int:
     sys.path.insert(0, HERE)
     from run import warm_step
 
-    run, _, k = warm_step(a.variant, a.depth, a.batch, steps_per_call=a.steps_per_call,
+    run, _, k, _ = warm_step(a.variant, a.depth, a.batch, steps_per_call=a.steps_per_call,
                           warmup=a.warmup)
     _mark(k)
     for _ in range(a.calls):

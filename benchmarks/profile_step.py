@@ -136,7 +136,7 @@ def main(argv=None) -> int:
     import jax
     from run import model_flops, warm_step
 
-    run, compiled, k = warm_step(a.variant, a.depth, a.batch, a.mode,
+    run, compiled, k, _ = warm_step(a.variant, a.depth, a.batch, a.mode,
                                  steps_per_call=a.steps_per_call, warmup=a.warmup,
                                  compiler_options=dict(a.compiler_option), dtype=a.dtype,
                                  microbatches=a.microbatches, dense_precision=a.dense_precision)

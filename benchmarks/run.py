@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any, Callable, NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -176,16 +177,24 @@ def resolve_steps_per_call(value: str) -> int:
     return int(value)
 
 
+class WarmStep(NamedTuple):
+    run: Callable[[], dict]   # one call of k steps on the carried state; waits for its metrics
+    compiled: Any             # the compiled step
+    k: int                    # optimiser steps per call
+    compile_s: float          # seconds to lower and compile it
+
+
 def warm_step(variant, depth, batch, mode='plain', *, steps_per_call='1', warmup=2,
-              compiler_options=None, **build_kw):
-    """`_build_step`'s step compiled (with extra `compiler_options`) and run `warmup` calls:
-    returns `(run, compiled, k)`, where `run()` runs one call of k steps on the carried
-    state and waits for its metrics (what the profiling tools record)."""
+              compiler_options=None, **build_kw) -> WarmStep:
+    """`_build_step`'s step lowered and compiled (with extra `compiler_options`), then run
+    for `warmup` calls: what the timing worker and the profiling tools record."""
     import jax
     k = resolve_steps_per_call(steps_per_call)
     step, state, data, base, _ = _build_step(variant, depth, batch, mode, steps_per_call=k,
                                              **build_kw)
+    t = time.perf_counter()
     compiled = step.lower(state, data, base).compile(compiler_options=compiler_options or None)
+    compile_s = time.perf_counter() - t
     carry = {'state': state}
 
     def run():
@@ -193,7 +202,7 @@ def warm_step(variant, depth, batch, mode='plain', *, steps_per_call='1', warmup
         return jax.block_until_ready(metrics)
     for _ in range(warmup):
         run()
-    return run, compiled, k
+    return WarmStep(run, compiled, k, compile_s)
 
 
 def worker_step(a) -> dict:
@@ -201,28 +210,20 @@ def worker_step(a) -> dict:
     Times are per optimiser step: a call of K steps counts as K steps."""
     import jax
     modes = a.mode.split(',')
-    k = resolve_steps_per_call(a.steps_per_call)
-    built = {m: _build_step(a.variant, a.depth, a.batch, m, a.dtype, a.gelu, a.microbatches,
-                            a.dense_precision, k) for m in modes}
+    # Compile every mode first, then warm them up (below) after all compiles.
+    steps = {m: warm_step(a.variant, a.depth, a.batch, m, steps_per_call=a.steps_per_call,
+                          warmup=0, dtype=a.dtype, gelu=a.gelu, microbatches=a.microbatches,
+                          dense_precision=a.dense_precision) for m in modes}
+    k = steps[modes[0]].k
     res = {'variant': a.variant, 'depth': a.depth, 'batch': a.batch, 'dtype': a.dtype,
            'gelu': a.gelu, 'microbatches': a.microbatches, 'dense_precision': a.dense_precision,
            'steps_per_call': k, 'backend': jax.default_backend(), 'modes': {}}
     runners = {}
-    for m, (step, state, data, base, cfg) in built.items():
-        t = time.perf_counter()
-        compiled = step.lower(state, data, base).compile()
-        compile_s = time.perf_counter() - t
-        cost = compiled.cost_analysis()
+    for m, ws in steps.items():
+        cost = ws.compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-        holder = {'state': state}
-
-        def run(compiled=compiled, holder=holder, data=data, base=base):
-            holder['state'], metrics = compiled(holder['state'], data, base)
-            jax.block_until_ready(metrics)
-            return metrics
-
-        runners[m] = run
-        res['modes'][m] = {'compile_s': compile_s,
+        runners[m] = ws.run
+        res['modes'][m] = {'compile_s': ws.compile_s,
                            'xla_flops': float((cost or {}).get('flops', float('nan')))}
     if not a.compile_only:
         # --warmup and --steps count optimiser steps; calls of k steps cover them (at least
