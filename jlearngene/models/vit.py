@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jlearngene import compiler
+from jlearngene.kernels import cpu as cpu_kernels
 from jlearngene.models.config import DENSE_PRECISIONS, ViTConfig
 
 Params = dict[str, Any]
@@ -166,22 +166,15 @@ def gelu(x: jax.Array, kind: str) -> jax.Array:
     return gelu_exact(x)
 
 
-def _materialised_t(a: jax.Array) -> jax.Array:
-    """`a.T` as a real row-major copy: the barrier stops XLA from folding the transpose
-    back into the consuming dot as a transposed operand."""
-    return jax.lax.optimization_barrier(a.T)
-
-
 def matmul(x: jax.Array, w: jax.Array, precision: str = 'float32') -> jax.Array:
     """`x @ w` for x (N, K), w (K, M) at the given operand precision.
 
-    precision='float32' (exact): forward and reverse mode work. The backward products take
-    transposed operands, which the matmul libraries handle natively: cuBLAS, TPU, and
-    oneDNN, which `jlearngene.compiler.options()` selects on CPU. When those options are off
-    on CPU (a persistent compilation cache, JLEARNGENE_CPU_ONEDNN=0, a jaxlib without them),
-    XLA's default YNNPACK kernels are slow with transposed operands, and `_cpu_matmul`'s
-    JVP uses materialised transposes (wᵀ, and xᵀ when x is the narrower operand) so that
-    its transpose, the backward pass JAX derives, multiplies row-major matrices.
+    precision='float32' (exact): all autodiff modes work. On CPU the product is
+    `kernels.cpu.matmul`, whose weight gradient xᵀ·g runs in a compiled C++ kernel (XLA's
+    oneDNN dot is slow for this contraction over all tokens) and whose input gradient g·wᵀ
+    reads wᵀ in place under oneDNN (`jlearngene.compiler.options()`) and as a materialised
+    row-major copy under XLA's default kernels; both fall back to XLA where the kernel is
+    unavailable. Elsewhere (cuBLAS, TPU) it is `x @ w`.
 
     precision='bfloat16': both operands rounded to bfloat16, products accumulated in
     float32, the result cast back to x.dtype (see `_bf16_matmul`; reverse mode only).
@@ -191,24 +184,9 @@ def matmul(x: jax.Array, w: jax.Array, precision: str = 'float32') -> jax.Array:
                          f'expected one of {DENSE_PRECISIONS}')
     if precision == 'bfloat16':
         return _bf16_matmul(x, w).astype(x.dtype)
-    if jax.default_backend() == 'cpu' and not compiler.options():
-        return _cpu_matmul(x, w)
+    if jax.default_backend() == 'cpu':
+        return cpu_kernels.matmul(x, w)
     return x @ w
-
-
-@jax.custom_jvp
-def _cpu_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    return x @ w
-
-
-@_cpu_matmul.defjvp
-def _cpu_matmul_jvp(primals, tangents):
-    x, w = primals
-    tx, tw = tangents
-    dx_part = tx @ _materialised_t(w).T
-    if x.shape[1] <= w.shape[1]:
-        return x @ w, dx_part + _materialised_t(x).T @ tw
-    return x @ w, dx_part + x @ tw   # transposing x (wider than the gradient) costs more
 
 
 def _bf16_product(a: jax.Array, b: jax.Array) -> jax.Array:

@@ -1,0 +1,205 @@
+"""The dense layers' weight gradient xᵀ·g on CPU, in a C++ kernel called through XLA's FFI.
+
+Why: in the CPU training step XLA's oneDNN dots run the forward and input-gradient products
+at about torch's speed, but the weight gradients (a contraction over every token of the
+batch, both operands activations) at about half of it, because oneDNN transposes and
+re-blocks both operands on every call. `weight_grad.cc` reads them in place; the numbers
+are in benchmarks/README.md. The result is an ordinary float32 product (accumulated in
+float32, by blocks of 128 tokens), not a reduced-precision one.
+
+The kernel is compiled from the package's `weight_grad.cc` with the C++ compiler (`$CXX`,
+else g++, c++ or clang++) at first use, into `$JLEARNGENE_CACHE_DIR` (default
+`~/.cache/jlearngene/kernels`), keyed by a hash of the source, the compiler and jaxlib; later
+processes load the built library. `available()` says whether it can be used; it is False,
+and `weight_grad` is XLA's product, when the CPU lacks AVX-512, no compiler is found, the
+build fails (logged once), or the environment sets JLEARNGENE_CPU_KERNELS=0.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+
+import jax
+import jax.numpy as jnp
+from jax import core
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from jlearngene import compiler
+
+log = logging.getLogger(__name__)
+
+ENV_SWITCH = 'JLEARNGENE_CPU_KERNELS'
+CACHE_ENV = 'JLEARNGENE_CACHE_DIR'
+TARGET = 'jlearngene_weight_grad'
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'weight_grad.cc')
+CXXFLAGS = ('-O3', '-std=c++17', '-mavx512f', '-mfma', '-fPIC', '-shared', '-w')
+
+
+def available() -> bool:
+    """Whether `weight_grad` runs the compiled kernel (builds and registers it once)."""
+    switch = os.environ.get(ENV_SWITCH, '1').strip().lower()
+    if switch not in ('0', '1', 'false', 'true', 'no', 'yes', 'off', 'on', ''):
+        raise ValueError(f'{ENV_SWITCH}={switch!r}: expected 0 or 1 (or false/true, no/yes, off/on)')
+    return switch not in ('0', 'false', 'no', 'off') and _registered()
+
+
+def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x @ w for x (K, M), w (M, N), as a primitive whose derivative with respect to w is
+    `weight_grad` (the kernel on CPU) and with respect to x is `input_grad`. Forward and
+    reverse mode, their compositions and vmap all work."""
+    _check_2d('matmul', x, w, 1, 0)
+    return _matmul_p.bind(x, w)
+
+
+def weight_grad(x: jax.Array, g: jax.Array) -> jax.Array:
+    """xᵀ·g for x (K, M) and g (K, N): the compiled kernel when lowered for one CPU device
+    with float32 operands and `available()`, else XLA's product (see `_xla_weight_grad`)."""
+    _check_2d('weight_grad', x, g, 0, 0)
+    return _weight_grad_p.bind(x, g)
+
+
+def input_grad(g: jax.Array, w: jax.Array) -> jax.Array:
+    """g·wᵀ, the input gradient of x @ w. oneDNN (`compiler.options()`) reads wᵀ in place;
+    XLA's default CPU kernels are slow with a transposed operand, so without the options
+    wᵀ is first written out row-major."""
+    return g @ (w.T if compiler.options() else _materialised_t(w))
+
+
+def _check_2d(name, a, b, axis_a, axis_b):
+    if a.ndim != 2 or b.ndim != 2 or a.shape[axis_a] != b.shape[axis_b]:
+        raise ValueError(f'{name}: incompatible operands {a.shape} and {b.shape}')
+
+
+def _materialised_t(a: jax.Array) -> jax.Array:
+    """`a.T` as a real row-major copy: the barrier stops XLA from folding the transpose
+    back into the consuming dot as a transposed operand."""
+    return jax.lax.optimization_barrier(a.T)
+
+
+def _xla_weight_grad(x: jax.Array, g: jax.Array) -> jax.Array:
+    # Without oneDNN, YNNPACK is fast only with row-major operands; transposing x pays when
+    # it is the narrower operand.
+    if compiler.options() or x.shape[1] > g.shape[1]:
+        return x.T @ g
+    return _materialised_t(x) @ g
+
+
+_matmul_p = Primitive('jlearngene_matmul')
+_matmul_p.def_impl(lambda x, w: x @ w)
+_matmul_p.def_abstract_eval(
+    lambda x, w: core.ShapedArray((x.shape[0], w.shape[1]), jnp.result_type(x, w)))
+mlir.register_lowering(_matmul_p, mlir.lower_fun(lambda x, w: x @ w, multiple_results=False))
+ad.defbilinear(_matmul_p,
+               lambda ct, x, w: input_grad(ct, w.aval if ad.is_undefined_primal(w) else w),
+               lambda ct, x, w: weight_grad(x, ct))
+
+_weight_grad_p = Primitive('jlearngene_weight_grad')
+_weight_grad_p.def_impl(lambda x, g: _xla_weight_grad(x, g))
+_weight_grad_p.def_abstract_eval(
+    lambda x, g: core.ShapedArray((x.shape[1], g.shape[1]), jnp.result_type(x, g)))
+mlir.register_lowering(_weight_grad_p, mlir.lower_fun(_xla_weight_grad, multiple_results=False))
+# xᵀ·g is bilinear: the cotangent of x is g·ctᵀ, that of g is x·ct.
+ad.defbilinear(_weight_grad_p, lambda ct, x, g: g @ ct.T, lambda ct, x, g: matmul(x, ct))
+
+
+def _batched(fn):
+    """vmap rule: the plain XLA product, with the batch axis moved to the front."""
+    def rule(args, dims):
+        axes = tuple(d for d in dims)  # None where an operand is not batched
+        return jax.vmap(fn, in_axes=axes)(*args), 0
+    return rule
+
+
+batching.primitive_batchers[_matmul_p] = _batched(lambda x, w: x @ w)
+batching.primitive_batchers[_weight_grad_p] = _batched(lambda x, g: x.T @ g)
+
+
+def _cpu_weight_grad_lowering(ctx, x, g):
+    """The kernel's FFI call where it applies: float32, one device (a program partitioned
+    over several devices would gather both operands for a custom call), kernel available."""
+    one_device = getattr(ctx.module_context.axis_context, 'num_devices', 1) == 1
+    f32 = all(a.dtype == jnp.float32 for a in ctx.avals_in)
+    if one_device and f32 and available():
+        return jax.ffi.ffi_lowering(TARGET)(ctx, x, g)
+    return mlir.lower_fun(_xla_weight_grad, multiple_results=False)(ctx, x, g)
+
+
+mlir.register_lowering(_weight_grad_p, _cpu_weight_grad_lowering, platform='cpu')
+
+
+@functools.cache
+def _registered() -> bool:
+    path = _build()
+    if path is None:
+        return False
+    try:
+        library = ctypes.CDLL(path)
+    except OSError as e:  # a damaged file in the cache: build it again, once
+        log.warning('jlearngene CPU kernels: cannot load %s (%s); rebuilding it', path, e)
+        os.remove(path)
+        path = _build()
+        if path is None:
+            return False
+        library = ctypes.CDLL(path)
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.JlearngeneWeightGrad),
+                                platform='cpu')
+    return True
+
+
+def _build() -> str | None:
+    """The built library's path (building it if needed), or None where it cannot be used."""
+    if platform.machine().lower() not in ('x86_64', 'amd64') or not _cpu_has_avx512():
+        log.info('jlearngene CPU kernels: this CPU has no AVX-512; using XLA products')
+        return None
+    cxx = os.environ.get('CXX') or next(
+        (c for c in ('g++', 'c++', 'clang++') if shutil.which(c)), None)
+    if cxx is None:
+        log.warning('jlearngene CPU kernels: no C++ compiler found (set CXX); using XLA products')
+        return None
+    with open(SOURCE, 'rb') as f:
+        source = f.read()
+    import jaxlib
+    key = hashlib.sha256(b'\0'.join([source, cxx.encode(), jaxlib.__version__.encode(),
+                                     ' '.join(CXXFLAGS).encode()])).hexdigest()[:16]
+    cache = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser('~'), '.cache',
+                                                      'jlearngene', 'kernels')
+    path = os.path.join(cache, f'weight_grad-{key}.so')
+    if os.path.exists(path):
+        return path
+    cmd = [cxx, *CXXFLAGS, '-I', jax.ffi.include_dir(), SOURCE, '-o']
+    tmp = None
+    try:
+        os.makedirs(cache, exist_ok=True)
+        # Build under a temporary name, then rename: no process loads a partial file.
+        fd, tmp = tempfile.mkstemp(suffix='.so', dir=cache)
+        os.close(fd)
+        subprocess.run([*cmd, tmp], check=True, capture_output=True, text=True, timeout=300)
+        os.replace(tmp, path)
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = getattr(e, 'stderr', None) or str(e)
+        log.warning('jlearngene CPU kernels: building %s into %s failed, using XLA products '
+                    '(set %s to another directory, or %s=0):\n%s\n%s', SOURCE, cache,
+                    CACHE_ENV, ENV_SWITCH, ' '.join(cmd), detail[-2000:])
+        if tmp is not None and os.path.exists(tmp):
+            os.remove(tmp)
+        return None
+    return path
+
+
+def _cpu_has_avx512() -> bool:
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('flags'):
+                    return 'avx512f' in line.split()
+    except OSError:
+        pass
+    return False

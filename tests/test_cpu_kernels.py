@@ -1,0 +1,85 @@
+"""The compiled weight-gradient kernel (`jlearngene.kernels.cpu`): the same products as XLA
+in every autodiff mode, used where it applies and nowhere else, and a failed build falls back."""
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jlearngene.kernels import cpu
+
+needs_kernel = pytest.mark.skipif(jax.default_backend() != 'cpu' or not cpu.available(),
+                                  reason='the compiled CPU kernel is not available here')
+
+
+def _operands(k, m, n, seed=0):
+    kx, kg = jax.random.split(jax.random.key(seed))
+    return jax.random.normal(kx, (k, m)), jax.random.normal(kg, (k, n))
+
+
+@pytest.mark.parametrize('k, m, n', [(300, 8, 48), (1000, 37, 50), (8, 5, 3), (129, 192, 100),
+                                     (2048, 64, 96), (0, 4, 6)])
+@pytest.mark.parametrize('jit', [True, False])
+def test_weight_grad_matches_float64(k, m, n, jit):
+    x, g = _operands(k, m, n)
+    fn = jax.jit(cpu.weight_grad) if jit else cpu.weight_grad
+    out = np.asarray(fn(x, g))
+    ref = np.asarray(x, np.float64).T @ np.asarray(g, np.float64)
+    assert out.shape == (m, n) and out.dtype == np.float32
+    np.testing.assert_allclose(out, ref, atol=2e-6 * max(1.0, np.abs(ref).max()), rtol=0)
+
+
+@needs_kernel
+def test_kernel_is_lowered_for_one_device_only(monkeypatch):
+    x, g = _operands(256, 16, 32)
+    assert 'jlearngene_weight_grad' in jax.jit(cpu.weight_grad).lower(x, g).as_text()
+    # Over several devices a custom call would gather both operands: XLA's product instead.
+    mesh = jax.make_mesh((jax.device_count(),), ('data',))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+    sharded = jax.jit(cpu.weight_grad, in_shardings=(rows, rows)).lower(x, g).as_text()
+    if jax.device_count() > 1:
+        assert 'jlearngene_weight_grad' not in sharded
+    # bfloat16 operands and the switch go to XLA as well.
+    assert 'jlearngene_weight_grad' not in jax.jit(cpu.weight_grad).lower(
+        x.astype(jnp.bfloat16), g.astype(jnp.bfloat16)).as_text()
+    monkeypatch.setenv(cpu.ENV_SWITCH, '0')   # read when lowering: a new function, not jit's cache
+    assert 'jlearngene_weight_grad' not in jax.jit(lambda a, b: cpu.weight_grad(a, b)).lower(
+        x, g).as_text()
+
+
+def test_matmul_in_every_autodiff_mode():
+    x = jax.random.normal(jax.random.key(0), (300, 7))
+    w = jax.random.normal(jax.random.key(1), (7, 9))
+    f = lambda x, w: jnp.sum(jnp.sin(cpu.matmul(x, w)))
+    f_ref = lambda x, w: jnp.sum(jnp.sin(x @ w))
+    close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
+    for grad in (jax.grad, lambda f, **kw: jax.jit(jax.grad(f, **kw))):
+        for a, b in zip(grad(f, argnums=(0, 1))(x, w), jax.grad(f_ref, argnums=(0, 1))(x, w)):
+            close(a, b)
+    close(jax.jvp(f, (x, w), (x, w))[1], jax.jvp(f_ref, (x, w), (x, w))[1])
+    close(jax.jit(jax.hessian(f, 1))(x, w), jax.hessian(f_ref, 1)(x, w))
+    rev_rev = lambda f: jax.grad(lambda w: jnp.sum(jax.grad(f, 0)(x, w) ** 2))(w)
+    close(jax.jit(lambda: rev_rev(f))(), rev_rev(f_ref))
+    xs = jnp.stack([x, 2 * x])
+    close(jax.vmap(jax.grad(f, 1), (0, None))(xs, w), jax.vmap(jax.grad(f_ref, 1), (0, None))(xs, w))
+
+
+def test_bad_operands_and_switch_are_named(monkeypatch):
+    with pytest.raises(ValueError, match='weight_grad'):
+        cpu.weight_grad(jnp.ones((4, 3)), jnp.ones((5, 2)))
+    with pytest.raises(ValueError, match='matmul'):
+        cpu.matmul(jnp.ones((4, 3)), jnp.ones((4, 2)))
+    monkeypatch.setenv(cpu.ENV_SWITCH, 'maybe')
+    with pytest.raises(ValueError, match=cpu.ENV_SWITCH):
+        cpu.available()
+
+
+def test_failed_build_falls_back_with_a_warning(monkeypatch, tmp_path, caplog):
+    if not cpu._cpu_has_avx512():
+        pytest.skip('no AVX-512: the build is not attempted')
+    monkeypatch.setenv('CXX', 'false')            # a "compiler" that always fails
+    monkeypatch.setenv(cpu.CACHE_ENV, str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger=cpu.__name__):
+        assert cpu._build() is None
+    assert 'failed' in caplog.text and list(tmp_path.iterdir()) == []   # no partial file left
