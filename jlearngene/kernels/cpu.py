@@ -97,9 +97,8 @@ _matmul_p.def_impl(lambda x, w: x @ w)
 _matmul_p.def_abstract_eval(
     lambda x, w: core.ShapedArray((x.shape[0], w.shape[1]), jnp.result_type(x, w)))
 mlir.register_lowering(_matmul_p, mlir.lower_fun(lambda x, w: x @ w, multiple_results=False))
-ad.defbilinear(_matmul_p,
-               lambda ct, x, w: input_grad(ct, w.aval if ad.is_undefined_primal(w) else w),
-               lambda ct, x, w: weight_grad(x, ct))
+# x @ w is bilinear: the cotangent of x is ct·wᵀ, that of w is xᵀ·ct.
+ad.defbilinear(_matmul_p, lambda ct, x, w: input_grad(ct, w), lambda ct, x, w: weight_grad(x, ct))
 
 _weight_grad_p = Primitive('jlearngene_weight_grad')
 _weight_grad_p.def_impl(lambda x, g: _xla_weight_grad(x, g))
@@ -113,8 +112,7 @@ ad.defbilinear(_weight_grad_p, lambda ct, x, g: g @ ct.T, lambda ct, x, g: matmu
 def _batched(fn):
     """vmap rule: the plain XLA product, with the batch axis moved to the front."""
     def rule(args, dims):
-        axes = tuple(d for d in dims)  # None where an operand is not batched
-        return jax.vmap(fn, in_axes=axes)(*args), 0
+        return jax.vmap(fn, in_axes=tuple(dims))(*args), 0   # dims: None where not batched
     return rule
 
 

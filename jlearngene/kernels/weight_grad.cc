@@ -168,7 +168,6 @@ ffi::Error WeightGrad(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer
     });
   job->Run(-1);
   while (job->done.load(std::memory_order_acquire) < job->chunks) _mm_pause();
-  if (job->chunks == 0) std::fill(job->c, job->c + m * n, 0.f);
   for (int64_t h = 0; h < helpers; ++h) {
     if (!job->used[h].load(std::memory_order_acquire)) continue;
     const float* s = job->scratch.get() + h * m * n;
