@@ -414,7 +414,8 @@ def main(argv=None) -> int:
               '--steps-per-call', args.steps_per_call]
     results = {'machine': {'platform': platform.platform(), 'cpu_count': os.cpu_count(),
                            'python': sys.version.split()[0], 'threads': args.threads or os.cpu_count(),
-                           'started': time.strftime('%Y-%m-%d %H:%M:%S')},
+                           'started': time.strftime('%Y-%m-%d %H:%M:%S'),
+                           'cpu_kernels': _cpu_kernels_state()},
                'args': vars(args), 'flop_count': 'matmul FLOPs (2/MAC) of the forward pass x 3'}
     if args.no_torch or 'torch' in skip:
         torch_ok, why = False, 'skipped'
@@ -537,10 +538,18 @@ def main(argv=None) -> int:
     return 0
 
 
+def _cpu_kernels_state() -> str:
+    """'on' when the CPU steps run the compiled weight-gradient kernel (`jlearngene.kernels`),
+    else 'off' (no AVX-512 or compiler, a failed build, or JLEARNGENE_CPU_KERNELS=0)."""
+    from jlearngene.kernels import cpu
+    return 'on' if cpu.available() else 'off'
+
+
 def format_table(r: dict) -> str:
     lines = []
     m = r['machine']
-    lines.append(f"machine: {m['platform']}, {m['cpu_count']} CPUs, threads {m['threads']}")
+    lines.append(f"machine: {m['platform']}, {m['cpu_count']} CPUs, threads {m['threads']}"
+                 + (f", jlearngene CPU kernels {m['cpu_kernels']}" if 'cpu_kernels' in m else ''))
     if 'peak' in r:
         pk = r['peak']
         sizes = ', '.join(f'{n}: {g:.0f}' for n, g in pk['gflops_by_size'].items())

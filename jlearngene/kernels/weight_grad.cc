@@ -67,14 +67,16 @@ inline void MicroKernel(const float* ap, const float* bp, int64_t kc, float* out
 #undef JLG_STORE
 }
 
-// c (+)= a[k_begin:k_end]^T b[k_begin:k_end] for row-major a (K, m), b (K, n), c (m, n).
+// c = a[k_begin:k_end]^T b[k_begin:k_end] for row-major a (K, m), b (K, n), c (m, n).
 // Each block of kKC tokens is summed on its own and then added to c, so the rounding error
 // grows with the number of blocks, not the number of tokens.
 void WeightGradTokens(const float* a, const float* b, float* c, int64_t k_begin,
-                      int64_t k_end, int64_t m, int64_t n, bool overwrite) {
-  if (overwrite) std::fill(c, c + m * n, 0.f);
+                      int64_t k_end, int64_t m, int64_t n) {
+  std::fill(c, c + m * n, 0.f);
   const int64_t panels = (m + kMR - 1) / kMR;
-  std::vector<float> a_pack(panels * kKC * kMR), b_pack(kKC * kNR);
+  // Packing buffers of this thread, kept between calls (no fresh pages on every call).
+  thread_local std::vector<float> a_pack, b_pack(kKC * kNR);
+  if (static_cast<int64_t>(a_pack.size()) < panels * kKC * kMR) a_pack.resize(panels * kKC * kMR);
   alignas(64) float edge[kMR * kNR];
   for (int64_t k0 = k_begin; k0 < k_end; k0 += kKC) {
     const int64_t kc = std::min(kKC, k_end - k0);
@@ -108,31 +110,29 @@ void WeightGradTokens(const float* a, const float* b, float* c, int64_t k_begin,
   }
 }
 
-// One call's work: the tokens in chunks, claimed from a counter by the calling thread and
-// by helpers scheduled on XLA's pool. Each thread adds its chunks into its own matrix (the
-// caller's is c), summed into c at the end. A helper that starts late finds nothing left,
-// and the caller waits only for chunks already running, never for a task still queued.
+// One call's work: the tokens in a fixed number of chunks, claimed from a counter by the
+// calling thread and by helpers scheduled on XLA's pool. Chunk 0 writes c, chunk i > 0 its
+// own scratch matrix, and c adds them in chunk order: which thread ran which chunk does not
+// change a bit of the result. A helper that starts late finds nothing left, and the caller
+// waits only for chunks already running, never for a task still queued.
 struct Job {
   const float* a;
   const float* b;
   float* c;
-  int64_t k, m, n, chunk, chunks;
-  std::unique_ptr<float[]> scratch;  // one (m, n) matrix per helper
-  std::unique_ptr<std::atomic<bool>[]> used;
-  std::atomic<int64_t> next_chunk{0};
-  std::atomic<int64_t> next_helper{0};
+  float* scratch;  // (chunks - 1) matrices of (m, n)
+  int64_t k, m, n, chunks;
+  std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
 
-  void Run(int64_t helper) {  // helper -1: the calling thread
-    float* out = helper < 0 ? c : scratch.get() + helper * m * n;
-    bool first = true;
-    for (int64_t i; (i = next_chunk.fetch_add(1, std::memory_order_acq_rel)) < chunks;) {
-      WeightGradTokens(a, b, out, i * chunk, std::min(k, (i + 1) * chunk), m, n, first);
-      if (first && helper >= 0) used[helper].store(true, std::memory_order_release);
-      first = false;
+  void Run() {
+    const int64_t blocks = (k + kKC - 1) / kKC;
+    for (int64_t i; (i = next.fetch_add(1, std::memory_order_acq_rel)) < chunks;) {
+      float* out = i == 0 ? c : scratch + (i - 1) * m * n;
+      const int64_t begin = kKC * (blocks * i / chunks);
+      const int64_t end = std::min(k, kKC * (blocks * (i + 1) / chunks));
+      WeightGradTokens(a, b, out, begin, end, m, n);
       done.fetch_add(1, std::memory_order_acq_rel);
     }
-    if (first && helper < 0) std::fill(c, c + m * n, 0.f);  // every chunk went to helpers
   }
 };
 
@@ -144,34 +144,29 @@ ffi::Error WeightGrad(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer
     return ffi::Error::InvalidArgument(
         "jlearngene weight_grad: expected a (K, M), b (K, N) and a result (M, N)");
   const int64_t k = ad[0], m = ad[1], n = bd[1];
+  const int64_t blocks = (k + kKC - 1) / kKC;
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), blocks));
+  // Two chunks per thread: a helper that starts late costs at most one chunk of waiting.
+  const int64_t chunks = threads > 1 ? std::min<int64_t>(2 * threads, blocks) : 1;
+  // Scratch of the calling thread, kept between calls: no fresh pages on every call.
+  thread_local std::vector<float> scratch;
+  if (static_cast<int64_t>(scratch.size()) < (chunks - 1) * m * n) scratch.resize((chunks - 1) * m * n);
   auto job = std::make_shared<Job>();
   job->a = a.typed_data();
   job->b = b.typed_data();
   job->c = c->typed_data();
+  job->scratch = scratch.data();
   job->k = k;
   job->m = m;
   job->n = n;
-  // About four chunks per thread, whole token blocks each.
-  const int64_t helpers = std::max<int64_t>(0, std::min<int64_t>(pool.num_threads(), k / kKC) - 1);
-  const int64_t blocks = (k + kKC - 1) / kKC;
-  job->chunk = kKC * std::max<int64_t>(1, blocks / (4 * (helpers + 1)));
-  job->chunks = k == 0 ? 0 : (k + job->chunk - 1) / job->chunk;
-  if (helpers > 0) {
-    job->scratch.reset(new float[helpers * m * n]);
-    job->used.reset(new std::atomic<bool>[helpers]);
-    for (int64_t h = 0; h < helpers; ++h) job->used[h].store(false);
-  }
-  for (int64_t h = 0; h < helpers; ++h)
-    pool.Schedule([job] {
-      const int64_t slot = job->next_helper.fetch_add(1, std::memory_order_acq_rel);
-      job->Run(slot);
-    });
-  job->Run(-1);
-  while (job->done.load(std::memory_order_acquire) < job->chunks) _mm_pause();
-  for (int64_t h = 0; h < helpers; ++h) {
-    if (!job->used[h].load(std::memory_order_acquire)) continue;
-    const float* s = job->scratch.get() + h * m * n;
-    for (int64_t i = 0; i < m * n; ++i) job->c[i] += s[i];
+  job->chunks = chunks;
+  for (int64_t h = 1; h < threads; ++h) pool.Schedule([job] { job->Run(); });
+  job->Run();
+  while (job->done.load(std::memory_order_acquire) < chunks) _mm_pause();
+  float* out = job->c;
+  for (int64_t i = 1; i < chunks; ++i) {
+    const float* s = job->scratch + (i - 1) * m * n;
+    for (int64_t j = 0; j < m * n; ++j) out[j] += s[j];
   }
   return ffi::Error::Success();
 }
