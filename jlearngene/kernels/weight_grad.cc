@@ -6,8 +6,9 @@
 // are activations), and runs it at about half the speed of the forward products. This
 // kernel reads both in place: per block of kKC tokens it packs A into 8-column panels and
 // B into 48-column strips, and an AVX-512 micro-kernel keeps an 8 x 48 tile of C in 24
-// registers. The tokens are split into one range per thread of XLA's intra-op pool; each
-// range's partial C is summed at the end. Compiled at first use by jlearngene.kernels.cpu.
+// registers. The tokens are split into two fixed chunks per thread of XLA's intra-op pool,
+// and the chunks' partial C are summed in chunk order, so the result is deterministic.
+// Compiled at first use by jlearngene.kernels.cpu.
 #include <immintrin.h>
 
 #include <algorithm>
