@@ -42,12 +42,17 @@ def options() -> dict[str, Any]:
     """The compiler options for jax's default backend; a fresh dict, empty if none apply."""
     if jax.default_backend() != 'cpu':
         return {}
-    switch = os.environ.get(ENV_SWITCH, '1').strip().lower()
-    if switch not in ('0', '1', 'false', 'true', 'no', 'yes', 'off', 'on', ''):
-        raise ValueError(f'{ENV_SWITCH}={switch!r}: expected 0 or 1 (or false/true, no/yes, off/on)')
-    if switch in ('0', 'false', 'no', 'off') or jax.config.jax_compilation_cache_dir:
+    if not env_switch_on(ENV_SWITCH) or jax.config.jax_compilation_cache_dir:
         return {}
     return dict(CPU_ONEDNN_OPTIONS) if _cpu_onednn_works() else {}
+
+
+def env_switch_on(name: str) -> bool:
+    """An on/off environment switch, on when unset: 0/1, false/true, no/yes, off/on."""
+    value = os.environ.get(name, '1').strip().lower()
+    if value not in ('0', '1', 'false', 'true', 'no', 'yes', 'off', 'on', ''):
+        raise ValueError(f'{name}={value!r}: expected 0 or 1 (or false/true, no/yes, off/on)')
+    return value not in ('0', 'false', 'no', 'off')
 
 
 @functools.cache

@@ -45,10 +45,7 @@ CXXFLAGS = ('-O3', '-std=c++17', '-mavx512f', '-mfma', '-fPIC', '-shared', '-w')
 
 def available() -> bool:
     """Whether `weight_grad` runs the compiled kernel (builds and registers it once)."""
-    switch = os.environ.get(ENV_SWITCH, '1').strip().lower()
-    if switch not in ('0', '1', 'false', 'true', 'no', 'yes', 'off', 'on', ''):
-        raise ValueError(f'{ENV_SWITCH}={switch!r}: expected 0 or 1 (or false/true, no/yes, off/on)')
-    return switch not in ('0', 'false', 'no', 'off') and _registered()
+    return compiler.env_switch_on(ENV_SWITCH) and _registered()
 
 
 def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
