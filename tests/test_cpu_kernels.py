@@ -1,6 +1,9 @@
 """The compiled weight-gradient kernel (`jlearngene.kernels.cpu`): the same products as XLA
 in every autodiff mode, used where it applies and nowhere else, and a failed build falls back."""
 import logging
+import os
+import platform
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -76,13 +79,23 @@ def test_bad_operands_and_switch_are_named(monkeypatch):
 
 
 def test_failed_build_falls_back_with_a_warning(monkeypatch, tmp_path, caplog):
-    if not cpu._cpu_has_avx512():
-        pytest.skip('no AVX-512: the build is not attempted')
+    if cpu._isa_flags() is None:
+        pytest.skip('neither AVX-512 nor AVX2: the build is not attempted')
     monkeypatch.setenv('CXX', 'false')            # a "compiler" that always fails
     monkeypatch.setenv(cpu.CACHE_ENV, str(tmp_path))
     with caplog.at_level(logging.WARNING, logger=cpu.__name__):
         assert cpu._build() is None
     assert 'failed' in caplog.text and list(tmp_path.iterdir()) == []   # no partial file left
+
+
+@pytest.mark.parametrize('isa', [flags for _, flags in cpu.ISAS], ids=lambda f: f[0])
+def test_source_builds_for_every_instruction_set(isa, monkeypatch, tmp_path):
+    """Every register tile compiles, whichever one this machine runs."""
+    monkeypatch.setenv(cpu.CACHE_ENV, str(tmp_path))
+    if platform.machine().lower() not in ('x86_64', 'amd64') or not shutil.which('g++'):
+        pytest.skip('no x86-64 C++ compiler here')
+    path = cpu._build(isa)
+    assert path is not None and os.path.getsize(path) > 0
 
 
 def test_weight_grad_is_deterministic():

@@ -10,9 +10,11 @@ float32, by blocks of 128 tokens), not a reduced-precision one.
 The kernel is compiled from the package's `weight_grad.cc` with the C++ compiler (`$CXX`,
 else g++, c++ or clang++) at first use, into `$JLEARNGENE_CACHE_DIR` (default
 `~/.cache/jlearngene/kernels`), keyed by a hash of the source, the compiler and jaxlib; later
-processes load the built library. `available()` says whether it can be used; it is False,
-and `weight_grad` is XLA's product, when the CPU lacks AVX-512, no compiler is found, the
-build fails (logged once), or the environment sets JLEARNGENE_CPU_KERNELS=0.
+processes load the built library. It is built for AVX-512 where the CPU has it, else for
+AVX2 with FMA (a different register tile, same algorithm). `available()` says whether it
+can be used; it is False, and `weight_grad` is XLA's product, when the CPU has neither, no
+compiler is found, the build fails (logged once), or the environment sets
+JLEARNGENE_CPU_KERNELS=0.
 """
 from __future__ import annotations
 
@@ -40,7 +42,10 @@ ENV_SWITCH = 'JLEARNGENE_CPU_KERNELS'
 CACHE_ENV = 'JLEARNGENE_CACHE_DIR'
 TARGET = 'jlearngene_weight_grad'
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'weight_grad.cc')
-CXXFLAGS = ('-O3', '-std=c++17', '-mavx512f', '-mfma', '-fPIC', '-shared', '-w')
+CXXFLAGS = ('-O3', '-std=c++17', '-fPIC', '-shared', '-w')
+# The kernel's instruction sets, best first: CPU flags that must all be present -> compiler flags.
+ISAS = ((('avx512f',), ('-mavx512f', '-mfma')),
+        (('avx2', 'fma'), ('-mavx2', '-mfma')))
 
 
 def available() -> bool:
@@ -149,10 +154,14 @@ def _registered() -> bool:
     return True
 
 
-def _build() -> str | None:
-    """The built library's path (building it if needed), or None where it cannot be used."""
-    if platform.machine().lower() not in ('x86_64', 'amd64') or not _cpu_has_avx512():
-        log.info('jlearngene CPU kernels: this CPU has no AVX-512; using XLA products')
+def _build(isa_flags: tuple[str, ...] | None = None) -> str | None:
+    """The built library's path (building it if needed), or None where it cannot be used.
+    `isa_flags` (one of `ISAS`' compiler flags) builds for that instruction set instead of
+    this CPU's best: the library is then only for loading on a CPU that has it."""
+    isa_flags = isa_flags or _isa_flags()
+    if isa_flags is None:
+        log.info('jlearngene CPU kernels: this CPU has neither AVX-512 nor AVX2 with FMA; '
+                 'using XLA products')
         return None
     cxx = os.environ.get('CXX') or next(
         (c for c in ('g++', 'c++', 'clang++') if shutil.which(c)), None)
@@ -162,14 +171,15 @@ def _build() -> str | None:
     with open(SOURCE, 'rb') as f:
         source = f.read()
     import jaxlib
+    flags = (*CXXFLAGS, *isa_flags)
     key = hashlib.sha256(b'\0'.join([source, cxx.encode(), jaxlib.__version__.encode(),
-                                     ' '.join(CXXFLAGS).encode()])).hexdigest()[:16]
+                                     ' '.join(flags).encode()])).hexdigest()[:16]
     cache = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser('~'), '.cache',
                                                       'jlearngene', 'kernels')
     path = os.path.join(cache, f'weight_grad-{key}.so')
     if os.path.exists(path):
         return path
-    cmd = [cxx, *CXXFLAGS, '-I', jax.ffi.include_dir(), SOURCE, '-o']
+    cmd = [cxx, *flags, '-I', jax.ffi.include_dir(), SOURCE, '-o']
     tmp = None
     try:
         os.makedirs(cache, exist_ok=True)
@@ -189,12 +199,17 @@ def _build() -> str | None:
     return path
 
 
-def _cpu_has_avx512() -> bool:
+def _isa_flags() -> tuple[str, ...] | None:
+    """The compiler flags of the best instruction set in `ISAS` this CPU has, or None."""
+    if platform.machine().lower() not in ('x86_64', 'amd64'):
+        return None
+    cpu_flags = set()
     try:
         with open('/proc/cpuinfo') as f:
             for line in f:
                 if line.startswith('flags'):
-                    return 'avx512f' in line.split()
+                    cpu_flags = set(line.split(':', 1)[1].split())
+                    break
     except OSError:
         pass
-    return False
+    return next((flags for needed, flags in ISAS if cpu_flags.issuperset(needed)), None)

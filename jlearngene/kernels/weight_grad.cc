@@ -4,10 +4,11 @@
 //
 // XLA:CPU's oneDNN dot transposes A and re-blocks B on every call for this product (both
 // are activations), and runs it at about half the speed of the forward products. This
-// kernel reads both in place: per block of kKC tokens it packs A into 8-column panels and
-// B into 48-column strips, and an AVX-512 micro-kernel keeps an 8 x 48 tile of C in 24
-// registers. The tokens are split into two fixed chunks per thread of XLA's intra-op pool,
-// and the chunks' partial C are summed in chunk order, so the result is deterministic.
+// kernel reads both in place: per block of kKC tokens it packs A into kMR-column panels and
+// B into kNR-column strips, and a micro-kernel keeps a tile of C in registers: 8 x 48 in 24
+// registers with AVX-512, 6 x 16 in 12 registers with AVX2 (chosen by the build's flags).
+// The tokens are split into two fixed chunks per thread of XLA's intra-op pool, and the
+// chunks' partial C are summed in chunk order, so the result is deterministic.
 // Compiled at first use by jlearngene.kernels.cpu.
 #include <immintrin.h>
 
@@ -24,48 +25,70 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kMR = 8;    // rows of C per micro-tile
-constexpr int64_t kNR = 48;   // columns of C per micro-tile: 3 vectors of 16 floats
+// The register tile: kMR rows of C by kVecs vectors of kLanes floats, all in registers.
+#if defined(__AVX512F__)
+using Vec = __m512;  // 32 registers: 24 accumulators, 3 of b, 1 of a
+constexpr int64_t kLanes = 16, kMR = 8;
+inline Vec Zero() { return _mm512_setzero_ps(); }
+inline Vec Load(const float* p) { return _mm512_loadu_ps(p); }
+inline void Store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec Broadcast(float x) { return _mm512_set1_ps(x); }
+inline Vec Fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec Add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+#define JLG_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#elif defined(__AVX2__) && defined(__FMA__)
+using Vec = __m256;  // 16 registers: 12 accumulators, 2 of b, 1 of a
+constexpr int64_t kLanes = 8, kMR = 6;
+inline Vec Zero() { return _mm256_setzero_ps(); }
+inline Vec Load(const float* p) { return _mm256_loadu_ps(p); }
+inline void Store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec Broadcast(float x) { return _mm256_set1_ps(x); }
+inline Vec Fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec Add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+#define JLG_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#else
+#error "jlearngene weight_grad needs AVX-512F or AVX2 with FMA (compile with -mavx512f or -mavx2 -mfma)"
+#endif
+#if defined(__AVX512F__)
+#define JLG_VECS(X, i) X(i, 0) X(i, 1) X(i, 2)
+constexpr int64_t kVecs = 3;
+#else
+#define JLG_VECS(X, i) X(i, 0) X(i, 1)
+constexpr int64_t kVecs = 2;
+#endif
+constexpr int64_t kNR = kVecs * kLanes;  // columns of C per micro-tile: 48 or 16
 constexpr int64_t kKC = 128;  // tokens per block: a B strip (kKC x kNR) stays in L1
 
-// out[0:8, 0:48] (+)= sum_t ap[t, 0:8]^T bp[t, 0:48] over packed panels ap (kc, 8) and
-// bp (kc, 48). The accumulators are named variables: GCC spills an array of them.
+// out[0:kMR, 0:kNR] (+)= sum_t ap[t, 0:kMR]^T bp[t, 0:kNR] over packed panels ap (kc, kMR)
+// and bp (kc, kNR). The accumulators are named variables: GCC spills an array of them.
 inline void MicroKernel(const float* ap, const float* bp, int64_t kc, float* out, int64_t ldo,
                         bool accumulate) {
-#define JLG_DECLARE(i) \
-  __m512 c##i##0 = _mm512_setzero_ps(), c##i##1 = c##i##0, c##i##2 = c##i##0;
-  JLG_DECLARE(0) JLG_DECLARE(1) JLG_DECLARE(2) JLG_DECLARE(3)
-  JLG_DECLARE(4) JLG_DECLARE(5) JLG_DECLARE(6) JLG_DECLARE(7)
-#undef JLG_DECLARE
+#define JLG_ZERO(i, j) Vec c##i##j = Zero();
+#define JLG_ZERO_ROW(i) JLG_VECS(JLG_ZERO, i)
+  JLG_ROWS(JLG_ZERO_ROW)
   for (int64_t t = 0; t < kc; ++t, ap += kMR, bp += kNR) {
-    const __m512 b0 = _mm512_loadu_ps(bp);
-    const __m512 b1 = _mm512_loadu_ps(bp + 16);
-    const __m512 b2 = _mm512_loadu_ps(bp + 32);
-#define JLG_FMA(i)                                 \
-  {                                                \
-    const __m512 a = _mm512_set1_ps(ap[i]);        \
-    c##i##0 = _mm512_fmadd_ps(a, b0, c##i##0);     \
-    c##i##1 = _mm512_fmadd_ps(a, b1, c##i##1);     \
-    c##i##2 = _mm512_fmadd_ps(a, b2, c##i##2);     \
+#define JLG_LOAD_B(i, j) const Vec b##j = Load(bp + (j) * kLanes);
+    JLG_VECS(JLG_LOAD_B, _)
+#define JLG_FMA(i, j) c##i##j = Fma(a##i, b##j, c##i##j);
+#define JLG_FMA_ROW(i)                   \
+  {                                      \
+    const Vec a##i = Broadcast(ap[i]);   \
+    JLG_VECS(JLG_FMA, i)                 \
   }
-    JLG_FMA(0) JLG_FMA(1) JLG_FMA(2) JLG_FMA(3) JLG_FMA(4) JLG_FMA(5) JLG_FMA(6) JLG_FMA(7)
+    JLG_ROWS(JLG_FMA_ROW)
+  }
+#define JLG_STORE(i, j)                                                               \
+  Store(out + (i) * ldo + (j) * kLanes,                                               \
+        accumulate ? Add(c##i##j, Load(out + (i) * ldo + (j) * kLanes)) : c##i##j);
+#define JLG_STORE_ROW(i) JLG_VECS(JLG_STORE, i)
+  JLG_ROWS(JLG_STORE_ROW)
+#undef JLG_ZERO
+#undef JLG_ZERO_ROW
+#undef JLG_LOAD_B
 #undef JLG_FMA
-  }
-#define JLG_STORE(i)                                                  \
-  {                                                                   \
-    float* o = out + (i) * ldo;                                       \
-    if (accumulate) {                                                 \
-      c##i##0 = _mm512_add_ps(c##i##0, _mm512_loadu_ps(o));          \
-      c##i##1 = _mm512_add_ps(c##i##1, _mm512_loadu_ps(o + 16));     \
-      c##i##2 = _mm512_add_ps(c##i##2, _mm512_loadu_ps(o + 32));     \
-    }                                                                 \
-    _mm512_storeu_ps(o, c##i##0);                                     \
-    _mm512_storeu_ps(o + 16, c##i##1);                                \
-    _mm512_storeu_ps(o + 32, c##i##2);                                \
-  }
-  JLG_STORE(0) JLG_STORE(1) JLG_STORE(2) JLG_STORE(3)
-  JLG_STORE(4) JLG_STORE(5) JLG_STORE(6) JLG_STORE(7)
+#undef JLG_FMA_ROW
 #undef JLG_STORE
+#undef JLG_STORE_ROW
 }
 
 // c = a[k_begin:k_end]^T b[k_begin:k_end] for row-major a (K, m), b (K, n), c (m, n).
@@ -81,7 +104,7 @@ void WeightGradTokens(const float* a, const float* b, float* c, int64_t k_begin,
   alignas(64) float edge[kMR * kNR];
   for (int64_t k0 = k_begin; k0 < k_end; k0 += kKC) {
     const int64_t kc = std::min(kKC, k_end - k0);
-    for (int64_t p = 0; p < panels; ++p) {  // a's block as (kc, 8) panels, zero-padded
+    for (int64_t p = 0; p < panels; ++p) {  // a's block as (kc, kMR) panels, zero-padded
       const int64_t m0 = p * kMR, mr = std::min(kMR, m - m0);
       float* dst = a_pack.data() + p * kc * kMR;
       for (int64_t t = 0; t < kc; ++t) {
@@ -91,7 +114,7 @@ void WeightGradTokens(const float* a, const float* b, float* c, int64_t k_begin,
     }
     for (int64_t n0 = 0; n0 < n; n0 += kNR) {
       const int64_t nr = std::min(kNR, n - n0);
-      for (int64_t t = 0; t < kc; ++t) {  // b's strip as (kc, 48), zero-padded
+      for (int64_t t = 0; t < kc; ++t) {  // b's strip as (kc, kNR), zero-padded
         float* dst = b_pack.data() + t * kNR;
         if (nr < kNR) std::memset(dst, 0, sizeof(float) * kNR);
         std::memcpy(dst, b + (k0 + t) * n + n0, sizeof(float) * nr);
