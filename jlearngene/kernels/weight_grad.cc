@@ -104,20 +104,31 @@ void WeightGradTokens(const float* a, const float* b, float* c, int64_t k_begin,
   alignas(64) float edge[kMR * kNR];
   for (int64_t k0 = k_begin; k0 < k_end; k0 += kKC) {
     const int64_t kc = std::min(kKC, k_end - k0);
-    for (int64_t p = 0; p < panels; ++p) {  // a's block as (kc, kMR) panels, zero-padded
-      const int64_t m0 = p * kMR, mr = std::min(kMR, m - m0);
-      float* dst = a_pack.data() + p * kc * kMR;
-      for (int64_t t = 0; t < kc; ++t) {
-        if (mr < kMR) std::memset(dst + t * kMR, 0, sizeof(float) * kMR);
-        std::memcpy(dst + t * kMR, a + (k0 + t) * m + m0, sizeof(float) * mr);
+    // a's block as (kc, kMR) panels, row by row of a; the last panel zero-padded. Copies of
+    // a constant kMR / kNR floats compile to vector moves (a variable size calls memcpy).
+    const int64_t full_panels = m / kMR, tail = m - full_panels * kMR;
+    for (int64_t t = 0; t < kc; ++t) {
+      const float* src = a + (k0 + t) * m;
+      float* dst = a_pack.data() + t * kMR;
+      for (int64_t p = 0; p < full_panels; ++p)
+        std::memcpy(dst + p * kc * kMR, src + p * kMR, sizeof(float) * kMR);
+      if (tail) {
+        float* last = dst + full_panels * kc * kMR;
+        std::memset(last, 0, sizeof(float) * kMR);
+        std::memcpy(last, src + full_panels * kMR, sizeof(float) * tail);
       }
     }
     for (int64_t n0 = 0; n0 < n; n0 += kNR) {
       const int64_t nr = std::min(kNR, n - n0);
       for (int64_t t = 0; t < kc; ++t) {  // b's strip as (kc, kNR), zero-padded
         float* dst = b_pack.data() + t * kNR;
-        if (nr < kNR) std::memset(dst, 0, sizeof(float) * kNR);
-        std::memcpy(dst, b + (k0 + t) * n + n0, sizeof(float) * nr);
+        const float* src = b + (k0 + t) * n + n0;
+        if (nr == kNR) {
+          std::memcpy(dst, src, sizeof(float) * kNR);
+        } else {
+          std::memset(dst, 0, sizeof(float) * kNR);
+          std::memcpy(dst, src, sizeof(float) * nr);
+        }
       }
       for (int64_t p = 0; p < panels; ++p) {
         const int64_t m0 = p * kMR, mr = std::min(kMR, m - m0);
