@@ -412,7 +412,8 @@ def main(argv=None) -> int:
     runner = Runner(args)
     common = ['--steps', str(args.steps), '--warmup', str(args.warmup),
               '--steps-per-call', args.steps_per_call]
-    results = {'machine': {'platform': platform.platform(), 'cpu_count': os.cpu_count(),
+    results = {'machine': {'platform': platform.platform(), 'cpu': _cpu_model(),
+                           'cpu_count': os.cpu_count(),
                            'python': sys.version.split()[0], 'threads': args.threads or os.cpu_count(),
                            'started': time.strftime('%Y-%m-%d %H:%M:%S'),
                            'cpu_kernels': _cpu_kernels_state()},
@@ -539,16 +540,30 @@ def main(argv=None) -> int:
 
 
 def _cpu_kernels_state() -> str:
-    """'on' when the CPU steps run the compiled weight-gradient kernel (`jlearngene.kernels`),
-    else 'off' (no AVX-512 or compiler, a failed build, or JLEARNGENE_CPU_KERNELS=0)."""
+    """'on (avx2)' etc. when the CPU steps run the compiled weight-gradient kernel
+    (`jlearngene.kernels`), else 'off' (no AVX-512 or AVX2, no compiler, a failed build, or
+    JLEARNGENE_CPU_KERNELS=0)."""
     from jlearngene.kernels import cpu
-    return 'on' if cpu.available() else 'off'
+    return f'on ({cpu.instruction_set()})' if cpu.available() else 'off'
+
+
+def _cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (platform.processor() is often empty)."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or 'unknown CPU'
 
 
 def format_table(r: dict) -> str:
     lines = []
     m = r['machine']
-    lines.append(f"machine: {m['platform']}, {m['cpu_count']} CPUs, threads {m['threads']}"
+    lines.append(f"machine: {m['platform']}, {m.get('cpu', 'unknown CPU')}, {m['cpu_count']} CPUs, "
+                 f"threads {m['threads']}"
                  + (f", jlearngene CPU kernels {m['cpu_kernels']}" if 'cpu_kernels' in m else ''))
     if 'peak' in r:
         pk = r['peak']

@@ -43,9 +43,10 @@ CACHE_ENV = 'JLEARNGENE_CACHE_DIR'
 TARGET = 'jlearngene_weight_grad'
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'weight_grad.cc')
 CXXFLAGS = ('-O3', '-std=c++17', '-fPIC', '-shared', '-w')
-# The kernel's instruction sets, best first: CPU flags that must all be present -> compiler flags.
-ISAS = ((('avx512f',), ('-mavx512f', '-mfma')),
-        (('avx2', 'fma'), ('-mavx2', '-mfma')))
+# The kernel's instruction sets, best first: name -> (CPU flags that must all be present,
+# compiler flags). The source picks its register tile from the compiler's flags.
+ISAS = {'avx512': (('avx512f',), ('-mavx512f', '-mfma')),
+        'avx2': (('avx2', 'fma'), ('-mavx2', '-mfma'))}
 
 
 def available() -> bool:
@@ -154,12 +155,12 @@ def _registered() -> bool:
     return True
 
 
-def _build(isa_flags: tuple[str, ...] | None = None) -> str | None:
+def _build(isa: str | None = None) -> str | None:
     """The built library's path (building it if needed), or None where it cannot be used.
-    `isa_flags` (one of `ISAS`' compiler flags) builds for that instruction set instead of
-    this CPU's best: the library is then only for loading on a CPU that has it."""
-    isa_flags = isa_flags or _isa_flags()
-    if isa_flags is None:
+    `isa` (a key of `ISAS`) builds for that instruction set instead of this CPU's best: the
+    library is then only for loading on a CPU that has it."""
+    isa = isa or instruction_set()
+    if isa is None:
         log.info('jlearngene CPU kernels: this CPU has neither AVX-512 nor AVX2 with FMA; '
                  'using XLA products')
         return None
@@ -171,7 +172,7 @@ def _build(isa_flags: tuple[str, ...] | None = None) -> str | None:
     with open(SOURCE, 'rb') as f:
         source = f.read()
     import jaxlib
-    flags = (*CXXFLAGS, *isa_flags)
+    flags = (*CXXFLAGS, *ISAS[isa][1])
     key = hashlib.sha256(b'\0'.join([source, cxx.encode(), jaxlib.__version__.encode(),
                                      ' '.join(flags).encode()])).hexdigest()[:16]
     cache = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser('~'), '.cache',
@@ -199,8 +200,8 @@ def _build(isa_flags: tuple[str, ...] | None = None) -> str | None:
     return path
 
 
-def _isa_flags() -> tuple[str, ...] | None:
-    """The compiler flags of the best instruction set in `ISAS` this CPU has, or None."""
+def instruction_set() -> str | None:
+    """The best instruction set in `ISAS` this CPU has ('avx512', 'avx2'), or None."""
     if platform.machine().lower() not in ('x86_64', 'amd64'):
         return None
     cpu_flags = set()
@@ -212,4 +213,4 @@ def _isa_flags() -> tuple[str, ...] | None:
                     break
     except OSError:
         pass
-    return next((flags for needed, flags in ISAS if cpu_flags.issuperset(needed)), None)
+    return next((name for name, (needed, _) in ISAS.items() if cpu_flags.issuperset(needed)), None)
