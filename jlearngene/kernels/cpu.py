@@ -9,11 +9,11 @@ float32, by blocks of 128 tokens), not a reduced-precision one.
 
 The kernel is compiled from the package's `weight_grad.cc` with the C++ compiler (`$CXX`,
 else g++, c++ or clang++) at first use, into `$JLEARNGENE_CACHE_DIR` (default
-`~/.cache/jlearngene/kernels`), keyed by a hash of the source, the compiler and jaxlib; later
-processes load the built library. It is built for AVX-512 where the CPU has it, else for
-AVX2 with FMA (a different register tile, same algorithm). `available()` says whether it
-can be used; it is False, and `weight_grad` is XLA's product, when the CPU has neither, no
-compiler is found, the build fails (logged once), or the environment sets
+`~/.cache/jlearngene/kernels`), keyed by a hash of the source, the compiler, its flags and
+jaxlib; later processes load the built library. It is built for AVX-512 where the CPU has
+it, else for AVX2 with FMA (a different register tile, same algorithm). `available()` says
+whether it can be used; it is False, and `weight_grad` is XLA's product, when the CPU has
+neither, no compiler is found, the build fails (logged once), or the environment sets
 JLEARNGENE_CPU_KERNELS=0.
 """
 from __future__ import annotations

@@ -28,7 +28,7 @@ namespace {
 // The register tile: kMR rows of C by kVecs vectors of kLanes floats, all in registers.
 #if defined(__AVX512F__)
 using Vec = __m512;  // 32 registers: 24 accumulators, 3 of b, 1 of a
-constexpr int64_t kLanes = 16, kMR = 8;
+constexpr int64_t kLanes = 16, kMR = 8, kVecs = 3;
 inline Vec Zero() { return _mm512_setzero_ps(); }
 inline Vec Load(const float* p) { return _mm512_loadu_ps(p); }
 inline void Store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
@@ -36,9 +36,10 @@ inline Vec Broadcast(float x) { return _mm512_set1_ps(x); }
 inline Vec Fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline Vec Add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
 #define JLG_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define JLG_VECS(X, i) X(i, 0) X(i, 1) X(i, 2)
 #elif defined(__AVX2__) && defined(__FMA__)
 using Vec = __m256;  // 16 registers: 12 accumulators, 2 of b, 1 of a
-constexpr int64_t kLanes = 8, kMR = 6;
+constexpr int64_t kLanes = 8, kMR = 6, kVecs = 2;
 inline Vec Zero() { return _mm256_setzero_ps(); }
 inline Vec Load(const float* p) { return _mm256_loadu_ps(p); }
 inline void Store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
@@ -46,15 +47,9 @@ inline Vec Broadcast(float x) { return _mm256_set1_ps(x); }
 inline Vec Fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline Vec Add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
 #define JLG_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#define JLG_VECS(X, i) X(i, 0) X(i, 1)
 #else
 #error "jlearngene weight_grad needs AVX-512F or AVX2 with FMA (compile with -mavx512f or -mavx2 -mfma)"
-#endif
-#if defined(__AVX512F__)
-#define JLG_VECS(X, i) X(i, 0) X(i, 1) X(i, 2)
-constexpr int64_t kVecs = 3;
-#else
-#define JLG_VECS(X, i) X(i, 0) X(i, 1)
-constexpr int64_t kVecs = 2;
 #endif
 constexpr int64_t kNR = kVecs * kLanes;  // columns of C per micro-tile: 48 or 16
 constexpr int64_t kKC = 128;  // tokens per block: a B strip (kKC x kNR) stays in L1
