@@ -548,15 +548,9 @@ def _cpu_kernels_state() -> str:
 
 
 def _cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (platform.processor() is often empty)."""
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or 'unknown CPU'
+    """The CPU's model name (platform.processor() is often empty on Linux)."""
+    from jlearngene.kernels import cpu
+    return cpu.cpuinfo('model name') or platform.processor() or 'unknown CPU'
 
 
 def format_table(r: dict) -> str:

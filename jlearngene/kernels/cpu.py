@@ -95,11 +95,15 @@ def _xla_weight_grad(x: jax.Array, g: jax.Array) -> jax.Array:
     return _materialised_t(x) @ g
 
 
+def _product(x: jax.Array, w: jax.Array) -> jax.Array:
+    return x @ w
+
+
 _matmul_p = Primitive('jlearngene_matmul')
-_matmul_p.def_impl(lambda x, w: x @ w)
+_matmul_p.def_impl(_product)
 _matmul_p.def_abstract_eval(
     lambda x, w: core.ShapedArray((x.shape[0], w.shape[1]), jnp.result_type(x, w)))
-mlir.register_lowering(_matmul_p, mlir.lower_fun(lambda x, w: x @ w, multiple_results=False))
+mlir.register_lowering(_matmul_p, mlir.lower_fun(_product, multiple_results=False))
 # x @ w is bilinear: the cotangent of x is ct·wᵀ, that of w is xᵀ·ct.
 ad.defbilinear(_matmul_p, lambda ct, x, w: input_grad(ct, w), lambda ct, x, w: weight_grad(x, ct))
 
@@ -119,7 +123,7 @@ def _batched(fn):
     return rule
 
 
-batching.primitive_batchers[_matmul_p] = _batched(lambda x, w: x @ w)
+batching.primitive_batchers[_matmul_p] = _batched(_product)
 batching.primitive_batchers[_weight_grad_p] = _batched(lambda x, g: x.T @ g)
 
 
@@ -204,13 +208,19 @@ def instruction_set() -> str | None:
     """The best instruction set in `ISAS` this CPU has ('avx512', 'avx2'), or None."""
     if platform.machine().lower() not in ('x86_64', 'amd64'):
         return None
-    cpu_flags = set()
+    cpu_flags = set((cpuinfo('flags') or '').split())
+    return next((name for name, (needed, _) in ISAS.items() if cpu_flags.issuperset(needed)), None)
+
+
+def cpuinfo(field: str) -> str | None:
+    """The value of a field of the first CPU in /proc/cpuinfo ('flags', 'model name'), or
+    None where there is no such file or field."""
     try:
         with open('/proc/cpuinfo') as f:
             for line in f:
-                if line.startswith('flags'):
-                    cpu_flags = set(line.split(':', 1)[1].split())
-                    break
+                name, sep, value = line.partition(':')
+                if sep and name.strip() == field:
+                    return value.strip()
     except OSError:
         pass
-    return next((name for name, (needed, _) in ISAS.items() if cpu_flags.issuperset(needed)), None)
+    return None
