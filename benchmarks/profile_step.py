@@ -11,7 +11,8 @@ the step's wall time is shared equally among the XLA operations running at that 
 (XLA:CPU runs independent operations concurrently), so the per-operation times add up to
 the step's wall time. Operations are grouped by what their HLO does:
 
-  matmul        fusions and ops that contain a dot (oneDNN, YNNPACK, Eigen, cuBLAS ...)
+  matmul        fusions and ops that contain a dot (oneDNN, YNNPACK, Eigen, cuBLAS ...) and
+                the weight-gradient kernel of `jlearngene.kernels`
   zero-fill     broadcasts of a constant: the buffers of the layer scan's saved residuals
   scan stacks   dynamic-update-slice / dynamic-slice: residuals copied into / out of them
   transpose     transposes and copies (layout changes)
@@ -36,6 +37,7 @@ import sys
 import tempfile
 
 from jlearngene.commands._config import parse_override
+from jlearngene.kernels import cpu as cpu_kernels
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -67,7 +69,8 @@ def hlo_ops(hlo_text: str) -> dict[str, dict]:
             called = re.search(r'calls=%([\w.\-]+)', rest)
             inner = computations.get(called.group(1), '') if called else ''
             source = re.search(r'op_name="([^"]*)"', rest)
-            if kind in ('dot', 'convolution') or ' dot(' in inner or ' convolution(' in inner:
+            if (kind in ('dot', 'convolution') or ' dot(' in inner or ' convolution(' in inner
+                    or f'custom_call_target="{cpu_kernels.TARGET}"' in rest):
                 cat = 'matmul'
             elif 'dynamic-update-slice' in op or 'dynamic-slice' in op:
                 cat = 'scan stacks'

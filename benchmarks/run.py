@@ -362,6 +362,21 @@ def _torch_available(path: str, device: str = 'cpu') -> tuple[bool, str]:
     return (rc == 0), ('' if rc == 0 else f'torch is not importable or has no {device!r} device')
 
 
+def _extra_row(extra: str, dtype: str) -> tuple[list[str], str] | None:
+    """The step's extra flags and the row label's suffix of an `--extra-rows` entry (None: unknown)."""
+    if extra == 'single':
+        return ['--steps-per-call', '1'], '1 step/call'
+    if extra == 'tanh':
+        return ['--gelu', 'tanh'], 'tanh-GELU'
+    if extra == 'dtype':
+        return ['--dtype', dtype], dtype
+    if extra.startswith('accum') and extra[5:].isdigit() and int(extra[5:]) > 1:
+        return ['--microbatches', extra[5:]], f'{extra[5:]} micro-batches'
+    if extra == 'bf16dense':
+        return ['--dense-precision', 'bfloat16'], 'bf16 dense'
+    return None
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == '--worker':
@@ -405,6 +420,11 @@ def main(argv=None) -> int:
     if not os.path.isabs(args.torch_ref):
         args.torch_ref = os.path.normpath(os.path.join(REPO, args.torch_ref))
     skip = set(filter(None, args.skip.split(',')))
+    extra_rows = {e: _extra_row(e, args.dtype) for e in filter(None, args.extra_rows.split(','))}
+    if None in extra_rows.values():
+        p.error(f'--extra-rows {args.extra_rows!r}: unknown entry '
+                f'{[e for e, v in extra_rows.items() if v is None]} '
+                '(known: single, tanh, dtype, accumN with N > 1, bf16dense)')
     shapes = [s for s in SHAPES if s[0] in args.shapes.split(',')]
     if not shapes:
         p.error(f'--shapes {args.shapes!r} selects nothing; known: {[s[0] for s in SHAPES]}')
@@ -433,7 +453,7 @@ def main(argv=None) -> int:
                                                           '--sizes', *args.peak_sizes.split(',')])
         peak = results['peak']['peak_gflops']
         low = {args.dtype} - {'float32'}
-        if 'bf16dense' in args.extra_rows.split(','):
+        if 'bf16dense' in extra_rows:
             low.add('bfloat16')
         for dtype in sorted(low):
             results['peak_' + dtype] = runner.jax_case(
@@ -465,22 +485,10 @@ def main(argv=None) -> int:
                 entry['torch_img_per_s'] = statistics.median(tps)
                 entry['ratio'] = statistics.median([j / t for j, t in zip(ips, tps)])
             results['steps'][name] = entry
-            for extra in filter(None, args.extra_rows.split(',')):
+            for extra, (flag, suffix) in extra_rows.items():
                 if extra == 'single' and rounds[-1]['jax']['steps_per_call'] == 1:
                     continue        # the main row already runs one step per call
-                if extra == 'single':
-                    flag, label = ['--steps-per-call', '1'], f'{name} 1 step/call'
-                elif extra == 'tanh':
-                    flag, label = ['--gelu', 'tanh'], f'{name} tanh-GELU'
-                elif extra == 'dtype':
-                    flag, label = ['--dtype', args.dtype], f'{name} {args.dtype}'
-                elif extra.startswith('accum') and extra[5:].isdigit() and int(extra[5:]) > 1:
-                    flag, label = ['--microbatches', extra[5:]], f'{name} {extra[5:]} micro-batches'
-                elif extra == 'bf16dense':
-                    flag, label = ['--dense-precision', 'bfloat16'], f'{name} bf16 dense'
-                else:
-                    raise SystemExit(f'unknown --extra-rows entry {extra!r} '
-                                     '(single, tanh, dtype, accumN, bf16dense)')
+                label = f'{name} {suffix}'
                 res = runner.jax_case(label, ['step', '--variant', variant, '--depth', str(depth),
                                               '--batch', str(batch)] + common + flag)
                 ips_x = res['modes']['plain']['img_per_s']

@@ -31,6 +31,22 @@ def test_hlo_ops_puts_dots_under_matmul_and_keeps_the_jax_source():
     assert any(o['shape'].startswith('f32[8,4]') for o in matmuls)
 
 
+def test_hlo_ops_counts_the_weight_gradient_kernel_as_matmul_work():
+    from jlearngene.kernels import cpu as cpu_kernels
+    line = (f'  %w.1 = f32[16,4]{{1,0}} custom-call(f32[8,16]{{1,0}} %x, f32[8,4]{{1,0}} %g), '
+            f'custom_call_target="{cpu_kernels.TARGET}", metadata={{op_name="jit(f)/w"}}\n')
+    ops = profile_step.hlo_ops('ENTRY %main {\n' + line + '}\n')
+    assert ops['w.1']['category'] == 'matmul'
+
+
+def test_run_rejects_an_unknown_extra_row_before_measuring(capsys):
+    with pytest.raises(SystemExit):
+        bench_run.main(['--extra-rows', 'single,nonsense', '--no-torch'])
+    assert "unknown entry ['nonsense']" in capsys.readouterr().err
+    assert bench_run._extra_row('accum4', 'float32') == (['--microbatches', '4'], '4 micro-batches')
+    assert bench_run._extra_row('accum1', 'float32') is None
+
+
 def test_kernel_shapes_cover_the_step_matmul_flops():
     variant, depth, batch = 'Ti', 12, 128
     total = sum(count * 2 * math.prod(shape)
