@@ -168,8 +168,7 @@ def _build(isa: str | None = None) -> str | None:
         log.info('jlearngene CPU kernels: this CPU has neither AVX-512 nor AVX2 with FMA; '
                  'using XLA products')
         return None
-    cxx = os.environ.get('CXX') or next(
-        (c for c in ('g++', 'c++', 'clang++') if shutil.which(c)), None)
+    cxx = compiler_command()
     if cxx is None:
         log.warning('jlearngene CPU kernels: no C++ compiler found (set CXX); using XLA products')
         return None
@@ -202,6 +201,13 @@ def _build(isa: str | None = None) -> str | None:
             os.remove(tmp)
         return None
     return path
+
+
+def compiler_command() -> str | None:
+    """The C++ compiler the kernel is built with: `$CXX`, else the first of g++, c++ and
+    clang++ on the PATH; None when there is none."""
+    return os.environ.get('CXX') or next(
+        (c for c in ('g++', 'c++', 'clang++') if shutil.which(c)), None)
 
 
 def instruction_set() -> str | None:

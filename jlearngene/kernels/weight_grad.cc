@@ -29,28 +29,25 @@ namespace {
 #if defined(__AVX512F__)
 using Vec = __m512;  // 32 registers: 24 accumulators, 3 of b, 1 of a
 constexpr int64_t kLanes = 16, kMR = 8, kVecs = 3;
-inline Vec Zero() { return _mm512_setzero_ps(); }
-inline Vec Load(const float* p) { return _mm512_loadu_ps(p); }
-inline void Store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-inline Vec Broadcast(float x) { return _mm512_set1_ps(x); }
-inline Vec Fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline Vec Add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+#define JLG_PS(op) _mm512_##op##_ps
 #define JLG_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 #define JLG_VECS(X, i) X(i, 0) X(i, 1) X(i, 2)
 #elif defined(__AVX2__) && defined(__FMA__)
 using Vec = __m256;  // 16 registers: 12 accumulators, 2 of b, 1 of a
 constexpr int64_t kLanes = 8, kMR = 6, kVecs = 2;
-inline Vec Zero() { return _mm256_setzero_ps(); }
-inline Vec Load(const float* p) { return _mm256_loadu_ps(p); }
-inline void Store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
-inline Vec Broadcast(float x) { return _mm256_set1_ps(x); }
-inline Vec Fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline Vec Add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+#define JLG_PS(op) _mm256_##op##_ps
 #define JLG_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
 #define JLG_VECS(X, i) X(i, 0) X(i, 1)
 #else
 #error "jlearngene weight_grad needs AVX-512F or AVX2 with FMA (compile with -mavx512f or -mavx2 -mfma)"
 #endif
+// The vector operations, one definition for both widths (JLG_PS names the intrinsic).
+inline Vec Zero() { return JLG_PS(setzero)(); }
+inline Vec Load(const float* p) { return JLG_PS(loadu)(p); }
+inline void Store(float* p, Vec v) { JLG_PS(storeu)(p, v); }
+inline Vec Broadcast(float x) { return JLG_PS(set1)(x); }
+inline Vec Fma(Vec a, Vec b, Vec c) { return JLG_PS(fmadd)(a, b, c); }
+inline Vec Add(Vec a, Vec b) { return JLG_PS(add)(a, b); }
 constexpr int64_t kNR = kVecs * kLanes;  // columns of C per micro-tile: 48 or 16
 constexpr int64_t kKC = 128;  // tokens per block: a B strip (kKC x kNR) stays in L1
 
