@@ -12,7 +12,8 @@ the step's wall time is shared equally among the XLA operations running at that 
 the step's wall time. Operations are grouped by what their HLO does:
 
   matmul        fusions and ops that contain a dot (oneDNN, YNNPACK, Eigen, cuBLAS ...) and
-                the weight-gradient kernel of `jlearngene.kernels`
+                the kernels of `jlearngene.kernels` (weight gradients; attention, whose
+                softmax is counted here too)
   zero-fill     broadcasts of a constant: the buffers of the layer scan's saved residuals
   scan stacks   dynamic-update-slice / dynamic-slice: residuals copied into / out of them
   transpose     transposes and copies (layout changes)
@@ -69,8 +70,9 @@ def hlo_ops(hlo_text: str) -> dict[str, dict]:
             called = re.search(r'calls=%([\w.\-]+)', rest)
             inner = computations.get(called.group(1), '') if called else ''
             source = re.search(r'op_name="([^"]*)"', rest)
+            target = re.search(r'custom_call_target="([^"]*)"', rest)
             if (kind in ('dot', 'convolution') or ' dot(' in inner or ' convolution(' in inner
-                    or f'custom_call_target="{cpu_kernels.TARGET}"' in rest):
+                    or (target and target.group(1) in cpu_kernels.TARGETS)):
                 cat = 'matmul'
             elif 'dynamic-update-slice' in op or 'dynamic-slice' in op:
                 cat = 'scan stacks'

@@ -31,10 +31,13 @@ def test_hlo_ops_puts_dots_under_matmul_and_keeps_the_jax_source():
     assert any(o['shape'].startswith('f32[8,4]') for o in matmuls)
 
 
-def test_hlo_ops_counts_the_weight_gradient_kernel_as_matmul_work():
+@pytest.mark.parametrize('target', ['jlearngene_weight_grad', 'jlearngene_attention_fwd',
+                                    'jlearngene_attention_bwd'])
+def test_hlo_ops_counts_the_kernels_as_matmul_work(target):
     from jlearngene.kernels import cpu as cpu_kernels
+    assert target in cpu_kernels.TARGETS
     line = (f'  %w.1 = f32[16,4]{{1,0}} custom-call(f32[8,16]{{1,0}} %x, f32[8,4]{{1,0}} %g), '
-            f'custom_call_target="{cpu_kernels.TARGET}", metadata={{op_name="jit(f)/w"}}\n')
+            f'custom_call_target="{target}", metadata={{op_name="jit(f)/w"}}\n')
     ops = profile_step.hlo_ops('ENTRY %main {\n' + line + '}\n')
     assert ops['w.1']['category'] == 'matmul'
 

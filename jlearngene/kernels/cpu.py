@@ -1,20 +1,21 @@
-"""The dense layers' weight gradient xᵀ·g on CPU, in a C++ kernel called through XLA's FFI.
+"""The dense layers' weight gradient xᵀ·g on CPU, in a C++ kernel called through XLA's FFI,
+and the build of the package's C++ kernels (this one and `attention`'s).
 
 Why: in the CPU training step XLA's oneDNN dots run the forward and input-gradient products
 at about torch's speed, but the weight gradients (a contraction over every token of the
 batch, both operands activations) at about half of it, because oneDNN transposes and
 re-blocks both operands on every call. `weight_grad.cc` reads them in place; the numbers
 are in benchmarks/README.md. The result is an ordinary float32 product (accumulated in
-float32, by blocks of 128 tokens), not a reduced-precision one.
+float32, by blocks of 256 tokens, 128 with AVX-512), not a reduced-precision one.
 
-The kernel is compiled from the package's `weight_grad.cc` with the C++ compiler (`$CXX`,
-else g++, c++ or clang++) at first use, into `$JLEARNGENE_CACHE_DIR` (default
-`~/.cache/jlearngene/kernels`), keyed by a hash of the source, the compiler, its flags and
-jaxlib; later processes load the built library. It is built for AVX-512 where the CPU has
-it, else for AVX2 with FMA (a different register tile, same algorithm). `available()` says
-whether it can be used; it is False, and `weight_grad` is XLA's product, when the CPU has
-neither, no compiler is found, the build fails (logged once), or the environment sets
-JLEARNGENE_CPU_KERNELS=0.
+The kernels are compiled from the package's `*.cc` sources (`SOURCES`, sharing `simd.h`)
+into one library with the C++ compiler (`$CXX`, else g++, c++ or clang++) at first use, into
+`$JLEARNGENE_CACHE_DIR` (default `~/.cache/jlearngene/kernels`), keyed by a hash of the
+sources, the compiler, its flags and jaxlib; later processes load the built library. It is
+built for AVX-512 where the CPU has it, else for AVX2 with FMA (other register tiles, same
+algorithms). `available()` says whether it can be used; it is False, and `weight_grad` is
+XLA's product (and `attention` XLA's operations), when the CPU has neither, no compiler is
+found, the build fails (logged once), or the environment sets JLEARNGENE_CPU_KERNELS=0.
 """
 from __future__ import annotations
 
@@ -40,8 +41,14 @@ log = logging.getLogger(__name__)
 
 ENV_SWITCH = 'JLEARNGENE_CPU_KERNELS'
 CACHE_ENV = 'JLEARNGENE_CACHE_DIR'
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The library's sources (compiled together) and headers, and its FFI targets: name -> symbol.
+SOURCES = tuple(os.path.join(HERE, f) for f in ('weight_grad.cc', 'attention.cc'))
+HEADERS = (os.path.join(HERE, 'simd.h'),)
 TARGET = 'jlearngene_weight_grad'
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'weight_grad.cc')
+TARGETS = {TARGET: 'JlearngeneWeightGrad',
+           'jlearngene_attention_fwd': 'JlearngeneAttentionForward',
+           'jlearngene_attention_bwd': 'JlearngeneAttentionBackward'}
 CXXFLAGS = ('-O3', '-std=c++17', '-fPIC', '-shared', '-w')
 # The kernel's instruction sets, best first: name -> (CPU flags that must all be present,
 # compiler flags). The source picks its register tile from the compiler's flags.
@@ -154,8 +161,9 @@ def _registered() -> bool:
         if path is None:
             return False
         library = ctypes.CDLL(path)
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.JlearngeneWeightGrad),
-                                platform='cpu')
+    for name, symbol in TARGETS.items():
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)),
+                                    platform='cpu')
     return True
 
 
@@ -172,18 +180,20 @@ def _build(isa: str | None = None) -> str | None:
     if cxx is None:
         log.warning('jlearngene CPU kernels: no C++ compiler found (set CXX); using XLA products')
         return None
-    with open(SOURCE, 'rb') as f:
-        source = f.read()
+    texts = []
+    for path in (*SOURCES, *HEADERS):
+        with open(path, 'rb') as f:
+            texts.append(f.read())
     import jaxlib
     flags = (*CXXFLAGS, *ISAS[isa][1])
-    key = hashlib.sha256(b'\0'.join([source, cxx.encode(), jaxlib.__version__.encode(),
+    key = hashlib.sha256(b'\0'.join([*texts, cxx.encode(), jaxlib.__version__.encode(),
                                      ' '.join(flags).encode()])).hexdigest()[:16]
     cache = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser('~'), '.cache',
                                                       'jlearngene', 'kernels')
-    path = os.path.join(cache, f'weight_grad-{key}.so')
+    path = os.path.join(cache, f'kernels-{key}.so')
     if os.path.exists(path):
         return path
-    cmd = [cxx, *flags, '-I', jax.ffi.include_dir(), SOURCE, '-o']
+    cmd = [cxx, *flags, '-I', jax.ffi.include_dir(), *SOURCES, '-o']
     tmp = None
     try:
         os.makedirs(cache, exist_ok=True)
@@ -195,7 +205,7 @@ def _build(isa: str | None = None) -> str | None:
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, 'stderr', None) or str(e)
         log.warning('jlearngene CPU kernels: building %s into %s failed, using XLA products '
-                    '(set %s to another directory, or %s=0):\n%s\n%s', SOURCE, cache,
+                    '(set %s to another directory, or %s=0):\n%s\n%s', ' '.join(SOURCES), cache,
                     CACHE_ENV, ENV_SWITCH, ' '.join(cmd), detail[-2000:])
         if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from jlearngene.kernels import attention as attention_kernels
 from jlearngene.kernels import cpu as cpu_kernels
 from jlearngene.models.config import DENSE_PRECISIONS, ViTConfig
 
@@ -283,18 +284,21 @@ def attention(p: Params, x: jax.Array, n_queries: int | None = None,
         raise ValueError('attention: q, k and v must all have biases or none')
     qkv = _dense(x, fused, precision=precision)                             # (B, T, n, H, Dh)
     qkv = checkpoint_name(qkv, 'attn_qkv')
-    # `split`, not slices: its derivative is one concatenate of the parts' gradients, where
-    # the slices' would be zero-padded full-size arrays summed.
-    parts = [t.squeeze(2) for t in jnp.split(qkv, len(names), axis=2)]
-    if n_queries is None:
-        q, k, v = parts
+    scale = head_dim ** -0.5
+    if n_queries is None and jax.default_backend() == 'cpu':
+        # One kernel for the whole core on CPU (`kernels.attention`: XLA where it does not apply).
+        o, probs = attention_kernels.attention(qkv, scale, probs_name='attn_probs')
     else:
-        (k, v), q = parts, checkpoint_name(_dense(x[:, :n_queries], p['q'], precision=precision),
-                                           'attn_qkv')
-    logits = jnp.einsum('bqhk,bthk->bhqt', q * jnp.asarray(head_dim ** -0.5, q.dtype), k)
-    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(x.dtype)
-    probs = checkpoint_name(probs, 'attn_probs')
-    o = checkpoint_name(jnp.einsum('bhqt,bthk->bqhk', probs, v), 'attn_o')
+        # `split`, not slices: its derivative is one concatenate of the parts' gradients,
+        # where the slices' would be zero-padded full-size arrays summed.
+        parts = [t.squeeze(2) for t in jnp.split(qkv, len(names), axis=2)]
+        if n_queries is None:
+            q, k, v = parts
+        else:
+            (k, v), q = parts, checkpoint_name(
+                _dense(x[:, :n_queries], p['q'], precision=precision), 'attn_qkv')
+        o, probs = attention_kernels.reference(q, k, v, scale, probs_name='attn_probs')
+    o = checkpoint_name(o, 'attn_o')
     return _dense(o, p['out'], n_in=2, precision=precision), probs
 
 
