@@ -1,17 +1,19 @@
 // jlearngene CPU kernels: multi-head softmax attention, forward and backward, as XLA FFI
-// handlers. Both read q, k and v in place from the fused projection's output
-// qkv (B, T, 3, H, Dh); the forward writes o (B, T, H, Dh), the layout the output projection
-// reads, and the probabilities (B, H, T, T); the backward takes those probabilities and
-// dO and writes dqkv in qkv's layout, the layout of the projection's gradient.
+// handlers. Both read q, k and v from the fused projection's output qkv (B, T, 3, H, Dh); the
+// forward writes o (B, T, H, Dh), the layout the output projection reads, and the
+// probabilities (B, H, T, T); the backward takes those probabilities and dO and writes dqkv
+// in qkv's layout, the layout of the projection's gradient (no concatenate).
 //
 // XLA:CPU runs this core as six small batched products (T x T x Dh per head) with
-// transposes, concatenates and softmax passes between them, at about a third of the dense
+// transposes, a concatenate and softmax passes between them, at about a third of the dense
 // layers' speed. Here each (batch, head) is one task on XLA's intra-op pool: its q, k, v (and
-// dO) are copied into zero-padded tiles that stay in L1/L2, and every product runs through
-// one register-tiled micro-kernel. The arithmetic is that of the model's definition in
-// float32: logits = (q * scale) k^T, probs = exp(logits - max) / sum, o = probs v, and the
-// backward of exactly these (softmax: dlogits = p (dp - sum(p dp))). Only the summation
-// order of the products differs. Compiled at first use by jlearngene.kernels.cpu.
+// dO) are copied into contiguous tiles that stay in L1/L2, and every product runs through
+// one register-tiled micro-kernel that reads its left operand in place or transposed. The
+// arithmetic is float32: logits = (q k^T) scale, probs = exp(logits - max) / sum,
+// o = probs v; backward dlogits = probs (dprobs - sum(probs dprobs)), dq = (dlogits scale) k,
+// dk = (dlogits scale)^T q. Against the model's definition ((q scale) k^T) only the
+// summation order differs where the scale is a power of 2 (Dh a power of 4), and the
+// scale's rounding elsewhere. Compiled at first use by jlearngene.kernels.cpu.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -78,7 +80,8 @@ inline void Tile(Operand a, int64_t rows, const float* b, int64_t ldb, int64_t k
     for (int r = 0; r < kRows; ++r)
 #pragma GCC unroll 2
       for (int v = 0; v < V; ++v) Store(edge[r] + v * kLanes, acc[r][v]);
-    for (int64_t r = 0; r < rows; ++r) std::memcpy(c + r * ldc, edge[r], sizeof(float) * V * kLanes);
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(c + r * ldc, edge[r], sizeof(float) * V * kLanes);
   }
 }
 
@@ -126,7 +129,8 @@ float* Scratch(int64_t n) {
 // read their operands from these copies: in place, rows that far apart map to a few cache
 // sets and evict each other.
 void CopyRows(const Shape& s, const float* src, int64_t stride, float* dst) {
-  for (int64_t t = 0; t < s.tokens; ++t) std::memcpy(dst + t * s.dim, src + t * stride, sizeof(float) * s.dim);
+  for (int64_t t = 0; t < s.tokens; ++t)
+    std::memcpy(dst + t * s.dim, src + t * stride, sizeof(float) * s.dim);
 }
 
 // Asks for `tokens` rows of dim floats at src + t * stride to be brought into the cache: the
@@ -140,7 +144,8 @@ void PrefetchRows(const Shape& s, const float* src, int64_t stride) {
 
 // dst (dim x cols) <- the transpose of src (tokens x dim), zero beyond `tokens`.
 void Transpose(const Shape& s, const float* src, float* dst) {
-  for (int64_t d = 0; d < s.dim; ++d) std::fill(dst + d * s.cols + s.tokens, dst + (d + 1) * s.cols, 0.f);
+  for (int64_t d = 0; d < s.dim; ++d)
+    std::fill(dst + d * s.cols + s.tokens, dst + (d + 1) * s.cols, 0.f);
   for (int64_t t = 0; t < s.tokens; ++t)
     for (int64_t d = 0; d < s.dim; ++d) dst[d * s.cols + t] = src[t * s.dim + d];
 }
@@ -268,7 +273,9 @@ bool QkvShape(const ffi::Buffer<ffi::F32>& qkv, Shape* shape) {
 }
 
 ffi::Error BadQkv() {
-  return ffi::Error::InvalidArgument("jlearngene attention: expected qkv of shape (B, T, 3, H, Dh) with Dh a multiple of " + std::to_string(kLanes));
+  return ffi::Error::InvalidArgument(
+      "jlearngene attention: expected qkv of shape (B, T, 3, H, Dh) with Dh a multiple of " +
+      std::to_string(kLanes));
 }
 
 // Runs head(task, next) for every (batch, head) task: chunks of kChunk consecutive heads
@@ -305,7 +312,8 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> qkv, ffi::Buffer
   const float* p = probs.typed_data();
   const float* g = d_out.typed_data();
   float* dq = d_qkv->typed_data();
-  ForEachHead(pool, s, [=](int64_t i, int64_t next) { BackwardHead(s, scale, q, p, g, dq, i, next); });
+  ForEachHead(pool, s,
+              [=](int64_t i, int64_t next) { BackwardHead(s, scale, q, p, g, dq, i, next); });
   return ffi::Error::Success();
 }
 

@@ -4,7 +4,7 @@
 probs = softmax((q·scale)·kᵀ) over the keys, o = probs·v, exactly `reference` (the
 ViT's definition). Why a kernel: XLA:CPU runs this core as six small batched products per
 layer with transposes, a concatenate and softmax passes between them, at about a third of
-the dense layers' speed, so it took 5–13 % of the ViT training step (benchmarks/README.md).
+the dense layers' speed, so it took 6–13 % of the ViT training step (benchmarks/README.md).
 `attention.cc` does one (batch, head) per task, reading q, k, v in place and writing o and
 the gradient in the layouts the projections use.
 
@@ -64,7 +64,7 @@ def _reference_fused(qkv, *, scale, probs_name=None):
 
 
 def _probs_tangent(qkv, probs, t_qkv, scale):
-    """d probs for a tangent t_qkv: probs·(dS − Σ probs·dS) with dS = (tq·kᵀ + q·tkᵀ)·scale."""
+    """d probs for a tangent t_qkv: probs·(dS − Σ probs·dS), dS = (tq·kᵀ + q·tkᵀ)·scale."""
     (q, k, _), (tq, tk, _) = _split(qkv), _split(t_qkv)
     s = jnp.asarray(scale, q.dtype)
     ds = jnp.einsum('bqhk,bthk->bhqt', tq * s, k) + jnp.einsum('bqhk,bthk->bhqt', q * s, tk)

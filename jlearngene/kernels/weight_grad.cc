@@ -77,7 +77,8 @@ void PackPanels(const float* src, int64_t width, int64_t kc, float* dst) {
   for (int64_t t = 0; t < kc; ++t) {
     const float* row = src + t * width;
     float* out = dst + t * W;
-    for (int64_t p = 0; p < full; ++p) std::memcpy(out + p * kc * W, row + p * W, sizeof(float) * W);
+    for (int64_t p = 0; p < full; ++p)
+      std::memcpy(out + p * kc * W, row + p * W, sizeof(float) * W);
     if (tail) {
       float* last = out + full * kc * W;
       std::memset(last, 0, sizeof(float) * W);
