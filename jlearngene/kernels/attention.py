@@ -53,19 +53,21 @@ def reference(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, *,
     return jnp.einsum('bhqt,bthk->bqhk', probs, v), probs
 
 
-def _split(qkv):
-    # `split`, not slices: its derivative is one concatenate of the parts' gradients, where
-    # the slices' would be zero-padded full-size arrays summed.
-    return [t.squeeze(2) for t in jnp.split(qkv, 3, axis=2)]
+def split(qkv: jax.Array) -> list[jax.Array]:
+    """The parts of a fused projection (B, T, n, H, Dh) as n arrays (B, T, H, Dh).
+
+    `split`, not slices: its derivative is one concatenate of the parts' gradients, where
+    the slices' would be zero-padded full-size arrays summed."""
+    return [t.squeeze(2) for t in jnp.split(qkv, qkv.shape[2], axis=2)]
 
 
 def _reference_fused(qkv, *, scale, probs_name=None):
-    return reference(*_split(qkv), scale, probs_name=probs_name)
+    return reference(*split(qkv), scale, probs_name=probs_name)
 
 
 def _probs_tangent(qkv, probs, t_qkv, scale):
     """d probs for a tangent t_qkv: probs·(dS − Σ probs·dS), dS = (tq·kᵀ + q·tkᵀ)·scale."""
-    (q, k, _), (tq, tk, _) = _split(qkv), _split(t_qkv)
+    (q, k, _), (tq, tk, _) = split(qkv), split(t_qkv)
     s = jnp.asarray(scale, q.dtype)
     ds = jnp.einsum('bqhk,bthk->bhqt', tq * s, k) + jnp.einsum('bqhk,bthk->bhqt', q * s, tk)
     return probs * (ds - jnp.sum(probs * ds, axis=-1, keepdims=True))
@@ -73,14 +75,14 @@ def _probs_tangent(qkv, probs, t_qkv, scale):
 
 def _out_tangent(qkv, probs, t_qkv, *, scale):
     """d o for a tangent t_qkv, given probs: d probs·v + probs·tv (linear in t_qkv)."""
-    v, tv = _split(qkv)[2], _split(t_qkv)[2]
+    v, tv = split(qkv)[2], split(t_qkv)[2]
     dp = _probs_tangent(qkv, probs, t_qkv, scale)
     return jnp.einsum('bhqt,bthk->bqhk', dp, v) + jnp.einsum('bhqt,bthk->bqhk', probs, tv)
 
 
 def _backward_reference(qkv, probs, d_out, *, scale):
     """d qkv from d o, given probs: the transpose of `_out_tangent` written out."""
-    q, k, v = _split(qkv)
+    q, k, v = split(qkv)
     dv = jnp.einsum('bhqt,bqhk->bthk', probs, d_out)
     dp = jnp.einsum('bqhk,bthk->bhqt', d_out, v)
     ds = probs * (dp - jnp.sum(probs * dp, axis=-1, keepdims=True))
@@ -91,13 +93,8 @@ def _backward_reference(qkv, probs, d_out, *, scale):
 
 
 def _kernel_applies(ctx) -> bool:
-    """The FFI kernels apply: float32, one device (a program partitioned over several
-    devices would gather the operands for a custom call), Dh in whole vectors, and the
-    library built."""
-    one_device = getattr(ctx.module_context.axis_context, 'num_devices', 1) == 1
-    f32 = all(a.dtype == jnp.float32 for a in ctx.avals_in)
-    dim_ok = ctx.avals_in[0].shape[-1] % KERNEL_DIM_MULTIPLE == 0
-    return one_device and f32 and dim_ok and cpu.available()
+    """The FFI kernels apply: `cpu.ffi_applies` and Dh in whole vectors."""
+    return ctx.avals_in[0].shape[-1] % KERNEL_DIM_MULTIPLE == 0 and cpu.ffi_applies(ctx)
 
 
 def _lowering(fallback, target, n_out):
@@ -180,8 +177,7 @@ ad.primitive_jvps[_out_tangent_p] = _jvp_of(_out_tangent)
 
 
 def _out_tangent_transpose(ct, qkv, probs, t_qkv, *, scale):
-    if ad.is_undefined_primal(qkv) or ad.is_undefined_primal(probs):
-        raise NotImplementedError('attention: the tangent is linear only in t_qkv')
+    # Only t_qkv is ever a linear input: qkv and probs come from the primal computation.
     if type(ct) is ad.Zero:
         return None, None, ad.Zero(t_qkv.aval)
     return None, None, _backward_p.bind(qkv, probs, ct, scale=scale)

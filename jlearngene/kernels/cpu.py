@@ -134,12 +134,18 @@ batching.primitive_batchers[_matmul_p] = _batched(_product)
 batching.primitive_batchers[_weight_grad_p] = _batched(lambda x, g: x.T @ g)
 
 
-def _cpu_weight_grad_lowering(ctx, x, g):
-    """The kernel's FFI call where it applies: float32, one device (a program partitioned
-    over several devices would gather both operands for a custom call), kernel available."""
+def ffi_applies(ctx) -> bool:
+    """Whether a lowering may call the kernels' FFI targets: float32 operands, one device (a
+    program partitioned over several devices would gather the operands for a custom call),
+    and the library `available()`."""
     one_device = getattr(ctx.module_context.axis_context, 'num_devices', 1) == 1
     f32 = all(a.dtype == jnp.float32 for a in ctx.avals_in)
-    if one_device and f32 and available():
+    return one_device and f32 and available()
+
+
+def _cpu_weight_grad_lowering(ctx, x, g):
+    """The kernel's FFI call where it applies (`ffi_applies`), else XLA's product."""
+    if ffi_applies(ctx):
         return jax.ffi.ffi_lowering(TARGET)(ctx, x, g)
     return mlir.lower_fun(_xla_weight_grad, multiple_results=False)(ctx, x, g)
 

@@ -289,9 +289,7 @@ def attention(p: Params, x: jax.Array, n_queries: int | None = None,
         # One kernel for the whole core on CPU (`kernels.attention`: XLA where it does not apply).
         o, probs = attention_kernels.attention(qkv, scale, probs_name='attn_probs')
     else:
-        # `split`, not slices: its derivative is one concatenate of the parts' gradients,
-        # where the slices' would be zero-padded full-size arrays summed.
-        parts = [t.squeeze(2) for t in jnp.split(qkv, len(names), axis=2)]
+        parts = attention_kernels.split(qkv)
         if n_queries is None:
             q, k, v = parts
         else:
