@@ -138,7 +138,7 @@ ffi::Error WeightGrad(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer
   const int64_t blocks = (k + kKC - 1) / kKC;
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), blocks));
   // One chunk per thread: each further chunk is one more scratch matrix to write and add.
-  // (Two per thread with a one-thread sum were 5-12 % slower on the benchmark's shapes.) A
+  // (Two per thread with a one-thread sum were 4-12 % slower on the benchmark's shapes.) A
   // helper that starts late finds its chunk run by the caller.
   const int64_t chunks = threads;
   // Scratch of the calling thread, kept between calls: no fresh pages on every call.
