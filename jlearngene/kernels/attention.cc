@@ -118,11 +118,10 @@ struct Shape {
   int64_t Out(int64_t b, int64_t h) const { return b * tokens * heads * dim + h * dim; }
 };
 
-// Per-thread scratch of n floats, kept between calls (no fresh pages on every call).
+// This thread's scratch of at least n floats.
 float* Scratch(int64_t n) {
   thread_local std::vector<float> buffer;
-  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
-  return buffer.data();
+  return AtLeast(buffer, n);
 }
 
 // dst (tokens x dim, contiguous) <- `tokens` rows of dim floats at src + t * stride. Products
@@ -168,12 +167,16 @@ float HorizontalSum(Vec v) {
 // cols), in place; columns beyond `tokens` become 0.
 void Softmax(const Shape& s, float scale, float* x) {
   const Vec vscale = Broadcast(scale);
+  const int64_t full = s.tokens / kLanes * kLanes;  // columns in whole vectors of logits
   for (int64_t i = 0; i < s.tokens; ++i) {
     float* row = x + i * s.cols;
-    for (int64_t j = 0; j < s.cols; j += kLanes) Store(row + j, Mul(Load(row + j), vscale));
-    const int64_t full = s.tokens / kLanes * kLanes;
-    Vec vmax = Broadcast(row[0]);
-    for (int64_t j = 0; j < full; j += kLanes) vmax = Max(vmax, Load(row + j));
+    // Scale the row and take the maximum of its whole vectors in one pass.
+    Vec vmax = Broadcast(row[0] * scale);
+    for (int64_t j = 0; j < s.cols; j += kLanes) {
+      const Vec v = Mul(Load(row + j), vscale);
+      Store(row + j, v);
+      if (j < full) vmax = Max(vmax, v);
+    }
     float max = HorizontalMax(vmax);
     for (int64_t j = full; j < s.tokens; ++j) max = std::max(max, row[j]);
     vmax = Broadcast(max);

@@ -1,6 +1,6 @@
 // jlearngene CPU kernels: the vector type and operations for the build's instruction set,
-// one definition for AVX-512 and AVX2 (JLG_PS names the intrinsic), and the work-sharing
-// of one FFI call over XLA's intra-op thread pool.
+// one definition for AVX-512 and AVX2 (JLG_PS names the intrinsic), the work-sharing of one
+// FFI call over XLA's intra-op thread pool, and the kernels' per-thread buffers.
 #ifndef JLEARNGENE_KERNELS_SIMD_H_
 #define JLEARNGENE_KERNELS_SIMD_H_
 
@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -70,6 +71,13 @@ inline Vec Exp(Vec x) {
   // 2^n: n + 127 in the exponent field (n >= -126 here, so the result is normal or 0-ish).
   const IVec e = JLG_EPI32(slli)(JLG_EPI32(add)(ToInt(n), JLG_EPI32(set1)(127)), 23);
   return Mul(p, AsFloat(e));
+}
+
+// buffer's data, grown to at least n floats. The kernels' buffers are thread_local vectors
+// passed through here, kept between calls: no fresh pages on every call.
+inline float* AtLeast(std::vector<float>& buffer, int64_t n) {
+  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
+  return buffer.data();
 }
 
 // Runs task(i) for i in [0, n) on the calling thread and helpers scheduled on XLA's pool;

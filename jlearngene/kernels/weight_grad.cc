@@ -95,22 +95,21 @@ void WeightGradTokens(const float* a, const float* b, float* c, int64_t k_begin,
                       int64_t k_end, int64_t m, int64_t n) {
   std::fill(c, c + m * n, 0.f);
   const int64_t panels = (m + kMR - 1) / kMR;
-  // Packing buffers of this thread, kept between calls (no fresh pages on every call).
-  thread_local std::vector<float> a_pack, b_pack;
-  if (static_cast<int64_t>(a_pack.size()) < panels * kKC * kMR) a_pack.resize(panels * kKC * kMR);
   const int64_t strips = (n + kNR - 1) / kNR;
-  if (static_cast<int64_t>(b_pack.size()) < strips * kKC * kNR) b_pack.resize(strips * kKC * kNR);
+  thread_local std::vector<float> a_buffer, b_buffer;  // this thread's packing buffers
+  float* a_pack = AtLeast(a_buffer, panels * kKC * kMR);
+  float* b_pack = AtLeast(b_buffer, strips * kKC * kNR);
   alignas(64) float edge[kMR * kNR];
   for (int64_t k0 = k_begin; k0 < k_end; k0 += kKC) {
     const int64_t kc = std::min(kKC, k_end - k0);
-    PackPanels<kMR>(a + k0 * m, m, kc, a_pack.data());
-    PackPanels<kNR>(b + k0 * n, n, kc, b_pack.data());
+    PackPanels<kMR>(a + k0 * m, m, kc, a_pack);
+    PackPanels<kNR>(b + k0 * n, n, kc, b_pack);
     for (int64_t n0 = 0; n0 < n; n0 += kNR) {
       const int64_t nr = std::min(kNR, n - n0);
-      const float* bp = b_pack.data() + (n0 / kNR) * kc * kNR;
+      const float* bp = b_pack + (n0 / kNR) * kc * kNR;
       for (int64_t p = 0; p < panels; ++p) {
         const int64_t m0 = p * kMR, mr = std::min(kMR, m - m0);
-        const float* ap = a_pack.data() + p * kc * kMR;
+        const float* ap = a_pack + p * kc * kMR;
         if (mr == kMR && nr == kNR) {
           MicroKernel(ap, bp, kc, c + m0 * n + n0, n, /*accumulate=*/true);
         } else {
@@ -141,14 +140,11 @@ ffi::Error WeightGrad(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer
   // (Two per thread with a one-thread sum were 4-12 % slower on the benchmark's shapes.) A
   // helper that starts late finds its chunk run by the caller.
   const int64_t chunks = threads;
-  // Scratch of the calling thread, kept between calls: no fresh pages on every call.
-  thread_local std::vector<float> scratch_buffer;
-  if (static_cast<int64_t>(scratch_buffer.size()) < (chunks - 1) * m * n)
-    scratch_buffer.resize((chunks - 1) * m * n);
+  thread_local std::vector<float> scratch_buffer;  // the calling thread's
+  float* scratch = AtLeast(scratch_buffer, (chunks - 1) * m * n);
   const float* pa = a.typed_data();
   const float* pb = b.typed_data();
   float* out = c->typed_data();
-  float* scratch = scratch_buffer.data();
   ParallelFor(pool, chunks, threads, [=](int64_t i) {
     const int64_t begin = kKC * (blocks * i / chunks);
     const int64_t end = std::min(k, kKC * (blocks * (i + 1) / chunks));

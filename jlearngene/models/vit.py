@@ -286,7 +286,9 @@ def attention(p: Params, x: jax.Array, n_queries: int | None = None,
     qkv = checkpoint_name(qkv, 'attn_qkv')
     scale = head_dim ** -0.5
     if n_queries is None and jax.default_backend() == 'cpu':
-        # One kernel for the whole core on CPU (`kernels.attention`: XLA where it does not apply).
+        # One kernel for the whole core on CPU (`kernels.attention`: XLA where it does not
+        # apply). Other backends differentiate `reference` with jax's own rules, the program
+        # the GPU benchmarks measured, not the primitive's hand-written XLA fallbacks.
         o, probs = attention_kernels.attention(qkv, scale, probs_name='attn_probs')
     else:
         parts = attention_kernels.split(qkv)
