@@ -34,6 +34,12 @@ class ViTConfig:
     Attributes:
       image_size, patch_size, channels: input geometry (square images, NHWC).
       width, depth, num_heads, mlp_dim: encoder shape (DeiT-Ti is 192/12/3/768).
+      head_dim: size of one attention head; None (the default) means width // num_heads.
+        Set it when num_heads × head_dim differs from width: Cluster-Learngene keeps
+        head_dim while the head count changes, Scala keeps the head count while head_dim
+        shrinks. Resolved in `__post_init__`, so `cfg.head_dim` is always an integer;
+        `replace` derives it again from new width/num_heads unless it is given or was set
+        to something other than width // num_heads.
       num_classes: classifier outputs; 0 means no head (features only).
       pool: 'cls' reads the class token, 'avg' averages the patch tokens.
       class_token: whether a class token is prepended; defaults to `pool == 'cls'`.
@@ -63,6 +69,7 @@ class ViTConfig:
     depth: int = 12
     num_heads: int = 3
     mlp_dim: int = 768
+    head_dim: int | None = None
     num_classes: int = 1000
     pool: str = 'cls'
     class_token: bool | None = None
@@ -81,12 +88,20 @@ class ViTConfig:
     def __post_init__(self):
         if self.class_token is None:
             object.__setattr__(self, 'class_token', self.pool == 'cls')
+        if self.head_dim is None:
+            _check(_positive_int(self.num_heads), 'num_heads', self.num_heads,
+                   'must be a positive integer')
+            _check(_positive_int(self.width) and self.width % self.num_heads == 0, 'width',
+                   self.width, f'must be divisible by num_heads={self.num_heads} '
+                   '(or set head_dim)')
+            object.__setattr__(self, 'head_dim', self.width // self.num_heads)
         validate(self)
 
     # Derived sizes -------------------------------------------------------------------
     @property
-    def head_dim(self) -> int:
-        return self.width // self.num_heads
+    def attn_width(self) -> int:
+        """num_heads × head_dim: the width of the q/k/v projections' outputs."""
+        return self.num_heads * self.head_dim
 
     @property
     def num_patches(self) -> int:
@@ -104,6 +119,9 @@ class ViTConfig:
         """A copy with some fields changed (validated again)."""
         if 'pool' in changes and 'class_token' not in changes:
             changes['class_token'] = None
+        if ('head_dim' not in changes and ('width' in changes or 'num_heads' in changes)
+                and self.head_dim * self.num_heads == self.width):
+            changes['head_dim'] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -128,18 +146,20 @@ def _check(cond: bool, field: str, value: Any, why: str) -> None:
         raise ConfigError(f'ViTConfig.{field}={value!r}: {why}')
 
 
+def _positive_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
 def validate(cfg: ViTConfig) -> None:
     """Raise ConfigError naming the first impossible field."""
-    for name in ('image_size', 'patch_size', 'channels', 'width', 'depth', 'num_heads', 'mlp_dim'):
+    for name in ('image_size', 'patch_size', 'channels', 'width', 'depth', 'num_heads',
+                 'mlp_dim', 'head_dim'):
         v = getattr(cfg, name)
-        _check(isinstance(v, int) and not isinstance(v, bool) and v > 0, name, v,
-               'must be a positive integer')
+        _check(_positive_int(v), name, v, 'must be a positive integer')
     _check(isinstance(cfg.num_classes, int) and cfg.num_classes >= 0, 'num_classes',
            cfg.num_classes, 'must be a non-negative integer (0 = no head)')
     _check(cfg.image_size % cfg.patch_size == 0, 'image_size', cfg.image_size,
            f'must be divisible by patch_size={cfg.patch_size}')
-    _check(cfg.width % cfg.num_heads == 0, 'width', cfg.width,
-           f'must be divisible by num_heads={cfg.num_heads}')
     _check(cfg.pool in POOLS, 'pool', cfg.pool, f'unknown pool, expected one of {POOLS}')
     _check(cfg.gelu in GELUS, 'gelu', cfg.gelu, f'unknown gelu, expected one of {GELUS}')
     _check(cfg.dtype in DTYPES, 'dtype', cfg.dtype, f'unknown dtype, expected one of {DTYPES}')
