@@ -1,12 +1,17 @@
-"""Layouts of the canonical tree: logical axis names per leaf, stacked <-> list blocks.
+"""Layouts of the canonical tree: logical axis names per leaf, stacked <-> list blocks,
+slicing by logical axis and fan-in × fan-out matrix views of kernels.
 
-The logical-axis table is written once here and drives sharding rules, width slicing,
-width transformations, head gathering and the timm converter.
+The logical-axis table is written once here and drives sharding rules, width slicing
+(`slice_tree`, Scala's sub-networks), width transformations and growth operators
+(`to_matrix` / `from_matrix`, LeTra and Mango), head gathering (`slice_tree` with index
+lists, Cluster-Learngene) and the timm converter.
 """
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+import dataclasses
+import math
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +51,8 @@ _TOP_AXES = {
     'head_dist/kernel': ('embed', 'classes'), 'head_dist/bias': ('classes',),
 }
 _BLOCK_PATH = re.compile(r'blocks/(?:(\d+)/)?(.*)')
+LOGICAL_AXES = tuple(sorted({a for t in (_BLOCK_AXES, _TOP_AXES) for names in t.values()
+                             for a in names if a is not None} | {'layers'}))
 
 
 def leaf_axes(path: str, ndim: int | None = None) -> Axes:
@@ -118,3 +125,171 @@ def stack_blocks(params: Any) -> Any:
     out = dict(params)
     out['blocks'] = jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)
     return out
+
+
+# ----------------------------------------------------------------------------------------
+# Slicing by logical axis.
+
+SIDES = ('left', 'right')
+# A size request per logical axis: a count n (the first or last n entries, by `side`) or
+# explicit indices (any order, repeats allowed: a gather).
+Selection = int | Sequence[int] | np.ndarray | jax.Array
+
+
+def _side_of(side: str | Mapping[str, str], axis: str) -> str:
+    s = side.get(axis, 'left') if isinstance(side, Mapping) else side
+    if s not in SIDES:
+        raise ValueError(f'side={s!r} for axis {axis!r}; expected one of {SIDES}')
+    return s
+
+
+def _check_selection_axes(sizes: Mapping[str, Selection]) -> None:
+    unknown = sorted(a for a in sizes if a not in LOGICAL_AXES)
+    if unknown:
+        raise ValueError(f'slice: unknown logical axis name(s) {unknown}; known: {LOGICAL_AXES}')
+
+
+def _take(x, dim: int, sel: Selection, side: str, what: str):
+    n = x.shape[dim]
+    if isinstance(sel, (int, np.integer)) and not isinstance(sel, bool):
+        sel = int(sel)
+        if not 1 <= sel <= n:
+            raise ValueError(f'slice: {what} has size {n}; cannot keep {sel} entries')
+        start = 0 if side == 'left' else n - sel
+        return jax.lax.slice_in_dim(x, start, start + sel, axis=dim)
+    if isinstance(sel, jax.Array) and not isinstance(sel, jax.core.Tracer):
+        sel = np.asarray(sel)
+    if isinstance(sel, jax.core.Tracer):   # traced indices: a gather, no range check
+        return jnp.take(x, sel, axis=dim)
+    idx = np.asarray(sel)
+    if idx.ndim != 1 or idx.size == 0 or not np.issubdtype(idx.dtype, np.integer):
+        raise ValueError(f'slice: {what}: expected a count or a non-empty 1-D list of integer '
+                         f'indices, got {sel!r}')
+    if idx.min() < 0 or idx.max() >= n:
+        raise ValueError(f'slice: {what} has size {n}; indices {idx.tolist()} are out of range')
+    return jnp.take(x, idx, axis=dim)
+
+
+def slice_leaf(x, names: Sequence[str | None], sizes: Mapping[str, Selection], *,
+               side: str | Mapping[str, str] = 'left', what: str = 'leaf'):
+    """`x` with each logical axis named in `sizes` cut to that selection.
+
+    `names` are the leaf's logical axes (`leaf_axes(path)`); axes not in `sizes` are kept
+    whole. A count keeps the first (`side='left'`) or last (`'right'`) entries; an index
+    list gathers those entries in order. `side` may be one value or {axis: side}.
+    """
+    _check_selection_axes(sizes)
+    if len(names) != np.ndim(x):
+        raise ValueError(f'slice: {what} has rank {np.ndim(x)} but axes {tuple(names)}')
+    for dim, axis in enumerate(names):
+        if axis is not None and axis in sizes:
+            x = _take(x, dim, sizes[axis], _side_of(side, axis), f"{what} axis '{axis}'")
+    return x
+
+
+def slice_tree(params: Any, sizes: Mapping[str, Selection], *,
+               side: str | Mapping[str, str] = 'left') -> Any:
+    """A smaller canonical tree: every leaf cut along the logical axes named in `sizes`.
+
+    E.g. `slice_tree(params, {'embed': 96, 'mlp': 384, 'heads': 3})` is the left sub-network
+    of a width-192 model (a real tree that `apply` runs with `slice_config`'s config);
+    `{'heads': [0, 2]}` keeps heads 0 and 2 of every layer; `{'layers': [0, 0, 1]}` repeats
+    layer 0. Works in both layouts ('layers' only in the stacked one) and under `jax.jit`
+    with `sizes` static (index arrays may also be traced, without range checks).
+    """
+    _check_selection_axes(sizes)
+    if 'layers' in sizes and not is_stacked(params):
+        raise ValueError("slice_tree: 'layers' needs the stacked layout (blocks on axis 0); "
+                         'select list-layout blocks by indexing the list')
+
+    def cut(path, x):
+        name = pytree.path_str(path)
+        return slice_leaf(x, leaf_axes(name, np.ndim(x)), sizes, side=side, what=f"'{name}'")
+    return jax.tree_util.tree_map_with_path(cut, params)
+
+
+_CONFIG_FIELD_OF_AXIS = {'embed': 'width', 'mlp': 'mlp_dim', 'heads': 'num_heads',
+                         'head_dim': 'head_dim', 'layers': 'depth', 'classes': 'num_classes'}
+
+
+def slice_config(cfg: ViTConfig, sizes: Mapping[str, Selection]) -> ViTConfig:
+    """The config of `slice_tree(params, sizes)`: the sliced axes' new sizes, the rest kept."""
+    _check_selection_axes(sizes)
+    fixed = sorted(a for a in sizes if a not in _CONFIG_FIELD_OF_AXIS)
+    if fixed:
+        raise ValueError(f'slice_config: axes {fixed} are fixed by the input geometry; '
+                         f'sliceable: {sorted(_CONFIG_FIELD_OF_AXIS)}')
+    changes = {}
+    for axis, sel in sizes.items():
+        n = int(sel) if isinstance(sel, (int, np.integer)) else int(np.size(sel))
+        changes[_CONFIG_FIELD_OF_AXIS[axis]] = n
+    if 'head_dim' not in changes:   # keep the head size unless it is sliced itself
+        changes['head_dim'] = cfg.head_dim
+    return cfg.replace(**changes)
+
+
+# ----------------------------------------------------------------------------------------
+# Fan-in × fan-out matrix views of kernels.
+
+# Kernel leaf path (no 'blocks/' prefix, no layers axis) -> number of leading input axes.
+_KERNEL_FAN_IN = {
+    'attn/q/kernel': 1, 'attn/k/kernel': 1, 'attn/v/kernel': 1, 'attn/out/kernel': 2,
+    'mlp/fc1/kernel': 1, 'mlp/fc2/kernel': 1,
+    'patch_embed/kernel': 3, 'head/kernel': 1, 'head_dist/kernel': 1,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MatrixView:
+    """How a kernel leaf maps to a (…, fan_in, fan_out) matrix: the leading axes kept
+    (e.g. 'layers'), then the input axes flattened, then the output axes flattened."""
+    path: str
+    shape: tuple[int, ...]
+    lead: Axes
+    fan_in: Axes
+    fan_out: Axes
+
+    @property
+    def matrix_shape(self) -> tuple[int, ...]:
+        n_lead, n_in = len(self.lead), len(self.fan_in)
+        return (self.shape[:n_lead] + (math.prod(self.shape[n_lead:n_lead + n_in]),
+                                       math.prod(self.shape[n_lead + n_in:])))
+
+
+def matrix_view(path: str, shape: Sequence[int]) -> MatrixView:
+    """The fan-in × fan-out view of the kernel at `path` with `shape` (either layout)."""
+    names = leaf_axes(path, len(shape))
+    m = _BLOCK_PATH.fullmatch(path)
+    key = m.group(2) if m else path
+    if key not in _KERNEL_FAN_IN:
+        raise ValueError(f'{path!r} is not a kernel; matrix views exist for '
+                         f'{sorted(_KERNEL_FAN_IN)} (in blocks/ for block kernels)')
+    n_lead = len(names) - len(_BLOCK_AXES.get(key, _TOP_AXES.get(key, ())))
+    n_in = _KERNEL_FAN_IN[key]
+    return MatrixView(path, tuple(int(d) for d in shape), Axes(names[:n_lead]),
+                      Axes(names[n_lead:n_lead + n_in]), Axes(names[n_lead + n_in:]))
+
+
+def to_matrix(x, path: str):
+    """The kernel `x` at `path` as a (…, fan_in, fan_out) matrix, e.g. a stacked q kernel
+    (L, D, H, Dh) -> (L, D, H·Dh) and an out kernel (L, H, Dh, D) -> (L, H·Dh, D); a reshape
+    (no copy under jit). `from_matrix` inverts it."""
+    return jnp.reshape(x, matrix_view(path, np.shape(x)).matrix_shape)
+
+
+def from_matrix(m, view: MatrixView):
+    """Back from `to_matrix`: a matrix of `view.matrix_shape` to the kernel's own shape.
+
+    For a matrix whose fan-in / fan-out sizes differ (a width transformation or a growth
+    operator changed them), give the view of the target shape: `matrix_view(path, shape)`.
+    """
+    if tuple(np.shape(m)) != view.matrix_shape:
+        raise ValueError(f"from_matrix: '{view.path}' needs a matrix of shape "
+                         f'{view.matrix_shape} for kernel shape {view.shape}, got {tuple(np.shape(m))}')
+    return jnp.reshape(m, view.shape)
+
+
+def kernel_matrices(params: Any) -> dict[str, Any]:
+    """{path: (…, fan_in, fan_out) matrix} for every kernel leaf of a canonical tree."""
+    return {path: to_matrix(x, path) for path, x in pytree.flatten(params).items()
+            if path.endswith('kernel')}
