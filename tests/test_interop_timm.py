@@ -226,6 +226,8 @@ def test_to_timm_lists_every_parameter_problem(tiny_cfg):
     assert 'blocks/mlp/fc2/bias' in msg and 'extra' in msg and 'head/kernel: shape (32, 7), expected (32, 10)' in msg
     with pytest.raises(ConfigError, match='VisionTransformerDistilled'):
         T.to_timm(params, tiny_cfg.replace(distill_token=True, pool='avg'))
+    with pytest.raises(ConfigError, match=r'num_heads=4 x head_dim=16 = 64 != width 32'):
+        T.to_timm(params, tiny_cfg.replace(num_heads=4, head_dim=16))
 
 
 # ----------------------------------------------------------------------------------------

@@ -157,6 +157,10 @@ def timm_kwargs(cfg: ViTConfig, *, no_embed_class: bool = False) -> dict[str, An
 
 
 def _check_timm_representable(cfg: ViTConfig) -> None:
+    if cfg.attn_width != cfg.width:
+        raise ConfigError(f"timm's attention has head_dim = width // num_heads; this config has "
+                          f'num_heads={cfg.num_heads} x head_dim={cfg.head_dim} = {cfg.attn_width} '
+                          f'!= width {cfg.width}')
     if cfg.distill_token and (cfg.pool != 'cls' or not cfg.class_token):
         raise ConfigError(f"timm's VisionTransformerDistilled pools the class token; this config has "
                           f'pool={cfg.pool!r}, class_token={cfg.class_token}')
