@@ -1,0 +1,49 @@
+r"""Plain supervised ViT on the bundled scikit-learn digits (no download): the baseline run.
+
+    jlearngene train --config digits_vit --workdir /tmp/digits_vit
+
+Overrides use ml_collections syntax, e.g. `--config.steps=200 --config.model.depth=2`;
+`--config digits_vit:smoke` gives a seconds-long smoke run.
+Expected: >= 95% test accuracy in under 5 minutes on 2 CPU cores. Measured (1500 steps, quiet
+2-core machine): 98.9% test accuracy (364 images), 85 s wall including compilation, 1.1 GB
+peak RSS; 98.4% at step 1000.
+"""
+import ml_collections
+
+
+def get_config(arg=None):
+    c = ml_collections.ConfigDict()
+    c.task = 'classification'
+    c.seed = 0
+    c.steps = 1500
+    c.batch_size = 128
+    c.log_every = 100
+    c.eval_every = 500
+    c.checkpoint_every = 500
+    c.keep_checkpoints = 2
+    c.best_metric = 'eval/accuracy'
+    c.sharding = 'replicate'
+    c.microbatches = 1     # gradient accumulation: parts per batch (see trainer.make_train_step)
+    c.steps_per_call = 'auto'   # optimiser steps per compiled call, or an integer (trainer.fit)
+    c.init = ''            # optional model artefact (checkpoint.save_model) to start from
+    c.label_smoothing = 0.1
+
+    # Digits are 8x8 grey; the source resizes them to 16 px, patches of 4 -> 16 tokens.
+    c.model = ml_collections.ConfigDict(dict(
+        variant='Ti', width=64, depth=4, num_heads=4, mlp_dim=128, patch_size=4,
+        image_size=16, channels=1, num_classes=10, pool='avg', class_token=False,
+        dense_precision='float32'))   # 'bfloat16': faster dense layers, see ViTConfig
+    c.data = ml_collections.ConfigDict(dict(
+        name='digits', image_size=16,
+        augment=ml_collections.ConfigDict(dict(crop_padding=2))))
+    c.eval_split = 'test'
+    c.eval_batch_size = 256
+
+    c.optim = ml_collections.ConfigDict(dict(
+        lr=2e-3, warmup_steps=100, min_lr_ratio=0.01, weight_decay=0.05, clip_norm=1.0))
+
+    if arg == 'smoke':
+        c.steps, c.log_every, c.eval_every, c.checkpoint_every = 20, 5, 10, 10
+        c.optim.warmup_steps = 5
+        c.model.depth = 2
+    return c
