@@ -1,14 +1,18 @@
 """Cost accounting as in the TLEG tables: Params, S-Params, FLOPs per image, training cost.
 
-* `param_count(cfg)`: parameters of one model (from `jax.eval_shape`, nothing allocated).
+* `param_count(cfg_or_params)`: parameters of one model (from `jax.eval_shape`, nothing
+  allocated, or from a params tree of arrays or shapes).
 * `s_params(method, targets, ...)`: parameters that must be *stored* to initialise a set of
-  descendants (one gene for TLEG; one pretrained model per size for Pre-Fin; ...).
-* `flops_per_image(cfg)`: forward cost, counted the way fvcore counts a timm ViT (the
-  convention of the DeiT/TLEG papers' "FLOPs (G)"): one per multiply-accumulate of every
-  matmul (patch embedding, q/k/v/out projections, QKᵀ and attention·V, MLP, heads) plus
-  5 per LayerNorm element; softmax, GELU, adds and pooling are not counted. With this
-  convention the TLEG Table 1 FLOPs of all 24 Des-Ti/S/B models (no class token, 196
-  tokens) round to the published value.
+  descendants: the registered method's gene (`jlearngene.genes`), counted by its own
+  `gene_param_count` (one gene for TLEG; one pretrained model per size for Pre-Fin; ...).
+* `flops_per_image(cfg, params=None)`: forward cost, counted the way fvcore counts a timm ViT
+  (the convention of the DeiT/TLEG papers' "FLOPs (G)"): one per multiply-accumulate of
+  every matmul (patch embedding, q/k/v/out projections D×(H·Dh) each, QKᵀ and attention·V
+  n²·H·Dh each, MLP, heads) plus 5 per LayerNorm element; softmax, GELU, adds and pooling
+  are not counted. Every size is read from the parameters' shapes, per block, so blocks
+  may differ in head count or head size (list layout). With this convention the TLEG
+  Table 1 FLOPs of all 24 Des-Ti/S/B models (no class token, 196 tokens) round to the
+  published value.
 * `training_cost(plan)`: epochs, image passes and FLOPs of a plan of training runs
   (backward ≈ 2× forward, so a training step costs ≈ 3× forward FLOPs per image, plus one
   teacher forward when distilling).
@@ -19,101 +23,118 @@ import dataclasses
 from typing import Any, Iterable, Sequence
 
 import jax
+import numpy as np
 
-from jlearngene import pytree
-from jlearngene.models import vit
+from jlearngene import genes, pytree
+from jlearngene.genes import common
+from jlearngene.models import layout, vit
 from jlearngene.models.config import ViTConfig
 
-METHODS = ('scratch', 'tleg', 'share_init', 'pre_fin', 'he_lg', 'auto_lg')
-_HEADS = ('head', 'head_dist')
 LN_FLOPS_PER_ELEMENT = 5   # fvcore's count for an affine LayerNorm
 
 
-def _shapes(cfg: ViTConfig):
-    return jax.eval_shape(lambda: vit.init(cfg, jax.random.key(0)))
+def __getattr__(name: str) -> Any:
+    if name == 'METHODS':   # the registry's names, at the time of asking
+        return genes.names()
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
-def _count(tree, include_head: bool = True) -> int:
-    if not include_head and isinstance(tree, dict):
-        tree = {k: v for k, v in tree.items() if k not in _HEADS}
-    return pytree.count_params(tree, groups=None)['total']
+def _shapes(cfg_or_params: ViTConfig | Any) -> Any:
+    if isinstance(cfg_or_params, ViTConfig):
+        return jax.eval_shape(lambda: vit.init(cfg_or_params, jax.random.key(0)))
+    return cfg_or_params
 
 
-def param_count(cfg: ViTConfig, *, include_head: bool = True) -> int:
-    """Parameters of the ViT `cfg` (the tables' Params)."""
-    return _count(_shapes(cfg), include_head)
+def param_count(cfg_or_params: ViTConfig | Any, *, include_head: bool = True) -> int:
+    """Parameters of the ViT `cfg` (the tables' Params), or of a params tree (arrays or
+    `jax.ShapeDtypeStruct`s, either layout)."""
+    return common.count(_shapes(cfg_or_params), include_head=include_head)
 
 
 def block_param_count(cfg: ViTConfig) -> int:
     """Parameters of one encoder block."""
-    return _count(jax.eval_shape(lambda: vit.init_block(cfg, jax.random.key(0))))
+    return common.count(jax.eval_shape(lambda: vit.init_block(cfg, jax.random.key(0))))
 
 
 def embedding_param_count(cfg: ViTConfig) -> int:
     """Patch/position embeddings, prefix tokens and final norm (no blocks, no head)."""
     shapes = _shapes(cfg)
-    return _count({k: v for k, v in shapes.items() if k not in ('blocks',) + _HEADS})
+    return common.count({k: v for k, v in shapes.items() if k in common.EMBED_KEYS})
 
 
-def s_params(method: str, targets: Sequence[ViTConfig] = (), *, source: ViTConfig | None = None,
-             k: int = 3, expand: Sequence[str] | None = None, from_layer: int = 0,
-             include_head: bool = False) -> int:
-    """Parameters stored to initialise the descendants `targets` with `method`.
+def _signature(tree: Any, include_head: bool) -> tuple:
+    if isinstance(tree, dict) and not include_head:
+        tree = {k: v for k, v in tree.items() if k not in common.HEAD_KEYS}
+    return tuple((p, tuple(np.shape(x))) for p, x in pytree.flatten(tree).items())
 
-    * 'scratch': 0.
-    * 'tleg': the gene of the Aux-Net `source` as `tleg.descend` reads it: θ_A + θ_B (+ the
-      free first layers of a partial expansion) + embeddings and final norm; one gene serves
-      every target. (Free per-layer params of non-expanded modules are not counted: the
-      descendants draw them fresh.)
-    * 'share_init': one shared layer θ_B + embeddings.
-    * 'pre_fin': one pretrained model per distinct target shape (the sum of their sizes), or,
-      with `source`, the one pretrained model of shape `source` (TLEG Fig. 4).
-    * 'he_lg': k layers of the ancestor `source`; 'auto_lg': k layers + its embeddings.
 
-    Heads are excluded unless `include_head` (downstream descendants get a new head).
+def s_params(method: str | genes.Method, targets: Sequence[ViTConfig] = (), *,
+             source: ViTConfig | None = None, include_head: bool = False,
+             **gene_options: Any) -> int:
+    """Parameters stored to initialise the descendants `targets` with `method` (a registered
+    name or a `genes.Method`): its gene for a source of config `source` (Aux-Net, ancestor
+    or pretrained model), made with `gene_options` (e.g. TLEG's `expand`, `from_layer`;
+    He-LG's `k`) and counted by the method's `gene_param_count`. One gene serves every
+    target; a method with `gene_per_target` and no `source` stores one gene per distinct
+    target shape (Pre-Fin: the sum of the pretrained models' sizes). A method without a
+    gene stores 0. Heads are excluded unless `include_head` (downstream descendants get a
+    new head).
     """
-    from jlearngene.genes import tleg   # local: keep `import jlearngene.costs` light
-
-    if method not in METHODS:
-        raise ValueError(f's_params: unknown method {method!r}; known: {METHODS}')
-    if method == 'scratch':
-        return 0
-    if method == 'pre_fin':
-        if source is not None:
-            return param_count(source, include_head=include_head)
-        if not targets:
-            raise ValueError("s_params('pre_fin') needs target configs (or one pretrained `source`)")
-        distinct = {dataclasses.replace(t, drop_path=0.0, dropout=0.0, remat=False,
-                                        num_classes=t.num_classes if include_head else 0)
-                    for t in targets}
-        return sum(param_count(t, include_head=include_head) for t in distinct)
-    if source is None:
-        raise ValueError(f"s_params({method!r}) needs the `source` config (Aux-Net or ancestor)")
-    if method in ('he_lg', 'auto_lg'):
-        if not 1 <= k <= source.depth:
-            raise ValueError(f's_params({method!r}): k={k} must be in [1, {source.depth}]')
-        extra = embedding_param_count(source) if method == 'auto_lg' else 0
-        return k * block_param_count(source) + extra
-    gene = jax.eval_shape(lambda: tleg.init_gene(source, jax.random.key(0),
-                                                 expand or tleg.DEFAULT_EXPAND, from_layer))
-    gene['shared'] = {kk: v for kk, v in gene['shared'].items() if kk != 'blocks'}
-    if method == 'share_init':
-        gene.pop('theta_a')
-        gene['shared'].pop('prefix', None)
-    return tleg.gene_param_count(gene, include_head=include_head)
+    m = method if isinstance(method, genes.Method) else genes.get(method)
+    if source is not None or m.source == 'none':
+        sources = [source]
+    elif not m.gene_per_target:
+        raise ValueError(f's_params({m.name!r}) needs the `source` config (Aux-Net or ancestor)')
+    elif not targets:
+        raise ValueError(f's_params({m.name!r}) needs target configs (or one `source`)')
+    else:
+        sources = list(targets)
+    stored: dict[tuple, int] = {}
+    for cfg in sources:
+        gene = m.gene_shapes(cfg, **gene_options)
+        stored[_signature(gene, include_head)] = m.gene_param_count(gene, include_head=include_head)
+    return sum(stored.values())
 
 
-def flops_per_image(cfg: ViTConfig) -> int:
-    """Forward FLOPs of one image (fvcore convention, see the module docstring)."""
-    n, d, m, h = cfg.num_tokens, cfg.width, cfg.mlp_dim, cfg.num_heads
-    patch = cfg.num_patches * cfg.patch_size ** 2 * cfg.channels * d
-    attn = 4 * n * d * d + 2 * n * n * d          # q, k, v, out projections + QKᵀ + A·V
-    del h                                         # head count does not change the count
+def _axis_sizes(path: str, leaf: Any) -> dict[str, int]:
+    return dict(zip(layout.leaf_axes(path, np.ndim(leaf)), np.shape(leaf)))
+
+
+def _block_flops(q: dict[str, int], fc1: dict[str, int], n: int) -> int:
+    """Forward FLOPs of the blocks described by the q kernel's and fc1 kernel's axis sizes
+    (times their 'layers' axis when stacked)."""
+    d, a, m = q['embed'], q['heads'] * q['head_dim'], fc1['mlp']
+    attn = 4 * n * d * a + 2 * n * n * a          # q, k, v, out projections + QKᵀ + A·V
     mlp = 2 * n * d * m
     ln = 2 * LN_FLOPS_PER_ELEMENT * n * d
-    final_ln = LN_FLOPS_PER_ELEMENT * d * (n if (cfg.pool == 'cls' or cfg.pool_norm == 'before') else 1)
-    heads = d * cfg.num_classes * (2 if cfg.distill_token else 1)
-    return patch + cfg.depth * (attn + mlp + ln) + final_ln + heads
+    return q.get('layers', 1) * (attn + mlp + ln)
+
+
+def flops_per_image(cfg: ViTConfig, params: Any = None) -> int:
+    """Forward FLOPs of one image (fvcore convention, see the module docstring).
+
+    Sizes come from `params` (arrays or `jax.ShapeDtypeStruct`s, stacked or list layout;
+    blocks may differ in shape) or, without it, from the shapes of `vit.init(cfg)`; `cfg`
+    supplies the pooling (`pool`, `pool_norm`).
+    """
+    shapes = _shapes(cfg if params is None else params)
+    flat = pytree.flatten(shapes)
+    n = _axis_sizes('pos_embed', flat['pos_embed'])['tokens']
+    pk = _axis_sizes('patch_embed/kernel', flat['patch_embed/kernel'])
+    d = pk['embed']
+    patches = n - sum(k in shapes for k in ('cls_token', 'dist_token'))
+    total = patches * pk['patch_h'] * pk['patch_w'] * pk['channels'] * d
+    prefixes = [p[:-len('attn/q/kernel')] for p in flat if p.endswith('attn/q/kernel')]
+    for pre in prefixes:
+        q = _axis_sizes(f'{pre}attn/q/kernel', flat[f'{pre}attn/q/kernel'])
+        fc1 = _axis_sizes(f'{pre}mlp/fc1/kernel', flat[f'{pre}mlp/fc1/kernel'])
+        total += _block_flops(q, fc1, n)
+    normed = n if (cfg.pool == 'cls' or cfg.pool_norm == 'before') else 1
+    total += LN_FLOPS_PER_ELEMENT * d * normed
+    for h in common.HEAD_KEYS:
+        if f'{h}/kernel' in flat:
+            total += int(np.prod(np.shape(flat[f'{h}/kernel'])))
+    return int(total)
 
 
 @dataclasses.dataclass(frozen=True)

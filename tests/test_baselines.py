@@ -107,7 +107,7 @@ def test_errors(ancestor):
         baselines.he_lg(ancestor, cfg_(6), 5, jax.random.key(0))
     with pytest.raises(tleg.GeneError, match='k=0'):
         baselines.auto_lg(ancestor, cfg_(2), 0, jax.random.key(0))
-    with pytest.raises(tleg.GeneError, match=r'width=64.*shape mismatch'):
+    with pytest.raises(tleg.GeneError, match=r'width=64.*needs \(2, 32\)'):
         baselines.he_lg(ancestor, cfg_(4, width=64), 2, jax.random.key(0))
     with pytest.raises(tleg.GeneError, match='PRNG key'):
         baselines.pre_fin(ancestor, cfg_(6))

@@ -187,7 +187,7 @@ def test_descend_errors(fresh_gene):
         tleg.descend(gene, cfg.replace(num_heads=4))
     with pytest.raises(tleg.GeneError, match='mlp_dim=128'):
         tleg.descend(gene, cfg.replace(mlp_dim=128))
-    with pytest.raises(tleg.GeneError, match="10 classes.*head='new'"):
+    with pytest.raises(tleg.GeneError, match=r"'head/bias' has shape \(10,\).*num_classes=7.*head='new'"):
         tleg.descend(gene, cfg.replace(num_classes=7))
     with pytest.raises(tleg.GeneError, match='needs a PRNG key'):
         tleg.descend(gene, cfg.replace(num_classes=7), head='new')

@@ -1,7 +1,7 @@
-"""Baseline initialisers in the same API as `tleg.descend` (pure functions, jittable with
-the config and choices static).
+"""Baseline initialisers on the method contract (pure functions, jittable with the config and
+choices static).
 
-* `scratch`: random timm/DeiT init.
+* `scratch`: random timm/DeiT init; no gene.
 * `share_init_gene` / `share_init`: Share-Init (Lan et al. 2020, as a TLEG ablation): one
   shared layer θ_B (θ_A ≡ 0), so every descendant layer is identical.
 * `he_lg`: He-LG (Wang et al. 2022a): the *last* k layers of an ancestor on top of random
@@ -10,33 +10,51 @@ the config and choices static).
 * `pre_fin`: Pre-Fin(U): a model pretrained at the target shape; when depths differ, the
   first / last / middle layer choices of TLEG Fig. 4 ('#1', '#2', '#3').
 
-`embeddings='inherit'` copies patch/position embeddings, class token and final norm from
-the source; 'random' keeps them freshly drawn. Heads follow `tleg.descend`: 'inherit'
-(same class count) or 'new'.
+He-LG, Auto-LG and Pre-Fin take their gene from a trained model (`he_lg_gene`,
+`auto_lg_gene`, `pre_fin_gene`): a params-like tree whose `blocks` are the stored layers
+(stacked), plus the source's heads and, where chosen, its embeddings (patch/position
+embeddings, prefix tokens, final norm). `he_lg` / `auto_lg` / `pre_fin` take the model
+itself and are `descend_*(*_gene(model))`. `embeddings='inherit'` copies the embeddings,
+'random' draws them fresh; None inherits them exactly when the gene holds them. Heads:
+'inherit' (same class count) or 'new'.
 """
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import jax
 import numpy as np
 
-from jlearngene import pytree
-from jlearngene.genes import tleg
-from jlearngene.genes.tleg import GeneError
+from jlearngene.genes import common, tleg
+from jlearngene.genes.common import GeneError
 from jlearngene.models import layout, vit
 from jlearngene.models.config import ViTConfig
 
 Params = dict[str, Any]
 CHOICES = ('first', 'last', 'middle')
-EMBEDDINGS = ('inherit', 'random')
-_EMBED_KEYS = ('patch_embed', 'pos_embed', 'cls_token', 'dist_token', 'norm')
+EMBEDDINGS = common.EMBEDDINGS
 
+
+# ----------------------------------------------------------------------------------------
+# Scratch.
 
 def scratch(cfg: ViTConfig, key: jax.Array) -> Params:
     """A randomly initialised model (the Scratch baseline): `vit.init`."""
     return vit.init(cfg, key)
 
+
+def descend_scratch(gene: None, target_cfg: ViTConfig, *, key: jax.Array | None = None) -> Params:
+    """Scratch's descend: `vit.init(target_cfg, key)`; there is no gene (it must be None)."""
+    if gene is not None:
+        raise GeneError(f'scratch has no gene; got {type(gene).__name__}')
+    if key is None:
+        raise GeneError('scratch: a random model needs a PRNG key')
+    return scratch(target_cfg, key)
+
+
+# ----------------------------------------------------------------------------------------
+# Share-Init.
 
 def share_init_gene(cfg: ViTConfig, key: jax.Array) -> tleg.Gene:
     """A Share-Init gene for an Aux-Net of shape `cfg`: one shared layer θ_B (no θ_A), so
@@ -45,125 +63,200 @@ def share_init_gene(cfg: ViTConfig, key: jax.Array) -> tleg.Gene:
     return {'theta_b': gene['theta_b'], 'shared': gene['shared']}
 
 
+def _without_theta_a(gene: tleg.Gene) -> tleg.Gene:
+    tleg.check_gene(gene)
+    return {'theta_b': gene['theta_b'], 'shared': gene['shared']}
+
+
 def share_init(gene: tleg.Gene, target_cfg: ViTConfig, *, head: str = 'inherit',
-               key: jax.Array | None = None) -> Params:
-    """Share-Init descendant: every layer is the shared layer θ_B (θ_A ignored if present)."""
-    tleg._check_gene(gene)
-    return tleg.descend({'theta_b': gene['theta_b'], 'shared': gene['shared']}, target_cfg,
-                        head=head, key=key)
+               key: jax.Array | None = None, **options: Any) -> Params:
+    """Share-Init descendant: every layer is the shared layer θ_B (θ_A ignored if present).
+    `options` are those of `tleg.descend` (`others`, `embeddings`)."""
+    return tleg.descend(_without_theta_a(gene), target_cfg, head=head, key=key, **options)
 
 
-def _check_width(source: Params, target: Params, what: str, cfg: ViTConfig) -> None:
-    src_block = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype), source['blocks'])
-    want_block = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype), target['blocks'])
-    diff = pytree.structure_diff(want_block, src_block)
-    if any(diff.values()):
-        raise GeneError(f'{what}: source blocks do not fit the target config '
-                        f'(width={cfg.width}, num_heads={cfg.num_heads}, mlp_dim={cfg.mlp_dim}): '
-                        f'{pytree.describe_diff(diff)}')
+def share_init_param_count(gene: tleg.Gene, *, include_head: bool = False) -> int:
+    """Share-Init's S-Params: θ_B + shared, the part of the gene `share_init` reads."""
+    return tleg.gene_param_count(_without_theta_a(gene), include_head=include_head)
 
 
-def _assemble(source: Params, target_cfg: ViTConfig, key: jax.Array, *, src_layers: np.ndarray,
-              dst_layers: np.ndarray, head: str, embeddings: str, what: str) -> Params:
-    """Random target params with blocks dst_layers[i] := source blocks src_layers[i]."""
-    if head not in tleg.HEADS:
-        raise GeneError(f'{what}: head={head!r}; expected one of {tleg.HEADS}')
-    if embeddings not in EMBEDDINGS:
-        raise GeneError(f'{what}: embeddings={embeddings!r}; expected one of {EMBEDDINGS}')
-    if not layout.is_stacked(source):
-        source = layout.stack_blocks(source)
-    # every check runs on shapes, before anything is drawn
-    want = jax.eval_shape(lambda: vit.init(target_cfg, jax.random.key(0)))
-    _check_width(source, want, what, target_cfg)
-    inherit = [k for k in _EMBED_KEYS if k in want] if embeddings == 'inherit' else []
-    for k in inherit:
-        if k not in source:
-            raise GeneError(f"{what}: the target config needs '{k}' but the source model has none")
-    for k in inherit:
-        _same_shapes(source[k], want[k], k, what, target_cfg)
-    heads = []
-    if target_cfg.num_classes and head == 'inherit':
-        if 'head' not in source:
-            raise GeneError(f"{what}(head='inherit'): the source model has no head; use head='new'")
-        _same_shapes(source['head'], want['head'], 'head', what, target_cfg,
-                     hint="; use head='new' for a different number of classes")
-        heads = [k for k in ('head', 'head_dist') if k in want]
+# ----------------------------------------------------------------------------------------
+# Genes taken from a model.
 
-    params = vit.init(target_cfg, key)
-    idx_src, idx_dst = np.asarray(src_layers), np.asarray(dst_layers)
-    params['blocks'] = jax.tree.map(lambda t, s: t.at[idx_dst].set(s[idx_src].astype(t.dtype)),
-                                    params['blocks'], source['blocks'])
-    for k in inherit + heads:
-        params[k] = source[k]
+def _layers_gene(model: Params, layers: np.ndarray, embeddings: str, what: str) -> Params:
+    """{'blocks': model layers `layers` (stacked), the model's heads, its embeddings when
+    embeddings='inherit'}."""
+    common.check_choice(what, 'embeddings', embeddings, EMBEDDINGS)
+    model = common.stacked(model, what)
+    keep = common.HEAD_KEYS + (common.EMBED_KEYS if embeddings == 'inherit' else ())
+    gene = {k: v for k, v in model.items() if k in keep}
+    gene['blocks'] = common.gather_layers(model['blocks'], layers)
+    return gene
+
+
+def _check_k(k: int, src_depth: int, dst_depth: int | None, what: str) -> None:
+    hi = src_depth if dst_depth is None else min(src_depth, dst_depth)
+    where = (f'ancestor depth {src_depth}' if dst_depth is None
+             else f'min(ancestor depth {src_depth}, target depth {dst_depth})')
+    if not (isinstance(k, (int, np.integer)) and 1 <= k <= hi):
+        raise GeneError(f'{what}: k={k!r} layers must be in [1, {where}]')
+
+
+def he_lg_gene(ancestor: Params, *, k: int = 3, embeddings: str = 'random') -> Params:
+    """He-LG's learngene: the ancestor's last k layers (+ its embeddings if 'inherit')."""
+    n = layout.depth_of(ancestor)
+    _check_k(k, n, None, 'he_lg')
+    return _layers_gene(ancestor, np.arange(n - k, n), embeddings, 'he_lg')
+
+
+def auto_lg_gene(ancestor: Params, *, k: int = 3, embeddings: str = 'inherit') -> Params:
+    """Auto-LG's learngene: the ancestor's first k layers and (by default) its patch/position
+    embeddings, which those layers were trained on."""
+    _check_k(k, layout.depth_of(ancestor), None, 'auto_lg')
+    return _layers_gene(ancestor, np.arange(k), embeddings, 'auto_lg')
+
+
+def pre_fin_gene(pretrained: Params) -> Params:
+    """Pre-Fin's gene: the whole pretrained model (stacked layout)."""
+    return _layers_gene(pretrained, np.arange(layout.depth_of(pretrained)), 'inherit', 'pre_fin')
+
+
+def _check_layers_gene(gene: Any, what: str) -> int:
+    if not isinstance(gene, dict) or not isinstance(gene.get('blocks'), dict):
+        got = sorted(gene) if isinstance(gene, dict) else type(gene).__name__
+        raise GeneError(f"{what}: not a layers gene: expected a tree with stacked 'blocks', got {got}")
+    return common.num_layers(gene['blocks'])
+
+
+def _assemble(gene: Params, target_cfg: ViTConfig, key: jax.Array | None, *, src_layers,
+              dst_layers, head: str, embeddings: str | None, what: str) -> Params:
+    """Target params with blocks dst_layers[i] := gene blocks src_layers[i], every other
+    target layer (and what is not inherited) as `vit.init(target_cfg, key)` draws it."""
+    want = common.target_shapes(target_cfg)   # every check runs on shapes, before any draw
+    common.check_fits(common.block_shapes(gene['blocks']), common.block_shapes(want['blocks']),
+                      what, target_cfg, prefix='blocks/', complete=True)
+    src, dst = np.asarray(src_layers), np.asarray(dst_layers)
+    drawn_layers = sorted(set(range(target_cfg.depth)) - set(dst.tolist()))
+    if drawn_layers and key is None:
+        raise GeneError(f'{what}: target layers {drawn_layers} are drawn fresh and need a PRNG key')
+    base = None if key is None else vit.init(target_cfg, key)
+    params = common.embeddings_and_heads(gene, target_cfg, head=head, embeddings=embeddings,
+                                         fresh=None if base is None else (lambda: base),
+                                         what=what, want=want)
+    if base is None:   # every target layer comes from the gene
+        order = src[np.argsort(dst)]
+        params['blocks'] = jax.tree.map(lambda x, w: x[order].astype(w.dtype),
+                                        gene['blocks'], want['blocks'])
+    else:
+        params['blocks'] = common.place_layers(base['blocks'], dst, gene['blocks'], src)
     return params
 
 
-def _same_shapes(got, want, name, what, cfg, hint=''):
-    for path, leaf in pytree.flatten(got).items():
-        w = pytree.flatten(want).get(path)
-        if w is None or np.shape(leaf) != np.shape(w):
-            full = f'{name}/{path}' if path else name
-            raise GeneError(f"{what}: source '{full}' has shape {tuple(np.shape(leaf))} but the "
-                            f'target config (width={cfg.width}, image_size={cfg.image_size}, '
-                            f'patch_size={cfg.patch_size}, num_classes={cfg.num_classes}) needs '
-                            f'{None if w is None else tuple(np.shape(w))}{hint}')
+def descend_he_lg(gene: Params, target_cfg: ViTConfig, *, key: jax.Array | None = None,
+                  head: str = 'new', embeddings: str | None = None) -> Params:
+    """He-LG's descend: the gene's k layers become the target's last k layers; the layers
+    below, the head (by default) and the embeddings the gene lacks are random."""
+    k, d = _check_layers_gene(gene, 'he_lg'), target_cfg.depth
+    if k > d:
+        raise GeneError(f"he_lg: the gene's {k} layers do not fit in target depth {d}")
+    return _assemble(gene, target_cfg, key, src_layers=np.arange(k), dst_layers=np.arange(d - k, d),
+                     head=head, embeddings=embeddings, what='he_lg')
 
 
-def _check_k(k: int, src_depth: int, dst_depth: int, what: str) -> None:
-    if not (isinstance(k, (int, np.integer)) and 1 <= k <= min(src_depth, dst_depth)):
-        raise GeneError(f'{what}: k={k!r} layers must be in [1, min(ancestor depth {src_depth}, '
-                        f'target depth {dst_depth})]')
-
-
-def he_lg(ancestor: Params, target_cfg: ViTConfig, k: int, key: jax.Array, *,
-          head: str = 'new', embeddings: str = 'random') -> Params:
-    """He-LG: the ancestor's last k layers become the target's last k layers; the layers below
-    and (by default) the embeddings and head are random, as the learngene is only the layers."""
-    n, d = layout.depth_of(ancestor), target_cfg.depth
-    _check_k(k, n, d, 'he_lg')
-    return _assemble(ancestor, target_cfg, key, src_layers=np.arange(n - k, n),
-                     dst_layers=np.arange(d - k, d), head=head, embeddings=embeddings, what='he_lg')
-
-
-def auto_lg(ancestor: Params, target_cfg: ViTConfig, k: int, key: jax.Array, *,
-            head: str = 'new', embeddings: str = 'inherit') -> Params:
-    """Auto-LG: the ancestor's first k layers (and by default its patch/position embeddings,
-    which those layers were trained on) become the target's first k layers; the rest random."""
-    n, d = layout.depth_of(ancestor), target_cfg.depth
-    _check_k(k, n, d, 'auto_lg')
-    return _assemble(ancestor, target_cfg, key, src_layers=np.arange(k), dst_layers=np.arange(k),
+def descend_auto_lg(gene: Params, target_cfg: ViTConfig, *, key: jax.Array | None = None,
+                    head: str = 'new', embeddings: str | None = None) -> Params:
+    """Auto-LG's descend: the gene's k layers become the target's first k layers; the layers
+    above and the head (by default) are random."""
+    k, d = _check_layers_gene(gene, 'auto_lg'), target_cfg.depth
+    if k > d:
+        raise GeneError(f"auto_lg: the gene's {k} layers do not fit in target depth {d}")
+    return _assemble(gene, target_cfg, key, src_layers=np.arange(k), dst_layers=np.arange(k),
                      head=head, embeddings=embeddings, what='auto_lg')
 
 
 def layer_window(n_small: int, n_large: int, choice: str) -> np.ndarray:
     """Indices of an n_small-layer window inside n_large layers: 'first', 'last' or 'middle'
     (offset ⌊(n_large − n_small)/2⌋)."""
-    if choice not in CHOICES:
-        raise GeneError(f'choice={choice!r}; expected one of {CHOICES}')
+    common.check_choice('layer_window', 'choice', choice, CHOICES)
     start = {'first': 0, 'last': n_large - n_small, 'middle': (n_large - n_small) // 2}[choice]
     return np.arange(start, start + n_small)
 
 
-def pre_fin(pretrained: Params, target_cfg: ViTConfig, *, choice: str = 'first',
-            key: jax.Array | None = None, head: str = 'inherit') -> Params:
-    """Pre-Fin(U): initialise from a model pretrained at the target's width.
+def descend_pre_fin(gene: Params, target_cfg: ViTConfig, *, key: jax.Array | None = None,
+                    head: str = 'inherit', embeddings: str | None = None,
+                    choice: str = 'first') -> Params:
+    """Pre-Fin's descend from the pretrained model (the gene) at the target's width.
 
     Same depth: a copy. Deeper target: the pretrained layers fill the target's first / last /
     middle window (Fig. 4, '#1/#2/#3'), other layers random. Shallower target: the target takes
-    the pretrained model's first / last / middle layers. Embeddings are always inherited.
-    `key` is needed when layers or the head are drawn fresh.
+    the pretrained model's first / last / middle layers. `key` is needed when layers, the head
+    or the embeddings are drawn fresh.
     """
-    n, d = layout.depth_of(pretrained), target_cfg.depth
-    if choice not in CHOICES:
-        raise GeneError(f'pre_fin: choice={choice!r}; expected one of {CHOICES}')
-    if key is None:
-        if d > n or head == 'new':
-            raise GeneError('pre_fin: a PRNG key is needed for the random layers / new head '
-                            f'(pretrained depth {n}, target depth {d}, head={head!r})')
-        key = jax.random.key(0)   # every leaf below is overwritten from `pretrained`
+    common.check_choice('pre_fin', 'choice', choice, CHOICES)
+    n, d = _check_layers_gene(gene, 'pre_fin'), target_cfg.depth
     if d >= n:
         src, dst = np.arange(n), layer_window(n, d, choice)
     else:
         src, dst = layer_window(d, n, choice), np.arange(d)
-    return _assemble(pretrained, target_cfg, key, src_layers=src, dst_layers=dst, head=head,
-                     embeddings='inherit', what='pre_fin')
+    return _assemble(gene, target_cfg, key, src_layers=src, dst_layers=dst, head=head,
+                     embeddings=embeddings, what='pre_fin')
+
+
+# ----------------------------------------------------------------------------------------
+# The model-taking forms.
+
+def he_lg(ancestor: Params, target_cfg: ViTConfig, k: int, key: jax.Array, *,
+          head: str = 'new', embeddings: str = 'random') -> Params:
+    """He-LG: the ancestor's last k layers become the target's last k layers; the layers below
+    and (by default) the embeddings and head are random, as the learngene is only the layers."""
+    _check_k(k, layout.depth_of(ancestor), target_cfg.depth, 'he_lg')
+    return descend_he_lg(he_lg_gene(ancestor, k=k, embeddings=embeddings), target_cfg, key=key,
+                         head=head, embeddings=embeddings)
+
+
+def auto_lg(ancestor: Params, target_cfg: ViTConfig, k: int, key: jax.Array, *,
+            head: str = 'new', embeddings: str = 'inherit') -> Params:
+    """Auto-LG: the ancestor's first k layers (and by default its patch/position embeddings,
+    which those layers were trained on) become the target's first k layers; the rest random."""
+    _check_k(k, layout.depth_of(ancestor), target_cfg.depth, 'auto_lg')
+    return descend_auto_lg(auto_lg_gene(ancestor, k=k, embeddings=embeddings), target_cfg, key=key,
+                           head=head, embeddings=embeddings)
+
+
+def pre_fin(pretrained: Params, target_cfg: ViTConfig, *, choice: str = 'first',
+            key: jax.Array | None = None, head: str = 'inherit') -> Params:
+    """Pre-Fin(U): initialise from a model pretrained at the target's width (see
+    `descend_pre_fin`); embeddings are always inherited."""
+    return descend_pre_fin(pre_fin_gene(pretrained), target_cfg, key=key, head=head,
+                           embeddings='inherit', choice=choice)
+
+
+# ----------------------------------------------------------------------------------------
+# Registry entries.
+
+def _from_model(make: Callable[..., Params], what: str) -> Callable[..., Params]:
+    """`make(model, **options)` as a `gene_from_model(params, cfg, **options)` that first
+    checks the model against its config."""
+    def gene_from_model(params: Params, cfg: ViTConfig, **options: Any) -> Params:
+        return make(common.check_model(params, cfg, what), **options)
+    gene_from_model.__doc__ = make.__doc__
+    return gene_from_model
+
+
+SCRATCH = common.register(common.Method(
+    name='scratch', label='Scratch', source='none', descend=descend_scratch,
+    gene_param_count=functools.partial(common.count, include_head=False)))
+SHARE_INIT = common.register(common.Method(
+    name='share_init', label='Share-Init', source='learned', init_gene=share_init_gene,
+    materialize=tleg.materialize, descend=share_init, gene_param_count=share_init_param_count))
+HE_LG = common.register(common.Method(
+    name='he_lg', label='He-LG', source='model', gene_from_model=_from_model(he_lg_gene, 'he_lg'),
+    descend=descend_he_lg, gene_param_count=functools.partial(common.count, include_head=False)))
+AUTO_LG = common.register(common.Method(
+    name='auto_lg', label='Auto-LG', source='model',
+    gene_from_model=_from_model(auto_lg_gene, 'auto_lg'), descend=descend_auto_lg,
+    gene_param_count=functools.partial(common.count, include_head=False)))
+PRE_FIN = common.register(common.Method(
+    name='pre_fin', label='Pre-Fin', source='model',
+    gene_from_model=_from_model(pre_fin_gene, 'pre_fin'), descend=descend_pre_fin,
+    gene_param_count=functools.partial(common.count, include_head=False), gene_per_target=True))

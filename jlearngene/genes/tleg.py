@@ -28,9 +28,13 @@ Stage 1 (Aux-Net): `materialize(gene, None, aux_cfg)` = `expand(gene, aux_cfg.de
 gives canonical params; the loss runs `apply` on them, so `jax.grad` reaches θ_A and θ_B
 through the broadcast (∂/∂θ_B = Σ_l g_l, ∂/∂θ_A = Σ_l (l/L)·g_l). Stage 2: `descend`
 initialises a descendant of any depth with its own L_d.
+
+`METHOD` is the registry's 'tleg' entry (`jlearngene.genes.get('tleg')`): source 'learned',
+with these functions as its verbs; its S-Params exclude the head by default.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -38,6 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jlearngene import pytree
+from jlearngene.genes import common
+from jlearngene.genes.common import GeneError
 from jlearngene.models import vit
 from jlearngene.models.config import ViTConfig
 
@@ -51,12 +57,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     'ls': ('ls1', 'ls2'),
 }
 DEFAULT_EXPAND = ('msa', 'mlp', 'ln')   # the paper's main setting (Table 4, #5)
-HEADS = ('inherit', 'new')
+HEADS = common.HEADS
 OTHERS = ('random', 'inherit')
-
-
-class GeneError(ValueError):
-    """An impossible gene / target combination; the message names the mismatch."""
 
 
 # ----------------------------------------------------------------------------------------
@@ -123,7 +125,8 @@ def init_gene(cfg: ViTConfig, key: jax.Array, expand: Sequence[str] = DEFAULT_EX
 # ----------------------------------------------------------------------------------------
 # Introspection.
 
-def _check_gene(gene: Any) -> None:
+def check_gene(gene: Any) -> None:
+    """GeneError unless `gene` has the structure of a TLEG gene (θ_A optional)."""
     if not isinstance(gene, Mapping) or 'theta_b' not in gene or 'shared' not in gene:
         got = list(gene) if isinstance(gene, Mapping) else type(gene).__name__
         raise GeneError(f"not a TLEG gene: expected keys 'theta_b', 'shared' (and 'theta_a'), got {got}")
@@ -134,20 +137,15 @@ def _check_gene(gene: Any) -> None:
         pytree.assert_same_structure(gene['theta_b'], gene['theta_a'], 'theta_b and theta_a')
 
 
-def _leading(tree: Any) -> int | None:
-    leaves = jax.tree.leaves(tree)
-    return int(np.shape(leaves[0])[0]) if leaves else None
-
-
 def aux_depth(gene: Gene) -> int | None:
     """Depth of the Aux-Net the gene was built for, when it has free per-layer block params
     (`shared['blocks']`); None when every block param is expanded (then any depth works)."""
-    return _leading(gene['shared'].get('blocks', {}))
+    return common.num_layers(gene['shared'].get('blocks', {})) or None
 
 
 def from_layer_of(gene: Gene) -> int:
     """Number of leading free (non-expanded) layers: 0 unless the gene was partially expanded."""
-    return _leading(gene['shared'].get('prefix', {})) or 0
+    return common.num_layers(gene['shared'].get('prefix', {}))
 
 
 def expanded_modules(gene: Gene) -> tuple[str, ...]:
@@ -197,16 +195,12 @@ def _expand_core(gene: Gene, depth: int) -> Params:
     return blocks
 
 
-def _top_level(shared: Params) -> Params:
-    return {k: v for k, v in shared.items() if k not in ('blocks', 'prefix')}
-
-
 def expand(gene: Gene, depth: int) -> Params:
     """Canonical stacked ViT params of the Aux-Net of `depth` layers: every expanded tensor
     is θ_B + (l/depth)·θ_A; free per-layer params come from `shared`. Jittable with `depth`
     static. A gene with free per-layer block params (`shared['blocks']`) needs depth equal to
     its Aux-Net depth; use `descend` for other depths."""
-    _check_gene(gene)
+    check_gene(gene)
     blocks = _expand_core(gene, depth)
     free = gene['shared'].get('blocks')
     if free:
@@ -216,7 +210,7 @@ def expand(gene: Gene, depth: int) -> Params:
                             f"(non-expanded modules {sorted(free)}); expand needs depth={n}, "
                             f'got {depth}; use descend() for other depths')
         blocks = {**blocks, **free}
-    params = _top_level(gene['shared'])
+    params = common.top_level(gene['shared'])
     params['blocks'] = blocks
     return params
 
@@ -229,21 +223,8 @@ def materialize(trainable: Gene, frozen: Mapping[str, Any] | None, cfg: ViTConfi
     error). Gradients of a loss over `vit.apply(materialize(...), ...)` w.r.t. `trainable`
     reach only the gene.
     """
-    gene = _deep_merge(trainable, frozen or {}, 'gene')
+    gene = common.merge_disjoint(trainable, frozen or {}, 'materialize', ('trainable', 'frozen'))
     return expand(gene, cfg.depth)
-
-
-def _deep_merge(a: Mapping, b: Mapping, where: str) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        if k in out:
-            if isinstance(out[k], Mapping) and isinstance(v, Mapping):
-                out[k] = _deep_merge(out[k], v, f'{where}/{k}')
-            else:
-                raise GeneError(f'materialize: {where}/{k} is both trainable and frozen')
-        else:
-            out[k] = v
-    return out
 
 
 # ----------------------------------------------------------------------------------------
@@ -268,29 +249,14 @@ def descendant_config(cfg: ViTConfig, depth: int, *, num_classes: int | None = N
     return cfg.replace(**changes)
 
 
-def _target_shapes(cfg: ViTConfig) -> Params:
-    return jax.eval_shape(lambda: vit.init(cfg, jax.random.key(0)))
-
-
-def _shape_str(cfg: ViTConfig) -> str:
-    return (f'width={cfg.width}, num_heads={cfg.num_heads}, mlp_dim={cfg.mlp_dim}, '
-            f'patch_size={cfg.patch_size}, image_size={cfg.image_size}')
-
-
-def _check_shapes(got: Any, want: Any, what: str, cfg: ViTConfig) -> None:
-    fg, fw = pytree.flatten(got), pytree.flatten(want)
-    for path, leaf in fg.items():
-        if path in fw and tuple(np.shape(leaf)) != tuple(fw[path].shape):
-            raise GeneError(f"{what}: gene '{path}' has shape {tuple(np.shape(leaf))} but the target "
-                            f'config ({_shape_str(cfg)}) needs {tuple(fw[path].shape)}')
-
-
 def descend(gene: Gene, target_cfg: ViTConfig, *, head: str = 'inherit',
-            key: jax.Array | None = None, others: str = 'random') -> Params:
+            key: jax.Array | None = None, others: str = 'random',
+            embeddings: str | None = None) -> Params:
     """Initialise a descendant of any depth ≥ 1 (also deeper than the Aux-Net).
 
     Every expanded tensor of layer i is θ_B + (i/L_d)·θ_A with the descendant's own L_d =
-    `target_cfg.depth`. Patch/position embeddings, class token and final norm are inherited.
+    `target_cfg.depth`. Patch/position embeddings, class token and final norm are inherited
+    (`embeddings` None or 'inherit'; 'random' draws them fresh, needs `key`).
     `head='inherit'` copies the gene's head (same class count required); `head='new'`
     draws a fresh one (needs `key`; use it for a different number of classes).
     Block modules the gene does not expand are drawn fresh (`others='random'`, needs `key`;
@@ -300,48 +266,27 @@ def descend(gene: Gene, target_cfg: ViTConfig, *, head: str = 'inherit',
 
     The pooling order is a config property: build `target_cfg` with
     `descendant_config(..., official_pool_order=True)` for the official Des-Net quirk.
-    Jittable with `target_cfg`, `head`, `others` static.
+    Jittable with `target_cfg`, `head`, `others`, `embeddings` static.
     """
-    _check_gene(gene)
-    if head not in HEADS:
-        raise GeneError(f'head={head!r}; expected one of {HEADS}')
-    if others not in OTHERS:
-        raise GeneError(f'others={others!r}; expected one of {OTHERS}')
+    check_gene(gene)
+    common.check_choice('descend', 'others', others, OTHERS)
     shared = gene['shared']
-    want = _target_shapes(target_cfg)
-    want_block = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), want['blocks'])
-    _check_shapes(gene['theta_b'], want_block, 'descend', target_cfg)
-    top = _top_level(shared)
-    missing = sorted(k for k in want if k not in ('blocks', 'head', 'head_dist') and k not in top)
-    if missing:
-        raise GeneError(f'descend: the target config needs {missing} but the gene has none '
-                        f'(gene top-level params: {sorted(top)}); match class_token/'
-                        'distill_token of the Aux-Net config')
-    _check_shapes({k: v for k, v in top.items() if k not in ('head', 'head_dist')}, want,
-                  'descend', target_cfg)
-
-    params: Params = {k: v for k, v in top.items() if k in want and k not in ('head', 'head_dist')}
+    want = common.target_shapes(target_cfg)
+    common.check_fits(gene['theta_b'], common.block_shapes(want['blocks']), 'descend', target_cfg,
+                      prefix='theta_b/')
     kh, kb = jax.random.split(key) if key is not None else (None, None)
-    if target_cfg.num_classes:
-        if head == 'inherit':
-            if 'head' not in top:
-                raise GeneError("descend(head='inherit'): the gene has no head; use head='new'")
-            got_k = int(np.shape(top['head']['bias'])[0])
-            if got_k != target_cfg.num_classes or np.shape(top['head']['kernel'])[0] != target_cfg.width:
-                raise GeneError(f"descend(head='inherit'): the gene's head has shape "
-                                f"{tuple(np.shape(top['head']['kernel']))} ({got_k} classes) but the "
-                                f"target needs {tuple(want['head']['kernel'].shape)}; use head='new' "
-                                'with a key for a different number of classes')
-            params['head'] = top['head']
-            if 'head_dist' in want:
-                params['head_dist'] = top['head_dist']
-        else:
-            if key is None:
-                raise GeneError("descend(head='new') needs a PRNG key")
-            params['head'] = vit.init_head(target_cfg, kh)
-            if 'head_dist' in want:
-                params['head_dist'] = vit.init_head(target_cfg, jax.random.fold_in(kh, 1))
 
+    def fresh() -> Params:   # only the drawn entries are used
+        top = vit.init_embeddings(target_cfg, jax.random.fold_in(key, 2))
+        if target_cfg.num_classes:
+            top['head'] = vit.init_head(target_cfg, kh)
+            if target_cfg.distill_token:
+                top['head_dist'] = vit.init_head(target_cfg, jax.random.fold_in(kh, 1))
+        return top
+
+    params = common.embeddings_and_heads(shared, target_cfg, head=head, embeddings=embeddings,
+                                         fresh=None if key is None else fresh, what='descend',
+                                         want=want)
     depth = target_cfg.depth
     blocks = _expand_core(gene, depth)
     free_keys = [k for k in want['blocks'] if k not in blocks]
@@ -352,25 +297,30 @@ def descend(gene: Gene, target_cfg: ViTConfig, *, head: str = 'inherit',
                 raise GeneError(f"descend(others='inherit'): the gene has free per-layer params "
                                 f'{sorted(free)} for {aux_depth(gene)} layers; the target needs '
                                 f'{free_keys} for {depth} layers')
-            _check_shapes(free, want['blocks'], 'descend', target_cfg)
+            common.check_fits(free, want['blocks'], 'descend', target_cfg, prefix="shared/blocks/")
             blocks.update(free)
         else:
             if key is None:
                 raise GeneError(f'descend: the gene does not expand {free_keys}; these are drawn '
                                 "fresh and need a PRNG key (or others='inherit' at the Aux-Net depth)")
-            fresh = jax.vmap(lambda k: vit.init_block(target_cfg, k))(jax.random.split(kb, depth))
-            blocks.update({k: fresh[k] for k in free_keys})
-    unexpected = [k for k in blocks if k not in want['blocks']]
-    if unexpected:
-        raise GeneError(f'descend: the gene has block modules {unexpected} that the target config '
-                        'does not have (layer_scale / qkv_bias mismatch?)')
+            fresh_blocks = jax.vmap(lambda k: vit.init_block(target_cfg, k))(jax.random.split(kb, depth))
+            blocks.update({k: fresh_blocks[k] for k in free_keys})
     params['blocks'] = blocks
     pytree.assert_same_structure(want, params, 'descend: target params and built params')
     return params
 
 
 def gene_param_count(gene: Gene, *, include_head: bool = True) -> int:
-    """Parameters stored in the gene (its S-Params): θ_A + θ_B + shared (head optional)."""
-    tree = gene if include_head else {**gene, 'shared': {k: v for k, v in gene['shared'].items()
-                                                         if k not in ('head', 'head_dist')}}
-    return pytree.count_params(tree, groups=None)['total']
+    """Parameters stored in the gene (its S-Params): θ_A + θ_B + shared (head optional), as
+    `descend` reads them by default. Free per-layer params of non-expanded modules
+    (`shared['blocks']`) are Aux-Net parameters, not part of the learngene: descendants draw
+    those modules fresh."""
+    check_gene(gene)
+    stored = {**gene, 'shared': {k: v for k, v in gene['shared'].items() if k != 'blocks'}}
+    return common.count(stored['theta_b']) + common.count(stored.get('theta_a')) + common.count(
+        stored['shared'], include_head=include_head)
+
+
+METHOD = common.register(common.Method(
+    name='tleg', label='TLEG', source='learned', init_gene=init_gene, materialize=materialize,
+    descend=descend, gene_param_count=functools.partial(gene_param_count, include_head=False)))

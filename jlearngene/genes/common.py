@@ -1,0 +1,294 @@
+"""What every method shares: the `Method` record and its registry, `GeneError`, shape checks
+against a target config, inheriting embeddings and heads, and layer gathers.
+
+Everything here is a pure function on parameter trees (arrays or `jax.ShapeDtypeStruct`s);
+the checks read only shapes, so they run before anything is drawn and under `jax.jit`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jlearngene import pytree
+from jlearngene.models import layout, vit
+from jlearngene.models.config import ViTConfig
+
+Params = dict[str, Any]
+Gene = Any
+
+HEADS = ('inherit', 'new')
+EMBEDDINGS = ('inherit', 'random')
+SOURCES = ('learned', 'model', 'none')
+EMBED_KEYS = ('patch_embed', 'pos_embed', 'cls_token', 'dist_token', 'norm')
+HEAD_KEYS = ('head', 'head_dist')
+
+
+class GeneError(ValueError):
+    """An impossible gene / target combination; the message names the mismatch."""
+
+
+# ----------------------------------------------------------------------------------------
+# The method record and the registry.
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One initialisation method, described by the same verbs as every other.
+
+    Attributes:
+      name: registry key ('tleg', 'he_lg', ...).
+      label: display name ('TLEG', 'He-LG', ...).
+      source: where the gene comes from. 'learned': `init_gene(cfg, key, **options)` makes a
+        fresh gene that is trained through `materialize(trainable, frozen, cfg) -> params`.
+        'model': `gene_from_model(params, cfg, **options)` takes it from a trained model of
+        config `cfg`. 'none': no gene (it is None).
+      descend: `descend(gene, target_cfg, *, key=None, **options) -> params`, the canonical
+        stacked params of a descendant of shape `target_cfg`; jittable with the config and
+        options static; raises GeneError for impossible requests.
+      gene_param_count: `gene_param_count(gene, *, include_head=False) -> int`, the parameters
+        the method stores (S-Params): the gene's leaves that `descend` reads.
+      gene_per_target: without a source model, one gene per distinct target shape is stored
+        (Pre-Fin pretrains a model at each size).
+    """
+    name: str
+    label: str
+    source: str
+    descend: Callable[..., Params] = dataclasses.field(repr=False)
+    gene_param_count: Callable[..., int] = dataclasses.field(repr=False)
+    init_gene: Callable[..., Gene] | None = dataclasses.field(default=None, repr=False)
+    materialize: Callable[..., Params] | None = dataclasses.field(default=None, repr=False)
+    gene_from_model: Callable[..., Gene] | None = dataclasses.field(default=None, repr=False)
+    gene_per_target: bool = False
+
+    def __post_init__(self):
+        if self.source not in SOURCES:
+            raise GeneError(f'method {self.name!r}: source={self.source!r}; expected one of {SOURCES}')
+        need = {'learned': ('init_gene', 'materialize'), 'model': ('gene_from_model',),
+                'none': ()}[self.source]
+        for verb in ('init_gene', 'materialize', 'gene_from_model'):
+            given = getattr(self, verb) is not None
+            if given != (verb in need):
+                raise GeneError(f"method {self.name!r} with source={self.source!r} "
+                                f"{'needs' if verb in need else 'takes no'} {verb}")
+
+    def gene_shapes(self, cfg: ViTConfig, **options: Any) -> Gene:
+        """Shapes of the gene (`jax.ShapeDtypeStruct` leaves; None for source 'none') that
+        `init_gene` or `gene_from_model` makes for a source of config `cfg`; nothing is
+        allocated."""
+        if self.source == 'learned':
+            return jax.eval_shape(lambda: self.init_gene(cfg, jax.random.key(0), **options))
+        if self.source == 'model':
+            return jax.eval_shape(lambda: self.gene_from_model(
+                vit.init(cfg, jax.random.key(0)), cfg, **options))
+        if options:
+            raise GeneError(f'{self.name} has no gene, so no gene options (got {sorted(options)})')
+        return None
+
+
+_REGISTRY: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    """Add `method` to the registry under `method.name` (a name is registered once)."""
+    if method.name in _REGISTRY and _REGISTRY[method.name] is not method:
+        raise GeneError(f'a method named {method.name!r} is already registered')
+    _REGISTRY[method.name] = method
+    return method
+
+
+def get(name: str) -> Method:
+    """The registered method `name`."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise GeneError(f'unknown method {name!r}; known: {names()}') from None
+
+
+def names() -> tuple[str, ...]:
+    """Registered method names, in registration order."""
+    return tuple(_REGISTRY)
+
+
+# ----------------------------------------------------------------------------------------
+# Choices, shapes and checks.
+
+def check_choice(what: str, option: str, value: Any, choices: Sequence[str]) -> None:
+    """GeneError unless `value` is one of `choices`."""
+    if value not in choices:
+        raise GeneError(f'{what}: {option}={value!r}; expected one of {tuple(choices)}')
+
+
+def target_shapes(cfg: ViTConfig) -> Params:
+    """Shapes of `vit.init(cfg)` (nothing is allocated)."""
+    return jax.eval_shape(lambda: vit.init(cfg, jax.random.key(0)))
+
+
+def block_shapes(blocks: Any) -> Any:
+    """Shapes of one block of a stacked `blocks` tree (the leading layers axis dropped)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype), blocks)
+
+
+def shape_str(cfg: ViTConfig) -> str:
+    """The config fields that fix parameter shapes, for error messages."""
+    return (f'width={cfg.width}, num_heads={cfg.num_heads}, head_dim={cfg.head_dim}, '
+            f'mlp_dim={cfg.mlp_dim}, patch_size={cfg.patch_size}, image_size={cfg.image_size}, '
+            f'num_classes={cfg.num_classes}')
+
+
+def check_fits(got: Any, want: Any, what: str, cfg: ViTConfig, *, source: str = 'gene',
+               prefix: str = '', complete: bool = False, hint: str = '',
+               config: str = 'the target config') -> None:
+    """GeneError unless every leaf of `got` exists in `want` (the shapes of `cfg`) with the
+    same shape and, with `complete`, `want` has no leaf that `got` lacks. The message names
+    the first mismatch, the `source` and `config` in words; `prefix` is prepended to the
+    paths in it, `hint` appended."""
+    fg, fw = pytree.flatten(got), pytree.flatten(want)
+    where = f'{config} ({shape_str(cfg)})'
+    for path, leaf in fg.items():
+        name = f'{prefix}{path}'
+        if path not in fw:
+            raise GeneError(f"{what}: the {source} has '{name}', which {where} does not have{hint}")
+        if tuple(np.shape(leaf)) != tuple(np.shape(fw[path])):
+            raise GeneError(f"{what}: the {source}'s '{name}' has shape {tuple(np.shape(leaf))} "
+                            f'but {where} needs {tuple(np.shape(fw[path]))}{hint}')
+    if complete:
+        missing = [p for p in fw if p not in fg]
+        if missing:
+            raise GeneError(f"{what}: {where} needs '{prefix}{missing[0]}' but the {source} "
+                            f'has none{hint}')
+
+
+def check_model(params: Params, cfg: ViTConfig, what: str) -> Params:
+    """`params` in the stacked layout, checked to be a whole model of config `cfg`."""
+    params = stacked(params, what)
+    want = target_shapes(cfg)
+    if layout.depth_of(params) != cfg.depth:
+        raise GeneError(f'{what}: the model has {layout.depth_of(params)} layers but its config '
+                        f'says depth={cfg.depth}')
+    check_fits(params, want, what, cfg, source='model', complete=True, config='its config')
+    return params
+
+
+# ----------------------------------------------------------------------------------------
+# Embeddings and heads.
+
+def top_level(tree: Mapping[str, Any]) -> Params:
+    """The embeddings and heads of a params-like tree (everything but blocks)."""
+    return {k: v for k, v in tree.items() if k in EMBED_KEYS + HEAD_KEYS}
+
+
+def embeddings_and_heads(source: Mapping[str, Any], target_cfg: ViTConfig, *, head: str,
+                         embeddings: str | None, fresh: Callable[[], Mapping[str, Any]] | None,
+                         what: str, want: Params | None = None, src: str = 'gene') -> Params:
+    """A descendant's top-level params: patch/position embeddings, prefix tokens and final
+    norm inherited from `source` (embeddings='inherit') or fresh ('random'; None: inherit
+    exactly when `source` holds embeddings); the heads inherited (head='inherit', same class
+    count) or fresh ('new').
+
+    `fresh()` returns freshly drawn top-level params of `target_cfg`; it is called only when
+    something is drawn, and None means no key was given. Every check runs on shapes first.
+    """
+    check_choice(what, 'head', head, HEADS)
+    if embeddings is None:
+        embeddings = 'inherit' if any(k in source for k in EMBED_KEYS) else 'random'
+    check_choice(what, 'embeddings', embeddings, EMBEDDINGS)
+    want = target_shapes(target_cfg) if want is None else want
+    inherit, draw = [], []
+    for k in (k for k in EMBED_KEYS if k in want):
+        (inherit if embeddings == 'inherit' else draw).append(k)
+    heads = [k for k in HEAD_KEYS if k in want]
+    if heads and head == 'inherit':
+        if 'head' not in source:
+            raise GeneError(f"{what}(head='inherit'): the {src} has no head; use head='new'")
+        inherit += heads
+    else:
+        draw += heads
+    missing = [k for k in inherit if k not in source]
+    if missing:
+        fix = ("head='new'" if missing[0] in HEAD_KEYS else
+               "embeddings='random' or a matching class_token/distill_token")
+        raise GeneError(f"{what}: the target config needs '{missing[0]}' but the {src} has none "
+                        f'(it has {sorted(top_level(source))}); use {fix}')
+    for k in inherit:
+        hint = "; use head='new' with a key for a different number of classes" if k in HEAD_KEYS else ''
+        check_fits({k: source[k]}, {k: want[k]}, what, target_cfg, source=src, complete=True,
+                   hint=hint)
+    if draw and fresh is None:
+        raise GeneError(f'{what}: drawing {draw} fresh needs a PRNG key (key=...)')
+    drawn = fresh() if draw else {}
+    return {**{k: source[k] for k in inherit}, **{k: drawn[k] for k in draw}}
+
+
+# ----------------------------------------------------------------------------------------
+# Layers.
+
+def stacked(params: Params, what: str) -> Params:
+    """`params` in the stacked layout (list-layout blocks are stacked; GeneError if they
+    differ in shape)."""
+    if layout.is_stacked(params):
+        return params
+    try:
+        return layout.stack_blocks(params)
+    except ValueError as e:
+        raise GeneError(f'{what}: {e}') from None
+
+
+def num_layers(blocks: Any) -> int:
+    """Length of the leading layers axis of a stacked `blocks` tree (0 when empty)."""
+    leaves = jax.tree.leaves(blocks)
+    return int(np.shape(leaves[0])[0]) if leaves else 0
+
+
+def gather_layers(blocks: Any, index: Sequence[int] | np.ndarray) -> Any:
+    """Layers `index` of a stacked `blocks` tree, stacked in that order."""
+    idx = np.asarray(index, dtype=np.int32)
+    return jax.tree.map(lambda x: x[idx], blocks)
+
+
+def place_layers(target: Any, dst: Sequence[int] | np.ndarray, source: Any,
+                 src: Sequence[int] | np.ndarray) -> Any:
+    """`target` (stacked) with layers dst[i] replaced by layer src[i] of `source` (stacked)."""
+    d, s = np.asarray(dst, dtype=np.int32), np.asarray(src, dtype=np.int32)
+    if d.shape != s.shape:
+        raise GeneError(f'place_layers: {d.size} target layers but {s.size} source layers')
+    return jax.tree.map(lambda t, x: t.at[d].set(x[s].astype(t.dtype)), target, source)
+
+
+def stack_layers(blocks: Sequence[Any]) -> Any:
+    """Per-layer block trees (same structure and shapes) stacked on a leading layers axis."""
+    if not blocks:
+        raise GeneError('stack_layers: no layers')
+    for i, b in enumerate(blocks[1:], start=1):
+        diff = pytree.structure_diff(blocks[0], b)
+        if any(diff.values()):
+            raise GeneError(f'stack_layers: layer {i} differs from layer 0 ({pytree.describe_diff(diff)})')
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)
+
+
+def merge_disjoint(a: Mapping, b: Mapping, what: str, names: tuple[str, str] = ('a', 'b'),
+                   path: str = '') -> dict:
+    """Nested union of two trees whose leaves do not overlap; an overlap is a GeneError
+    naming its path and the two trees (`names`)."""
+    out = dict(a)
+    for k, v in b.items():
+        p = f'{path}{k}'
+        if k in out:
+            if isinstance(out[k], Mapping) and isinstance(v, Mapping):
+                out[k] = merge_disjoint(out[k], v, what, names, f'{p}/')
+            else:
+                raise GeneError(f"{what}: '{p}' is both {names[0]} and {names[1]}")
+        else:
+            out[k] = v
+    return out
+
+
+def count(tree: Any, *, include_head: bool = True) -> int:
+    """Parameters in a tree; top-level heads ('head', 'head_dist') only with include_head."""
+    if tree is None:
+        return 0
+    if not include_head and isinstance(tree, Mapping):
+        tree = {k: v for k, v in tree.items() if k not in HEAD_KEYS}
+    return pytree.count_params(tree, groups=None)['total']
