@@ -1,4 +1,8 @@
-"""Shared flag parsing for commands that take an ml_collections config file."""
+"""Shared flag parsing for commands that take an ml_collections config file.
+
+`--config` takes a file path or the name of a config bundled with the package
+(`jlearngene.experiments.configs`: `--config tleg:smoke`, `--config digits_vit`), so an
+installed wheel runs its configs without the source tree."""
 from __future__ import annotations
 
 import argparse
@@ -9,17 +13,23 @@ from ml_collections import config_flags
 
 
 def parse(prog: str, argv: list[str], define_extra=None, *, config_required: bool = True):
-    """Parse `--config file.py[:arg] --config.x=y ... --other flags` with a locked config
+    """Parse `--config file.py|NAME[:arg] --config.x=y ... --other flags` with a locked config
     (a misspelt override is an error). Returns the absl FlagValues, or exits on --help."""
-    argv = [prog] + list(argv)
+    try:
+        argv = [prog] + resolve_config_arg(list(argv))
+    except ValueError as e:
+        print(f'{prog}: {e}', file=sys.stderr)
+        raise SystemExit(2) from None
     fv = flags.FlagValues()
-    config_flags.DEFINE_config_file('config', None, 'experiment config file (get_config), '
-                                    'optionally file.py:arg', flag_values=fv, lock_config=True,
+    config_flags.DEFINE_config_file('config', None, 'experiment config file (get_config) or '
+                                    'bundled config name, optionally with :arg', flag_values=fv, lock_config=True,
                                     sys_argv=argv)
     if define_extra:
         define_extra(fv)
     if any(a in ('-h', '--help', '-help', '--helpshort') for a in argv[1:]):
-        print(f'usage: {prog} --config FILE[:arg] [--config.key=value ...] [flags]\n\n{fv.get_help()}')
+        from jlearngene.experiments import configs
+        print(f'usage: {prog} --config FILE|NAME[:arg] [--config.key=value ...] [flags]\n\n'
+              f'bundled configs (NAME): {", ".join(configs.names())}\n\n{fv.get_help()}')
         raise SystemExit(0)
     try:
         fv(argv)
@@ -37,6 +47,20 @@ def parse(prog: str, argv: list[str], define_extra=None, *, config_required: boo
         print(f'{prog}: --config is required', file=sys.stderr)
         raise SystemExit(2)
     return fv
+
+
+def resolve_config_arg(argv: list[str]) -> list[str]:
+    """`argv` with the value of `--config NAME[:arg]` / `--config=NAME[:arg]` turned into the
+    bundled config's file path (`configs.resolve`); file paths stay as they are."""
+    from jlearngene.experiments import configs
+    out = list(argv)
+    for i, a in enumerate(out):
+        if a in ('--config', '-config') and i + 1 < len(out):
+            out[i + 1] = configs.resolve(out[i + 1])
+        elif a.startswith(('--config=', '-config=')):
+            flag, _, value = a.partition('=')
+            out[i] = f'{flag}={configs.resolve(value)}'
+    return out
 
 
 def parse_override(text: str):

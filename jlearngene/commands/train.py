@@ -1,4 +1,10 @@
-"""`jlearngene train --config experiments/configs/digits_vit.py --workdir DIR [--config.x=y]`."""
+"""`jlearngene train --config FILE|NAME[:arg] --workdir DIR [--config.x=y ...]`.
+
+The config's `task` picks what runs: 'classification' (`tasks.run_classification`, e.g.
+`--config digits_vit`) or 'experiment' (`jlearngene.experiments.harness.run`, e.g.
+`--config tleg:digits`, which `jlearngene demo` runs). NAME is a config bundled with the
+package (`jlearngene.experiments.configs.names()`); FILE a path to any config file.
+"""
 from __future__ import annotations
 
 import os
@@ -8,32 +14,39 @@ from absl import flags
 
 from jlearngene.commands import _config
 
-HELP = 'train from an ml_collections config file (--config.x=y overrides; resumes in WORKDIR)'
+HELP = 'train or run an experiment from a config (file or bundled name; --config.x=y overrides)'
+TASKS = ('classification', 'experiment')
 
 
 def _flags(fv):
     flags.DEFINE_string('workdir', None, 'run directory (metrics, checkpoints, config.json)', flag_values=fv)
-    flags.DEFINE_bool('progress', True, 'show a progress bar', flag_values=fv)
+    flags.DEFINE_bool('progress', True, 'show a progress bar (experiments: one line per run)',
+                      flag_values=fv)
 
 
-def main(argv: list[str]) -> int:
-    fv = _config.parse('jlearngene train', argv, _flags)
+def main(argv: list[str], prog: str = 'jlearngene train') -> int:
+    fv = _config.parse(prog, argv, _flags)
     if not fv.workdir:
-        print('jlearngene train: --workdir is required')
+        print(f'{prog}: --workdir is required')
         return 2
     config = fv.config
     task = config.get('task', 'classification')
-    if task != 'classification':
-        print(f'jlearngene train: unknown task {task!r} (known: classification)')
+    if task not in TASKS:
+        print(f'{prog}: unknown task {task!r} (known: {", ".join(TASKS)})')
         return 2
-    from jlearngene.train import tasks
     from jlearngene.train.checkpoint import CheckpointError
     from jlearngene.train.trainer import NonFiniteLossError
     start = time.time()
     try:
+        if task == 'experiment':
+            from jlearngene.experiments import harness
+            results = harness.run(config, fv.workdir, quiet=not fv.progress)
+            print(harness.summary(results, fv.workdir))
+            return 0
+        from jlearngene.train import tasks
         _, history = tasks.run_classification(config, fv.workdir, progress=fv.progress)
     except (ValueError, KeyError, CheckpointError, NonFiniteLossError) as e:
-        print(f'jlearngene train: {type(e).__name__}: {e}')
+        print(f'{prog}: {type(e).__name__}: {e}')
         return 1
     final = history['eval'][-1] if history['eval'] else {}
     summary = '  '.join(f'{k}={v:.4f}' for k, v in final.items() if k != 'step')

@@ -1,0 +1,111 @@
+"""`jlearngene demo` from a plain (non-editable) wheel: the package is built into a wheel,
+installed into a folder of its own, and the demo runs at smoke scale from a directory outside
+the source tree with only that folder on the path, so everything it needs (the harness, the
+method part, the bundled config) must ship inside the wheel. The smoke run is also the
+harness's end-to-end test."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from jlearngene import costs, genes
+from jlearngene.train import checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SOURCES = ('jlearngene', 'setup.cfg', 'pyproject.toml', 'README.md')
+PNG = b'\x89PNG\r\n\x1a\n'
+
+
+def _env(site):
+    env = dict(os.environ)
+    flags = [f for f in env.get('XLA_FLAGS', '').split() if 'force_host_platform_device_count' not in f]
+    env['XLA_FLAGS'] = ' '.join(flags)
+    env['JAX_DISABLE_MOST_OPTIMIZATIONS'] = '1'    # compile faster; the run is tiny
+    env['PYTHONPATH'] = site
+    return env
+
+
+@pytest.fixture(scope='module')
+def installed(tmp_path_factory):
+    """(site folder, its jlearngene/ path): the wheel built from a copy of the source tree
+    (the checkout itself stays untouched by the build) and installed with --target."""
+    tmp = tmp_path_factory.mktemp('wheel')
+    src = tmp / 'src'
+    for name in SOURCES:
+        if os.path.isdir(os.path.join(ROOT, name)):
+            shutil.copytree(os.path.join(ROOT, name), src / name,
+                            ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
+        else:
+            shutil.copy(os.path.join(ROOT, name), src / name)
+    pip = [sys.executable, '-m', 'pip', '--disable-pip-version-check', '--no-input']
+    build = subprocess.run(pip + ['wheel', '--no-deps', '--no-build-isolation', '--no-index', '-w',
+                                  str(tmp / 'dist'), str(src)], capture_output=True, text=True,
+                           timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = os.listdir(tmp / 'dist')
+    assert wheel.startswith('jlearngene-') and wheel.endswith('.whl')
+    site = str(tmp / 'site')
+    install = subprocess.run(pip + ['install', '--no-deps', '--no-index', '--target', site,
+                                    str(tmp / 'dist' / wheel)], capture_output=True, text=True,
+                             timeout=300)
+    assert install.returncode == 0, install.stderr[-3000:]
+    return site, os.path.join(site, 'jlearngene')
+
+
+@pytest.mark.slow
+def test_demo_runs_from_the_installed_wheel(installed, tmp_path):
+    site, package = installed
+    assert os.path.isfile(os.path.join(package, 'experiments', 'configs', 'tleg.py'))
+    assert os.path.isfile(os.path.join(site, 'bin', 'jlearngene'))          # the console script
+    workdir = str(tmp_path / 'demo')
+    run_dir = tmp_path / 'elsewhere'
+    run_dir.mkdir()
+    driver = ('import sys, jlearngene; print("jlearngene from", jlearngene.__file__); '
+              'from jlearngene import cli; sys.exit(cli.main(sys.argv[1:]))')
+    proc = subprocess.run([sys.executable, '-c', driver, 'demo', '--scale', 'smoke', '--quiet',
+                           '--workdir', workdir], cwd=run_dir, env=_env(site),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.startswith(f'jlearngene from {os.path.join(package, "__init__.py")}')
+    assert '| depth | method | acc. at init |' in proc.stdout            # the table is printed
+    assert 'teacher  depth' not in proc.stdout                             # --quiet: only the table
+    for name in ('results.json', 'results.md'):
+        assert os.path.getsize(os.path.join(workdir, name)) > 0, name
+    for name in ('accuracy_vs_steps.png', 'accuracy_vs_flops.png'):
+        assert open(os.path.join(workdir, name), 'rb').read(8) == PNG, name
+
+    with open(os.path.join(workdir, 'results.json')) as f:
+        results = json.load(f)
+    assert open(os.path.join(workdir, 'results.md')).read().strip() in proc.stdout
+    rows = results['rows']
+    assert [(r['depth'], r['method']) for r in rows] == [
+        (d, m) for d in (1, 2) for m in ('tleg', 'share_init', 'he_lg', 'scratch')]
+    for r in rows:
+        assert 0.0 <= r['acc'] <= 1.0 and r['params'] > 0 and r['flops'] > 0
+        assert len(results['curves'][f"des{r['depth']}_{r['method']}"]) == 3   # steps 0, 2, 4
+    by = {(r['depth'], r['method']): r for r in rows}
+    # the descendant at the Aux-Net's depth is the Aux-Net: same test accuracy before fine-tuning
+    assert by[(2, 'tleg')]['acc_init'] == pytest.approx(results['aux']['tleg'], abs=1e-9)
+    assert by[(2, 'share_init')]['acc_init'] == pytest.approx(results['aux']['share_init'], abs=1e-9)
+    assert by[(2, 'scratch')]['s_params'] == 0
+    assert by[(1, 'tleg')]['s_params'] == by[(2, 'tleg')]['s_params'] == results['gene_params']['tleg']
+    assert by[(1, 'tleg')]['params'] < by[(2, 'tleg')]['params']
+    assert by[(1, 'he_lg')]['label'] == by[(2, 'he_lg')]['label'] == 'He-LG (k=1)'
+    up = {r['name']: r['flops'] for r in results['upstream']['runs']}
+    assert list(up) == ['teacher', 'aux_tleg', 'aux_share_init']
+    assert by[(1, 'tleg')]['upstream_flops'] == pytest.approx(up['teacher'] + up['aux_tleg'])
+    assert by[(1, 'he_lg')]['upstream_flops'] == pytest.approx(up['teacher'])
+    assert by[(1, 'scratch')]['upstream_flops'] == 0
+    for r in rows:   # fine-tuning: 3 forward passes per image, steps x batch images
+        assert r['finetune_flops'] == pytest.approx(
+            costs.TRAIN_FACTOR * r['flops'] * results['finetune_steps'] * results['batch_size'])
+
+    # the saved gene is a loadable artefact that initialises any depth
+    gene, aux_cfg, extra = checkpoint.load_model(os.path.join(workdir, 'genes', 'tleg'))
+    assert extra['kind'] == 'tleg_gene' and extra['method'] == 'tleg' and aux_cfg.depth == 2
+    des = genes.get('tleg').descend(gene, aux_cfg.replace(depth=5))
+    assert np.asarray(des['blocks']['attn']['q']['kernel']).shape[0] == 5
