@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jlearngene import parallel, pytree
 from jlearngene.models import init, unstack_blocks
 from jlearngene.train import checkpoint, optim, trainer
 
@@ -140,3 +141,112 @@ def test_run_truncated(tmp_path, tiny_cfg, params):
 def test_json_helpers():
     obj = {'a': (1, 2), 'b': b'xyz', 'c': np.float32(0.5), 'd': None}
     assert checkpoint.from_json(checkpoint.to_json(obj)) == {'a': [1, 2], 'b': b'xyz', 'c': 0.5, 'd': None}
+
+
+def test_run_state_is_a_structured_tree_plain_orbax_reads(tmp_path, tiny_cfg, params):
+    from orbax.checkpoint import v1 as ocp
+    state = _state(params, tiny_cfg)
+    with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
+        path = ck.save(7, dict(state, step=jnp.int32(7)))
+        shapes = ck.array_shapes(7)
+    stored = ocp.load_checkpointables(path)['state']
+    assert set(stored) == {'params', 'opt_state', 'step', 'rng'}
+    chex.assert_trees_all_equal(stored['params'], jax.device_get(params))
+    assert int(stored['step']) == 7
+    # optax's NamedTuples and tuples become dicts keyed by field name or index.
+    flat_opt = {f'opt_state/{k}' for k in pytree.flatten(stored['opt_state'])}
+    assert flat_opt == {k for k in pytree.flatten(state) if k.startswith('opt_state/')}
+    assert any(k.endswith('/mu/blocks/attn/q/kernel') for k in flat_opt)
+    assert shapes['params']['blocks']['attn']['q']['kernel'].shape == params['blocks']['attn']['q']['kernel'].shape
+
+
+def test_restore_params_alone(tmp_path, tiny_cfg, params, monkeypatch):
+    state = _state(params, tiny_cfg)
+    mesh = parallel.make_mesh()
+    with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
+        ck.save(3, state, model_config=tiny_cfg)
+        loaded = []
+        real = checkpoint.ocp.load_checkpointables
+
+        def spy(path, abstract=None):
+            loaded.append(set(abstract['state']))
+            return real(path, abstract)
+        monkeypatch.setattr(checkpoint.ocp, 'load_checkpointables', spy)
+        # Into a target's structure and shardings (no optimiser state is built or read).
+        target = jax.eval_shape(lambda: init(tiny_cfg, jax.random.key(0)))
+        sh = parallel.param_shardings(target, mesh, 'fsdp', min_size=0)
+        target = jax.tree.map(lambda t, s: jax.ShapeDtypeStruct(t.shape, t.dtype, sharding=s), target, sh)
+        got, meta = ck.restore_params(target, model_config=tiny_cfg)
+        assert loaded == [{'params'}] and meta['step'] == 3
+        chex.assert_trees_all_equal(got, params)
+        assert got['blocks']['mlp']['fc1']['kernel'].sharding == sh['blocks']['mlp']['fc1']['kernel']
+        # Without a target: the stored shapes as nested dicts on one device.
+        plain, _ = ck.restore_params()
+        chex.assert_trees_all_equal(plain, params)
+        parts, _ = ck.restore_subset({'params': target, 'step': jax.ShapeDtypeStruct((), jnp.int32)})
+        assert int(parts['step']) == 0 and set(parts) == {'params', 'step'}
+        with pytest.raises(checkpoint.CheckpointError, match=r'depth: checkpoint 3 vs requested 4'):
+            ck.restore_params(target, model_config=tiny_cfg.replace(depth=4))
+        wrong = jax.eval_shape(lambda: init(tiny_cfg.replace(num_classes=4), jax.random.key(0)))
+        with pytest.raises(checkpoint.CheckpointError, match=r'params/head/kernel \(32, 10\)/float32 vs \(32, 4\)'):
+            ck.restore_params(wrong)
+
+
+@pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')  # orbax's loop, on failure
+def test_run_flipped_byte_is_detected(tmp_path, tiny_cfg, params):
+    state = _state(params, tiny_cfg)
+    with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
+        path = ck.save(1, state)
+        f = max(_data_files(path), key=os.path.getsize)   # the arrays' data
+        data = bytearray(open(f, 'rb').read())
+        data[len(data) // 2] ^= 0x10
+        open(f, 'wb').write(data)
+        with pytest.raises(checkpoint.CheckpointError, match=r"do not match the stored checksums \(params/"):
+            ck.restore(state)
+        with pytest.raises(checkpoint.CheckpointError, match='corrupted'):
+            ck.restore_params()
+
+
+def test_run_refuses_the_old_flat_format(tmp_path, tiny_cfg, params):
+    import json
+    state = _state(params, tiny_cfg)
+    with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
+        path = ck.save(1, state)
+    meta_file = os.path.join(path, '_CHECKPOINT_METADATA')
+    meta = json.load(open(meta_file))
+    meta['custom_metadata']['format'] = 'jlearngene.run/1'
+    json.dump(meta, open(meta_file, 'w'))
+    with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
+        with pytest.raises(checkpoint.CheckpointError,
+                           match=r"has the format 'jlearngene.run/1' \(flat arrays\), which this version "
+                                 r"does not read \(it reads 'jlearngene.run/2'\)"):
+            ck.restore(state)
+
+
+def test_checksums_on_device(tmp_path, tiny_cfg, params, monkeypatch):
+    mesh = parallel.make_mesh()
+    tree = {'f32': jnp.arange(64, dtype=jnp.float32).reshape(8, 8), 'bf16': jnp.ones(16, jnp.bfloat16),
+            'i8': jnp.arange(24, dtype=jnp.int8), 'flag': jnp.array([True, False]), 'step': jnp.int32(5)}
+    sums = checkpoint.tree_checksums(tree)
+    assert set(sums) == set(tree) and all(0 <= v < 2 ** 32 for v in sums.values())
+    sharded = dict(tree, f32=jax.device_put(tree['f32'], jax.NamedSharding(mesh, jax.P('data'))))
+    assert checkpoint.tree_checksums(sharded) == sums          # exact for any sharding
+    for name in ('f32', 'bf16', 'i8'):                          # every single-byte change shows
+        raw = np.asarray(tree[name]).reshape(-1).view(np.uint8).copy()
+        for pos in (0, raw.size // 2, raw.size - 1):
+            changed = raw.copy()
+            changed[pos] ^= 0x80
+            other = jnp.asarray(changed.view(np.asarray(tree[name]).dtype).reshape(tree[name].shape))
+            assert checkpoint.tree_checksums({name: other})[name] != sums[name], (name, pos)
+    swapped = {'f32': tree['f32'][::-1]}                        # position matters
+    assert checkpoint.tree_checksums(swapped)['f32'] != sums['f32']
+    with pytest.raises(ValueError, match='cannot checksum arrays of dtype complex64'):
+        checkpoint.tree_checksums({'c': jnp.ones(2, jnp.complex64)})
+    # Saving and restoring a run never takes the host CRC of the whole state.
+    monkeypatch.setattr(checkpoint, 'tree_digest', lambda tree: pytest.fail('host digest of the state'))
+    state = _state(params, tiny_cfg)
+    with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
+        ck.save(1, state)
+        restored, meta = ck.restore(state)
+    assert meta['checksums'] == checkpoint.tree_checksums(state)
+    chex.assert_trees_all_equal(restored, state)

@@ -29,40 +29,35 @@ def _workdir_config(workdir: str):
 
 
 def load_params(config, workdir: str | None, which: str, model_path: str | None):
-    """Parameters named by the command line, with the model config they belong to."""
-    from jlearngene.train import checkpoint, optim, tasks, trainer
+    """Parameters named by the command line, with the model config they belong to. From a
+    run checkpoint only the parameters are read (`RunCheckpointer.restore_params`)."""
     import jax
+
+    from jlearngene.models import init
+    from jlearngene.train import checkpoint, tasks
     cfg = tasks.model_config(config.model)
     if model_path or which == 'model':
         path = model_path or os.path.join(workdir, 'model')
         params, _, _ = checkpoint.load_model(path, expect_cfg=cfg)
         return params, cfg, path
-    from jlearngene.models import init
-    params = jax.eval_shape(lambda: init(cfg, jax.random.key(0)))  # a config.init model has this shape too
-    tx = optim.make_optimizer(config.optim, params, total_steps=config.steps)
-    target = jax.eval_shape(lambda p: trainer.init_state(p, tx, config.seed), params)
+    target = jax.eval_shape(lambda: init(cfg, jax.random.key(0)))  # a config.init model has this shape too
     with checkpoint.RunCheckpointer(os.path.join(workdir, 'checkpoints'),
                                     best_metric=config.get('best_metric') or None) as ck:
         step = {'latest': ck.latest_step, 'best': ck.best_step}.get(which, lambda: int(which))()
         if step is None:
             raise checkpoint.CheckpointError(f'no {which} checkpoint in {ck.directory}')
-        state, _ = ck.restore(target, step, model_config=cfg)
-    return state['params'], cfg, os.path.join(workdir, 'checkpoints', str(step))
+        params, _ = ck.restore_params(target, step, model_config=cfg)
+    return params, cfg, os.path.join(workdir, 'checkpoints', str(step))
 
 
 def evaluate(config, params, cfg, split: str) -> dict:
-    import jax
-    from jlearngene import compiler, data
+    """`train.evaluate` of the classification metrics over `split` -> {'split', 'count',
+    'accuracy', 'loss'}."""
+    from jlearngene import data
     from jlearngene.train import tasks
+    from jlearngene.train.evaluate import evaluate as evaluate_batches
     it, _ = data.from_config(config.data, split, batch_size=config.eval_batch_size, seed=config.seed, train=False)
-    fn = compiler.jit(tasks.classification_eval(cfg))
-    total = None
-    for batch in it:
-        out = fn(params, batch)
-        total = out if total is None else jax.tree.map(lambda a, b: a + b, total, out)
-    total = jax.device_get(total)
-    count = float(total.pop('count'))
-    return {'split': split, 'count': count, **{k: float(v) / count for k, v in total.items()}}
+    return {'split': split, **evaluate_batches(tasks.classification_eval(cfg), params, it)}
 
 
 def main(argv: list[str]) -> int:

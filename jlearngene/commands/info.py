@@ -69,10 +69,7 @@ def _checkpoint_table(path: str) -> str:
     if step.isdigit() and not os.path.isdir(os.path.join(path, 'params')):
         with checkpoint.RunCheckpointer(parent) as ck:
             meta = ck.metadata(int(step))
-            arrays = ck._ckpt.checkpointables_metadata(int(step)).metadata['state']  # noqa: SLF001
-        shapes = {p: jax.ShapeDtypeStruct(arrays[f'{i:05d}'].shape, arrays[f'{i:05d}'].dtype)
-                  for i, p in enumerate(meta['paths']) if p.startswith('params/')}
-        shapes = pytree.unflatten({p[len('params/'):]: v for p, v in shapes.items()})
+            shapes = ck.array_shapes(int(step)).get('params', {})
         cfg = meta.get('model_config')
         title = f'run checkpoint {path} (step {meta["step"]})' + (f'\nmodel config: {cfg}' if cfg else '')
         return leaf_table(shapes, title)

@@ -2,17 +2,27 @@
 
 Two kinds of artefact:
 
-* **Model artefacts** (`save_model` / `load_model`): a parameter tree (stacked or list
-  layout) plus its `ViTConfig` and JSON metadata. Genes, descendant initialisations and
-  converted timm models are stored this way.
-* **Run checkpoints** (`RunCheckpointer`): the whole train state (params, optimiser state,
-  step, RNG), the data-iterator state and the resolved experiment config, under
-  `workdir/checkpoints/<step>`, with keep-last-N plus best-by-metric retention.
+* **Model artefacts** (`save_model` / `load_model`, format 'jlearngene.model/1'): a
+  parameter tree (stacked or list layout) plus its `ViTConfig` and JSON metadata. Genes,
+  descendant initialisations and converted timm models are stored this way. They carry a
+  CRC32 digest of their arrays (`tree_digest`, computed on the host).
+* **Run checkpoints** (`RunCheckpointer`, format 'jlearngene.run/2'): the train state, the
+  data-iterator state and the resolved experiment config, under `workdir/checkpoints/<step>`,
+  with keep-last-N plus best-by-metric retention. The state is stored as one nested tree of
+  plain dicts, the checkpointable 'state': {'params': ..., 'opt_state': ..., 'step', 'rng'},
+  each node keyed by its path in the train state (optax NamedTuples and list entries become
+  dicts keyed by field name or index; empty states have no arrays and are not stored).
+  Plain orbax reads it (`ocp.load_checkpointables(path)['state']`), and a part of it can be
+  restored alone (`restore_params`, `restore_subset`).
 
 Orbax writes into a temporary directory and renames it when complete, so a crash never
-leaves a half-written checkpoint under the final name. Every artefact also stores a CRC32
-digest of its arrays; loading recomputes it, so a truncated or corrupted file is reported
-as a `CheckpointError`, never loaded silently.
+leaves a half-written checkpoint under the final name. A run checkpoint stores one 32-bit
+checksum per array (`tree_checksums`): a position-weighted sum of the array's bits modulo
+2**32, computed on the arrays' devices in one jitted call, so a save moves only one uint32
+per array to the host. Loading recomputes it for the arrays it reads. Any change of a single
+byte of an array always changes its checksum (the weights are odd); other changes go
+unnoticed with probability about 2**-32. A truncated or corrupted file is reported as a
+`CheckpointError`, never loaded silently.
 """
 from __future__ import annotations
 
@@ -22,6 +32,7 @@ import zlib
 from typing import Any, Mapping
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from orbax.checkpoint import v1 as ocp
 
@@ -29,7 +40,8 @@ from jlearngene import pytree
 from jlearngene.models.config import ViTConfig
 
 MODEL_FORMAT = 'jlearngene.model/1'
-RUN_FORMAT = 'jlearngene.run/1'
+RUN_FORMAT = 'jlearngene.run/2'
+CHECKSUM = 'jlearngene.u32-weighted-sum/1'
 
 
 class CheckpointError(RuntimeError):
@@ -82,11 +94,12 @@ def from_json(obj: Any) -> Any:
     return obj
 
 
-def _context():
+def _context(*, partial_load: bool = False):
     # Replica-parallel saving slices every replicated array on device first, which costs one
     # small compilation per array shape (seconds on CPU); one replica writes instead.
     ctx = ocp.Context()
     ctx.array.saving.use_replica_parallel = False
+    ctx.pytree.loading.partial_load = partial_load
     return ctx
 
 
@@ -130,28 +143,93 @@ def config_mismatch(stored: ViTConfig, expected: ViTConfig, where: str) -> None:
         raise CheckpointError(f'{where} holds a different model config ({fields})')
 
 
-def _flat_state(state) -> tuple[dict[str, Any], list[str]]:
-    """{'00000': leaf, ...} in tree order plus the leaf paths: stored flat so that restoring
-    never depends on how orbax treats containers (optax NamedTuples, empty states)."""
+# Odd multiplier of the position weights: weight(i) = (i * _GOLDEN) | 1, an odd number, so a
+# change d * 2**(8k) of one word (one byte changed, k < 4) changes the sum by a non-zero
+# amount modulo 2**32.
+_GOLDEN = 0x9E3779B1
+
+
+def _words(x) -> jax.Array:
+    """The bits of `x` as a flat uint32 vector (1- and 2-byte elements zero-extended,
+    8-byte elements as two words)."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    dt = np.dtype(x.dtype)
+    if dt == np.bool_:
+        return x.astype(jnp.uint32).reshape(-1)
+    if jnp.issubdtype(dt, jnp.complexfloating) or dt.itemsize not in (1, 2, 4, 8):
+        raise ValueError(f'cannot checksum arrays of dtype {dt} (1-, 2-, 4- or 8-byte '
+                         'real or integer elements only)')
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[dt.itemsize]
+    return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32).reshape(-1)
+
+
+def _leaf_checksum(x) -> jax.Array:
+    words = _words(x)
+    weights = (jnp.arange(words.size, dtype=jnp.uint32) * jnp.uint32(_GOLDEN)) | jnp.uint32(1)
+    return jnp.sum(words * weights, dtype=jnp.uint32)
+
+
+@jax.jit
+def _checksums(leaves: list) -> jax.Array:
+    if not leaves:
+        return jnp.zeros((0,), jnp.uint32)
+    return jnp.stack([_leaf_checksum(x) for x in leaves])
+
+
+def tree_checksums(tree) -> dict[str, int]:
+    """{path: checksum} of every array leaf (see the module docstring): one jitted call on
+    the arrays' devices (one per set of devices the leaves live on), exact for any sharding
+    (integer sums modulo 2**32); one uint32 per leaf moves to the host."""
+    groups: dict[tuple, dict[str, jax.Array]] = {}   # one call per set of devices
+    for p, x in pytree.flatten(tree).items():
+        x = x if isinstance(x, jax.Array) else jnp.asarray(x)
+        groups.setdefault(tuple(sorted(d.id for d in x.sharding.device_set)), {})[p] = x
+    out = {}
+    for group in groups.values():
+        sums = _checksums(list(group.values()))
+        host = np.asarray(jax.device_get(sums) if sums.is_fully_addressable else sums.addressable_data(0))
+        out.update((p, int(v)) for p, v in zip(group, host))
+    return out
+
+
+def _verify_checksums(flat: Mapping[str, Any], stored: Mapping[str, int], where: str) -> None:
+    got = tree_checksums(dict(flat))
+    bad = [p for p, v in got.items() if p in stored and int(stored[p]) != v]
+    missing = [p for p in got if p not in stored]
+    if missing:
+        raise CheckpointError(f'{where} stores no checksum for {missing[:6]}; it was not written '
+                              'by RunCheckpointer.save')
+    if bad:
+        raise CheckpointError(f'{where}: array contents do not match the stored checksums '
+                              f"({', '.join(bad[:6])}{' ...' if len(bad) > 6 else ''}); "
+                              'the checkpoint is corrupted')
+
+
+def _flat_state(state) -> dict[str, Any]:
+    """{path: leaf} of a train state; refuses two leaves with one path (they would share a
+    node of the stored tree)."""
     flat = pytree.flatten(state)
     if len(flat) != len(jax.tree.leaves(state)):
         raise ValueError('train state has two leaves with the same path; cannot checkpoint it')
-    return {f'{i:05d}': v for i, v in enumerate(flat.values())}, list(flat)
+    return flat
 
 
-def _check_fits(stored_paths, stored_meta, target, where: str) -> None:
-    """Stored arrays must match the target leaf for leaf; errors name the paths."""
-    flat = pytree.flatten(target)
-    if list(stored_paths) != list(flat):
-        only_ckpt = [p for p in stored_paths if p not in flat]
-        only_state = [p for p in flat if p not in set(stored_paths)]
+def _check_fits(stored: Mapping[str, Any], target: Mapping[str, Any], where: str, *,
+                exact: bool) -> None:
+    """The stored arrays ({path: metadata}) must hold every target leaf with its shape and
+    dtype (and, when `exact`, no other array); errors name the paths."""
+    only_state = [p for p in target if p not in stored]
+    only_ckpt = [p for p in stored if p not in target] if exact else []
+    if only_state or only_ckpt:
         raise CheckpointError(
             f'{where} does not fit the train state: only in the checkpoint {only_ckpt[:6]}, '
-            f'only in the state {only_state[:6]} ({len(stored_paths)} vs {len(flat)} arrays); '
+            f'only in the state {only_state[:6]} ({len(stored)} vs {len(target)} arrays); '
             'it was written for a different model, optimiser or trainable set')
-    bad = [f'{k} {tuple(m.shape)}/{np.dtype(m.dtype)} vs {tuple(np.shape(t))}/{np.dtype(t.dtype)}'
-           for (k, t), m in zip(flat.items(), (stored_meta[f'{i:05d}'] for i in range(len(flat))))
-           if tuple(m.shape) != tuple(np.shape(t)) or np.dtype(m.dtype) != np.dtype(t.dtype)]
+    bad = [f'{p} {tuple(stored[p].shape)}/{np.dtype(stored[p].dtype)} vs '
+           f'{tuple(np.shape(t))}/{np.dtype(t.dtype)}'
+           for p, t in target.items()
+           if tuple(stored[p].shape) != tuple(np.shape(t)) or np.dtype(stored[p].dtype) != np.dtype(t.dtype)]
     if bad:
         raise CheckpointError(f'{where} does not fit the train state (checkpoint vs state): '
                               + '; '.join(bad[:6]) + (f' ... and {len(bad) - 6} more' if len(bad) > 6 else ''))
@@ -271,15 +349,31 @@ class RunCheckpointer:
     def metadata(self, step: int | None = None) -> dict:
         """The JSON metadata of a checkpoint (config, model_config, data_state, ...)."""
         step = self._resolve(step)
-        path = os.path.join(self.directory, str(step))
+        path = self._path(step)
         _check_exists(path, 'run checkpoint')
         try:
             custom = self._ckpt.metadata(step).custom_metadata or {}
         except Exception as e:  # noqa: BLE001
             raise _load_error(f'run checkpoint {path!r}', e) from e
-        if custom.get('format') != RUN_FORMAT:
-            raise CheckpointError(f'{path!r} is not a jlearngene run checkpoint (format {custom.get("format")!r})')
+        fmt = custom.get('format')
+        if fmt == 'jlearngene.run/1':
+            raise CheckpointError(f"run checkpoint {path!r} has the format 'jlearngene.run/1' (flat "
+                                  f"arrays), which this version does not read (it reads {RUN_FORMAT!r}); "
+                                  'restart the run, or read it with the jlearngene that wrote it')
+        if fmt != RUN_FORMAT:
+            raise CheckpointError(f'{path!r} is not a jlearngene run checkpoint (format {fmt!r})')
         return custom
+
+    def array_shapes(self, step: int | None = None) -> dict:
+        """The stored state as a nested dict of ShapeDtypeStructs, read from the metadata
+        alone (no arrays are loaded)."""
+        step = self._resolve(step)
+        self.metadata(step)
+        return pytree.unflatten({p: jax.ShapeDtypeStruct(m.shape, m.dtype)
+                                 for p, m in self._stored_arrays(step).items()})
+
+    def _path(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
 
     def _resolve(self, step):
         if step is None:
@@ -288,34 +382,9 @@ class RunCheckpointer:
                 raise CheckpointError(f'no checkpoint in {self.directory!r}')
         return int(step)
 
-    # -- save / restore ---------------------------------------------------------------
-    def save(self, step: int, state, *, data_state: Any = None, config: Mapping | None = None,
-             model_config: ViTConfig | None = None, metrics: Mapping[str, float] | None = None) -> str:
-        """Write a checkpoint for `step` and wait until it is complete."""
-        step = int(step)
-        meta = {'format': RUN_FORMAT, 'step': step, 'data_state': to_json(data_state),
-                'config': to_json(config) if config is not None else None,
-                'model_config': None if model_config is None else model_config.to_dict(),
-                'digest': tree_digest(state)}
-        arrays, meta['paths'] = _flat_state(state)
-        use_metrics = None
-        if metrics and self.best_metric and self.best_metric in metrics:
-            use_metrics = {k: float(v) for k, v in metrics.items()}
-        if step in self.steps():
-            self._ckpt.delete(step)
-        self._ckpt.save_checkpointables(step, {'state': arrays}, force=True, metrics=use_metrics,
-                                        custom_metadata=meta)
-        self._ckpt.wait()
-        return os.path.join(self.directory, str(step))
-
-    def restore(self, target, step: int | None = None, *, model_config: ViTConfig | None = None):
-        """Load the state saved at `step` (default latest) into the structure, shapes and
-        shardings of `target` (arrays or ShapeDtypeStructs). Returns (state, metadata)."""
-        step = self._resolve(step)
-        path = os.path.join(self.directory, str(step))
-        meta = self.metadata(step)
-        if model_config is not None and meta.get('model_config') is not None:
-            config_mismatch(ViTConfig.from_dict(meta['model_config']), model_config, f'run checkpoint {path!r}')
+    def _stored_arrays(self, step: int) -> dict[str, Any]:
+        """{path: orbax ArrayMetadata} of the stored state."""
+        path = self._path(step)
         try:
             arrays = self._ckpt.checkpointables_metadata(step).metadata['state']
         except Exception as e:  # noqa: BLE001
@@ -323,21 +392,87 @@ class RunCheckpointer:
         if arrays is None:  # orbax logs the reason and returns None
             raise CheckpointError(f'run checkpoint {path!r}: array metadata could not be read; '
                                   'it is truncated or corrupted')
-        _check_fits(meta.get('paths', []), arrays, target, f'run checkpoint {path!r}')
-        leaves = jax.tree.leaves(target)
+        return pytree.flatten(arrays)
+
+    # -- save / restore ---------------------------------------------------------------
+    def save(self, step: int, state, *, data_state: Any = None, config: Mapping | None = None,
+             model_config: ViTConfig | None = None, metrics: Mapping[str, float] | None = None) -> str:
+        """Write a checkpoint for `step` and wait until it is complete. The state's arrays
+        stay where they are; only their checksums (one uint32 each) come to the host."""
+        step = int(step)
+        flat = _flat_state(state)
+        meta = {'format': RUN_FORMAT, 'step': step, 'data_state': to_json(data_state),
+                'config': to_json(config) if config is not None else None,
+                'model_config': None if model_config is None else model_config.to_dict(),
+                'checksum': CHECKSUM, 'checksums': tree_checksums(flat)}
+        use_metrics = None
+        if metrics and self.best_metric and self.best_metric in metrics:
+            use_metrics = {k: float(v) for k, v in metrics.items()}
+        if step in self.steps():
+            self._ckpt.delete(step)
+        self._ckpt.save_checkpointables(step, {'state': pytree.unflatten(flat)}, force=True,
+                                        metrics=use_metrics, custom_metadata=meta)
+        self._ckpt.wait()
+        return self._path(step)
+
+    def _load(self, target: Mapping[str, Any], step, model_config, *, exact: bool):
+        """Read the arrays at `target`'s paths ({path: array or ShapeDtypeStruct}, placed on
+        their shardings, default the first local device) and verify their checksums.
+        Returns ({path: array}, metadata)."""
+        step = self._resolve(step)
+        path = self._path(step)
+        where = f'run checkpoint {path!r}'
+        meta = self.metadata(step)
+        if model_config is not None and meta.get('model_config') is not None:
+            config_mismatch(ViTConfig.from_dict(meta['model_config']), model_config, where)
+        _check_fits(self._stored_arrays(step), target, where, exact=exact)
         default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        abstract = {f'{i:05d}': jax.ShapeDtypeStruct(np.shape(x), x.dtype,
-                                                     sharding=getattr(x, 'sharding', None) or default)
-                    for i, x in enumerate(leaves)}
+        abstract = pytree.unflatten({
+            p: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=getattr(x, 'sharding', None) or default)
+            for p, x in target.items()})
         try:
-            loaded = self._ckpt.load_checkpointables(step, {'state': abstract})['state']
+            with _context(partial_load=True):
+                loaded = ocp.load_checkpointables(path, {'state': abstract})['state']
         except Exception as e:  # noqa: BLE001
-            raise _load_error(f'run checkpoint {path!r}', e) from e
-        state = jax.tree.unflatten(jax.tree.structure(target), [loaded[f'{i:05d}'] for i in range(len(leaves))])
-        _verify(state, meta.get('digest'), f'run checkpoint {path!r}')
+            raise _load_error(where, e) from e
+        flat = pytree.flatten(loaded)
+        _verify_checksums(flat, meta.get('checksums') or {}, where)
         meta = dict(meta)
         meta['data_state'] = from_json(meta.get('data_state'))
-        return state, meta
+        return flat, meta
+
+    def restore(self, target, step: int | None = None, *, model_config: ViTConfig | None = None):
+        """Load the state saved at `step` (default latest) into the structure, shapes and
+        shardings of `target` (arrays or ShapeDtypeStructs), which must match the stored
+        state array for array. Returns (state, metadata)."""
+        flat = _flat_state(target)
+        loaded, meta = self._load(flat, step, model_config, exact=True)
+        return jax.tree.unflatten(jax.tree.structure(target), [loaded[p] for p in flat]), meta
+
+    def restore_subset(self, target: Mapping[str, Any], step: int | None = None, *,
+                       model_config: ViTConfig | None = None):
+        """Load only the parts of the state that `target` names, e.g. `{'params': abstract}`
+        or `{'params': ..., 'step': ...}` (each part in the structure, shapes and shardings
+        given); nothing else is read. Returns (dict of the parts, metadata)."""
+        flat = _flat_state(dict(target))
+        loaded, meta = self._load(flat, step, model_config, exact=False)
+        return jax.tree.unflatten(jax.tree.structure(dict(target)), [loaded[p] for p in flat]), meta
+
+    def restore_params(self, target=None, step: int | None = None, *,
+                       model_config: ViTConfig | None = None, sharding=None):
+        """Only the parameters of the checkpoint at `step` (default latest); the optimiser
+        state is not read. `target` (a params tree of arrays or ShapeDtypeStructs) gives the
+        structure and shardings; without it the stored shapes are used, as nested dicts
+        (a list layout's blocks then come back keyed '0', '1', ...), placed on `sharding`
+        (one sharding; default the first local device). Returns (params, metadata)."""
+        if target is None:
+            shapes = self.array_shapes(step).get('params')
+            if shapes is None:
+                raise CheckpointError(f'run checkpoint {self._path(self._resolve(step))!r} '
+                                      "stores no 'params'")
+            target = _abstract(shapes, sharding)
+        parts, meta = self.restore_subset({'params': target}, step, model_config=model_config)
+        return parts['params'], meta
 
     def delete(self, step: int) -> None:
         self._ckpt.delete(int(step))
