@@ -62,8 +62,9 @@ EVAL = [{'image': X[:24], 'label': Y[:24], 'mask': np.arange(24) < 20}]
 def _fit(workdir, steps, data=None, **kw):
     """Shared params, loss and optimiser objects: fits with equal shardings compile once."""
     kw.setdefault('log_every', 2)
+    kw.setdefault('console', False)
     return trainer.fit(LOSS, PARAMS, data or Batches(), TX,
-                       workdir=str(workdir), steps=steps, seed=1, progress=False, console=False,
+                       workdir=str(workdir), steps=steps, seed=1, progress=False,
                        model_config=CFG, **kw)
 
 
@@ -285,19 +286,77 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     chex.assert_tree_all_finite(state)
 
 
-def test_sigterm_saves_then_exits(tmp_path):
+def test_sigterm_saves_then_exits(tmp_path, capsys):
     def hook(i):
         if i == 3:  # while fetching the 4th batch
             os.kill(os.getpid(), signal.SIGTERM)
     with pytest.raises(SystemExit) as exc:
-        _fit(tmp_path, 8, data=Batches(hook=hook))
+        _fit(tmp_path, 8, data=Batches(hook=hook), console=True)
     assert exc.value.code == 143 and exc.value.step == 4
+    assert f'preempted (SIGTERM) at step 4; checkpoint saved to {tmp_path / "checkpoints" / "4"}' \
+        in capsys.readouterr().out
     with checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
         assert ck.steps() == [4]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL   # handler restored
-    resumed, _ = _fit(tmp_path, 8)                              # the preempted job restarts
+    resumed, _ = _fit(tmp_path, 8, console=True)               # the preempted job restarts
+    assert f'resumed from {tmp_path / "checkpoints"} at step 4' in capsys.readouterr().out
     full, _ = _fit(tmp_path / 'full', 8)
     assert pytree.trees_equal(jax.device_get(full), jax.device_get(resumed))
+    _fit(tmp_path / 'full', 10)                                 # console=False: no lines
+    assert 'resumed' not in capsys.readouterr().out
+
+
+def test_preemption_is_agreed_across_processes():
+    # One process: its own flag, at every call, and nothing is gathered.
+    def no_gather(flag):
+        raise AssertionError('one process gathers nothing')
+    one = trainer.Preemption(process_count=1, gather=no_gather)
+    assert not one.requested(3, sync_point=True)
+    one.flag = True
+    assert one.requested(3, sync_point=False)
+    # Several: another process's SIGTERM stops this one at the same sync point.
+    gathered = []
+
+    def gather(flag):
+        gathered.append(flag)
+        return np.array([0, int(len(gathered) >= 2), 0])
+    many = trainer.Preemption(process_count=3, gather=gather, sync_point=lambda step: False)
+    assert not many.requested(1, sync_point=False) and gathered == []   # between sync points
+    assert not many.requested(2, sync_point=True)
+    assert many.requested(4, sync_point=True) and gathered == [False, False]
+    # jax's preemption service decides on its own; without it (None) it is not asked again.
+    asked = []
+
+    def service(step):
+        asked.append(step)
+        return step == 7
+    svc = trainer.Preemption(process_count=2, gather=lambda f: np.array([0, 0]), sync_point=service)
+    assert not svc.requested(6, sync_point=False) and svc.requested(7, sync_point=False)
+    off = trainer.Preemption(process_count=2, gather=lambda f: np.array([0, 0]),
+                             sync_point=lambda step: asked.append(step))
+    asked.clear()
+    assert not off.requested(1, sync_point=False) and not off.requested(2, sync_point=False)
+    assert asked == [1]
+    assert not trainer.Preemption(False, process_count=1).requested(1, sync_point=True)
+    assert trainer.agree_to_stop([False, True]) and not trainer.agree_to_stop(np.zeros(4, bool))
+
+
+def test_fit_saves_the_step_another_process_was_preempted_at(tmp_path, monkeypatch):
+    """A SIGTERM on another host (seen through the gathered flags at the sync points, every
+    2 steps here) makes this process save and stop at the agreed step."""
+    calls = []
+
+    def gather(flag):
+        calls.append(flag)
+        return np.array([flag, len(calls) == 2])
+    real = trainer.Preemption
+    monkeypatch.setattr(trainer, 'Preemption', lambda enabled: real(
+        enabled, process_count=2, gather=gather, sync_point=lambda step: False))
+    with pytest.raises(trainer.Preempted) as exc:
+        _fit(tmp_path, 8, steps_per_call=1)
+    assert exc.value.step == 4 and calls == [False, False]
+    with checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
+        assert ck.steps() == [4]
 
 
 def test_metric_writer_round_trip(tmp_path):

@@ -1,5 +1,8 @@
 """Metric output of a run: JSONL in the workdir, console lines, a tqdm bar, TensorBoard.
 
+Console lines: `[train] step N  loss=...`, `[ eval] step N  eval/accuracy=...` and run
+events such as `[  run] step N  resumed from DIR at step N` (`MetricWriter.event`).
+
 `workdir/metrics.jsonl` gets one JSON object per line: {"step", "kind" ('train'|'eval'),
 "time", <metric>: value, ...}. TensorBoard events go to `workdir/tensorboard` when
 tensorboardX is importable (optional dependency).
@@ -7,6 +10,7 @@ tensorboardX is importable (optional dependency).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -14,6 +18,8 @@ import time
 from typing import Mapping
 
 METRICS_FILE = 'metrics.jsonl'
+
+log = logging.getLogger(__name__)
 
 
 def _fmt(v) -> str:
@@ -59,6 +65,13 @@ class MetricWriter:
             for k, v in clean.items():
                 self._tb.add_scalar(k if '/' in k else f'{kind}/{k}', v, step)
             self._tb.flush()
+
+    def event(self, step: int, text: str) -> None:
+        """A run event (resumed, preempted): a console line `[  run] step N  text` when
+        `console`, and an INFO log record."""
+        log.info('step %d: %s', step, text)
+        if self.console:
+            _console(f'[{"run":>5}] step {step:>7}  {text}')
 
     def close(self) -> None:
         self._file.close()

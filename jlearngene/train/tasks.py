@@ -2,8 +2,9 @@
 
 `*_loss(...)` return `loss_fn(params, batch, rng) -> (loss, metrics)` and `*_eval(...)`
 return `eval_fn(params, batch) -> sums`: per-batch **sums** over the valid examples plus a
-'count' entry, so the trainer can average over a whole split exactly even when the last
-batch is padded (batch['mask'] marks real examples).
+'count' entry, so `evaluate.evaluate` (used by the trainer and `jlearngene eval`) can
+average over a whole split exactly even when the last batch is padded (batch['mask'] marks
+real examples).
 """
 from __future__ import annotations
 

@@ -4,7 +4,18 @@ Every method plugs in through `loss_fn(trainable, batch, rng) -> (loss, metrics)
 trainer owns the rest: a jitted step with buffer donation and explicit shardings (batches
 over the 'data' mesh axis, parameters replicated or FSDP-sharded), optax, orbax
 checkpoints with exact resume, metrics (JSONL, console, TensorBoard), a progress bar,
-evaluation, a non-finite-loss guard and a checkpoint on SIGTERM.
+evaluation, a non-finite-loss guard and a checkpoint on SIGTERM agreed across processes.
+
+`fit` is the one-call entry; its pieces, usable on their own:
+
+* state: `init_state` (the state dict), `create_state` (placed with its shardings),
+  `restore_or_start` (resume from the latest checkpoint, or start fresh);
+* step: `make_train_step` (the pure step, microbatches, several steps per call),
+  `StepProgram` (its jitted, donated, sharded calls), `steps_in_call` (the call schedule);
+* loop: `train_loop` with its `Hooks`: `TrainLog` (host sync, non-finite guard, train
+  metrics), `Evaluation` (`evaluate.evaluate` at intervals), `Checkpoints` (intervals,
+  best metric, end) and `Preemption` (SIGTERM, agreed across processes by
+  `agree_to_stop`).
 
 Train state: a plain dict {'params', 'opt_state', 'step' (int32), 'rng' (uint32 key data)}.
 The step's randomness is `fold_in(rng, step)`, so a resumed run draws the same keys as an
@@ -15,6 +26,7 @@ CPU by default), with the same steps, keys and per-step metrics as one step per 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -33,6 +45,7 @@ import optax
 from jlearngene import compiler, parallel
 from jlearngene.train import checkpoint as ckpt_lib
 from jlearngene.train import metrics as metrics_lib
+from jlearngene.train.evaluate import evaluate
 from jlearngene.train.optim import current_lr
 
 log = logging.getLogger(__name__)
@@ -335,16 +348,229 @@ def _write_config(workdir: str, config) -> None:
             f.write(str(config))
 
 
-class _SigtermFlag:
-    """Sets a flag on SIGTERM (main thread only); restores the old handler on exit."""
+# ----------------------------------------------------------------------------------------
+# State: placement, initialisation, resume.
 
-    def __init__(self, enabled: bool):
+def create_state(trainable, optimizer: optax.GradientTransformation, mesh, *,
+                 sharding: str = 'replicate', axes=None, fsdp_min_size: int = 2 ** 12,
+                 seed: int = 0) -> tuple[dict, Any]:
+    """The initial train state (`init_state`) placed on `mesh` -> (state, state_shardings).
+
+    Parameters are replicated or FSDP-split by logical axis (`parallel.param_shardings`);
+    optimiser moments share their parameter's sharding, everything else is replicated
+    (`parallel.state_shardings`)."""
+    try:
+        hash(optimizer)
+    except TypeError as e:
+        raise TypeError(f'fit needs a hashable optimizer (jit caches it): {e}') from None
+    trainable_sh = parallel.param_shardings(trainable, mesh, sharding, axes=axes, min_size=fsdp_min_size)
+    trainable = jax.device_put(trainable, trainable_sh)
+    state = _init_state_jit(trainable, optimizer=optimizer, seed=seed)
+    state_sh = parallel.state_shardings(state, trainable_sh, mesh)
+    return jax.device_put(state, state_sh), state_sh
+
+
+def restore_or_start(ckpt: ckpt_lib.RunCheckpointer, state: dict, batches: _Batches, workdir: str,
+                     *, resume: bool, model_config=None) -> tuple[dict, int]:
+    """-> (state, first step). With `resume` and a checkpoint in `ckpt`, the latest one is
+    loaded into `state`'s shapes and shardings and `batches` is moved to its position
+    (refused when it does not fit); without `resume`, old checkpoints and metrics in
+    `workdir` are deleted (`_start_fresh`)."""
+    if resume and ckpt.latest_step() is not None:
+        state, meta = ckpt.restore(state, model_config=model_config)
+        batches.set_state(meta['data_state'])
+        return state, int(meta['step'])
+    if not resume:
+        _start_fresh(ckpt, workdir)
+    return state, 0
+
+
+# ----------------------------------------------------------------------------------------
+# Step compilation.
+
+def steps_in_call(step: int, steps: int, steps_per_call: int, events: Iterable[int]) -> int:
+    """How many steps the call starting after `step` runs: `steps_per_call`, unless a step
+    that is a multiple of an interval in `events` (log, eval, checkpoint) or the end
+    (`steps`) would fall inside the call, then 1 (so those steps see the state)."""
+    n = steps_per_call
+    if step + n > steps or any((step // e + 1) * e < step + n for e in events):
+        return 1
+    return n
+
+
+class StepProgram:
+    """The jitted training calls of one run: `program(state, batch, n)` runs `n` steps
+    (`make_train_step(steps_per_call=n)`), with the state donated and the given shardings
+    (batches over the mesh's 'data' axis, stacked on a leading axis when n > 1). Each
+    distinct `n` compiles once; programs are shared between `fit` calls with equal
+    loss_fn, optimizer, microbatches, shardings and compiler options."""
+
+    def __init__(self, loss_fn: LossFn, optimizer: optax.GradientTransformation, state_sh, mesh,
+                 base_rng: jax.Array, *, microbatches: int = 1):
+        try:
+            hash(loss_fn)
+        except TypeError as e:
+            raise TypeError(f'fit needs a hashable loss_fn (jit caches it): {e}') from None
+        self.loss_fn, self.optimizer, self.microbatches = loss_fn, optimizer, microbatches
+        self.mesh, self.base_rng = mesh, base_rng
+        self._state_sh_key, self._options_key = _key(state_sh), compiler.options_key()
+        self._fns: dict[int, Callable] = {}
+
+    def compiled(self, n: int) -> Callable:
+        """The jitted `(state, batch, rng) -> (state, metrics)` of `n` steps."""
+        if n not in self._fns:
+            self._fns[n] = _jitted_step(self.loss_fn, self.optimizer, self.microbatches, n,
+                                        self._state_sh_key,
+                                        parallel.batch_sharding(self.mesh, stacked=n > 1),
+                                        parallel.replicated(self.mesh), self._options_key)
+        return self._fns[n]
+
+    def __call__(self, state: dict, host_batches: list[dict]) -> tuple[dict, dict]:
+        """Run one step per host batch (one call); returns the new state and the device
+        metrics (stacked per step when there are several)."""
+        n = len(host_batches)
+        if n == 1:
+            batch = parallel.shard_batch(host_batches[0], self.mesh)
+        else:
+            batch = parallel.shard_batch(_stack_batches(host_batches), self.mesh, stacked=True)
+        return self.compiled(n)(state, batch, self.base_rng)
+
+
+# ----------------------------------------------------------------------------------------
+# The loop's hooks: train metrics, evaluation, checkpoints, preemption.
+
+class TrainLog:
+    """Collects the device metrics of each call and, at a sync (`flush`), fetches them in
+    one transfer, stops on a non-finite loss and writes their mean (plus steps/s)."""
+
+    def __init__(self, writer: metrics_lib.MetricWriter, history: dict, *, every: int, steps: int,
+                 start: int, checkpoint_dir: Callable[[], str]):
+        self.writer, self.history, self.every, self.steps = writer, history, every, steps
+        self._checkpoint_dir = checkpoint_dir
+        self._pending: list = []
+        self._last = (start, time.perf_counter())
+
+    def add(self, device_metrics) -> None:
+        self._pending.append(device_metrics)
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0 or step == self.steps
+
+    def flush(self, step: int) -> dict | None:
+        """Sync the pending metrics (None when there are none); raises NonFiniteLossError."""
+        if not self._pending:
+            return None
+        records = _step_records(_to_host(self._pending))
+        first = step - len(records) + 1
+        for i, r in enumerate(records):
+            if not math.isfinite(r['loss']):
+                raise NonFiniteLossError(
+                    f"loss is {r['loss']} at step {first + i} (of {self.steps}); stopping. "
+                    f'{self._checkpoint_dir()} Lower the learning rate, enable clip_norm, or '
+                    'check the data.')
+        self._pending = []
+        now = time.perf_counter()
+        rec = _mean_records(records)
+        rec['steps_per_sec'] = (step - self._last[0]) / max(now - self._last[1], 1e-9)
+        self._last = (step, now)
+        self.writer.write(step, rec, 'train')
+        self.history['train'].append({'step': step, **rec})
+        return rec
+
+
+class Evaluation:
+    """Evaluates the params every `every` steps and at the end (`evaluate` over `eval_data`,
+    with `eval_fn` jitted for the params' and batches' shardings); records 'eval/<name>'."""
+
+    def __init__(self, eval_fn: Callable, eval_data, params_sh, mesh, writer: metrics_lib.MetricWriter,
+                 history: dict, *, every: int | None, steps: int):
+        self.eval_fn, self.eval_data, self.mesh = eval_fn, eval_data, mesh
+        self.writer, self.history, self.every, self.steps = writer, history, every, steps
+        self.jitted = _jitted_eval(eval_fn, _key(params_sh), parallel.batch_sharding(mesh),
+                                   parallel.replicated(mesh), compiler.options_key())
+        self._cache: list = []
+
+    def due(self, step: int) -> bool:
+        return bool(self.every and step % self.every == 0) or step == self.steps
+
+    def __call__(self, step: int, params) -> dict:
+        result = evaluate(self.eval_fn, params, _eval_iter(self.eval_data, self._cache),
+                          mesh=self.mesh, jitted=self.jitted)
+        rec = {f'eval/{k}': v for k, v in result.items()}
+        self.writer.write(step, rec, 'eval')
+        self.history['eval'].append({'step': step, **rec})
+        return rec
+
+
+class Checkpoints:
+    """Saves the state every `every` steps, at the end, and after each evaluation when a
+    `best_metric` ranks checkpoints. The pending train metrics are synced first, so a
+    checkpoint never follows a non-finite loss."""
+
+    def __init__(self, ckpt: ckpt_lib.RunCheckpointer, log_: TrainLog, batches: _Batches, *,
+                 every: int | None, steps: int, config=None, model_config=None):
+        self.ckpt, self.log, self.batches = ckpt, log_, batches
+        self.every, self.steps = every, steps
+        self.config, self.model_config = _config_json(config), model_config
+
+    def due(self, step: int, evaluated: bool) -> bool:
+        return step == self.steps or bool(self.every and step % self.every == 0) or \
+            (evaluated and bool(self.ckpt.best_metric))
+
+    def save(self, step: int, state: dict, metrics: dict | None = None) -> str:
+        self.log.flush(step)
+        return self.ckpt.save(step, state, data_state=self.batches.get_state(), config=self.config,
+                              model_config=self.model_config, metrics=metrics)
+
+
+def agree_to_stop(flags) -> bool:
+    """The processes' joint decision from their gathered stop flags (one per process):
+    every process stops, at the same step, when any one of them was asked to."""
+    return bool(np.any(np.asarray(flags)))
+
+
+def _gather_flags(flag: bool) -> np.ndarray:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(np.asarray(flag, np.int32)))
+
+
+def _preemption_sync_point(step: int) -> bool | None:
+    """jax's preemption service's verdict for `step` (True at the agreed save step), or None
+    when the distributed runtime runs without the service."""
+    from jax.experimental import multihost_utils
+    try:
+        return multihost_utils.reached_preemption_sync_point(step)
+    except RuntimeError:
+        return None
+
+
+class Preemption:
+    """SIGTERM handling agreed across processes (a context manager; the handler is only
+    installed, and the previous one restored on exit, in the main thread).
+
+    `requested(step, sync_point=...)` says whether the run stops after `step`:
+    * one process: whenever its SIGTERM flag is set (no extra cost);
+    * several: at sync points (the log, eval and checkpoint steps, which every process
+      reaches together) the flags are all-gathered and every process stops when any one
+      was signalled (`agree_to_stop`), so all save the same step; where jax's preemption
+      service is on, its agreed sync step (`reached_preemption_sync_point`, asked after
+      every call) stops every process as well.
+    `process_count` and `gather` (flag -> the per-process flags) default to jax's.
+    """
+
+    def __init__(self, enabled: bool = True, *, process_count: int | None = None,
+                 gather: Callable[[bool], Any] | None = None,
+                 sync_point: Callable[[int], bool | None] | None = None):
         self.flag = False
-        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.enabled = enabled
+        self.process_count = jax.process_count() if process_count is None else process_count
+        self._gather = gather or _gather_flags
+        self._service = (sync_point or _preemption_sync_point) if self.process_count > 1 else None
+        self._install = enabled and threading.current_thread() is threading.main_thread()
         self._old = None
 
     def __enter__(self):
-        if self.enabled:
+        if self._install:
             self._old = signal.signal(signal.SIGTERM, self._handle)
         return self
 
@@ -353,12 +579,93 @@ class _SigtermFlag:
         self.flag = True
 
     def __exit__(self, *exc):
-        if self.enabled:
+        if self._install:
             signal.signal(signal.SIGTERM, self._old)
+
+    def requested(self, step: int, *, sync_point: bool) -> bool:
+        if not self.enabled:
+            return False
+        if self.process_count == 1:
+            return self.flag
+        if self._service is not None:
+            verdict = self._service(step)
+            if verdict is None:
+                self._service = None   # no preemption service in this runtime
+            elif verdict:
+                return True
+        return sync_point and agree_to_stop(self._gather(self.flag))
+
+
+@dataclasses.dataclass
+class Hooks:
+    """What the loop does after each call: log (sync + metrics), evaluate, checkpoint, and
+    stop on an agreed preemption."""
+    log: TrainLog
+    checkpoints: Checkpoints
+    preemption: Preemption
+    evaluation: Evaluation | None = None
+
+    def after_call(self, step: int, state: dict, bar: metrics_lib.Progress) -> tuple[bool, str | None, dict | None]:
+        """Run the hooks due at `step` -> (a sync point, the checkpoint saved or None, the
+        eval record or None)."""
+        synced = False
+        if self.log.due(step):
+            synced = True
+            rec = self.log.flush(step)
+            if rec:
+                bar.update(0, loss=rec['loss'])
+        eval_rec = None
+        if self.evaluation is not None and self.evaluation.due(step):
+            synced = True
+            self.log.flush(step)
+            eval_rec = self.evaluation(step, state['params'])
+        saved = None
+        if self.checkpoints.due(step, eval_rec is not None):
+            synced = True
+            saved = self.checkpoints.save(step, state, eval_rec)
+        return synced, saved, eval_rec
+
+
+def train_loop(state: dict, program: StepProgram, batches: _Batches, hooks: Hooks, *, start: int,
+               steps: int, steps_per_call: int, events: Iterable[int],
+               bar: metrics_lib.Progress) -> dict:
+    """Run steps `start`..`steps` in calls of `steps_in_call` steps, each followed by the
+    hooks; on an agreed preemption, save (unless just saved), print it and raise
+    `Preempted`. Returns the final state."""
+    events = list(events)
+    step = start
+    while step < steps:
+        n = steps_in_call(step, steps, steps_per_call, events)
+        state, m = program(state, [next(batches) for _ in range(n)])
+        hooks.log.add(m)
+        step += n
+        bar.update(n)
+        synced, saved, eval_rec = hooks.after_call(step, state, bar)
+        if hooks.preemption.requested(step, sync_point=synced):
+            err = Preempted(step, saved or hooks.checkpoints.save(step, state, eval_rec))
+            hooks.log.writer.event(step, str(err))
+            raise err
+    hooks.log.flush(step)
+    return state
 
 
 # ----------------------------------------------------------------------------------------
-# fit.
+# fit: the one-call entry.
+
+def _check_fit_args(steps, log_every, eval_every, checkpoint_every, eval_fn, eval_data,
+                    microbatches, steps_per_call) -> None:
+    if steps < 0:
+        raise ValueError(f'steps must be >= 0, got {steps}')
+    for name, every in (('log_every', log_every), ('eval_every', eval_every),
+                        ('checkpoint_every', checkpoint_every)):
+        if every is not None and (not isinstance(every, int) or every < (1 if name == 'log_every' else 0)):
+            raise ValueError(f'{name} must be a positive integer, got {every!r}')
+    if eval_fn is not None and eval_data is None:
+        raise ValueError('eval_fn needs eval_data')
+    check_microbatches(microbatches)
+    if steps_per_call != 'auto':
+        check_steps_per_call(steps_per_call)
+
 
 def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
         optimizer: optax.GradientTransformation, *, workdir: str, steps: int,
@@ -371,6 +678,10 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
         tensorboard: bool = True, handle_sigterm: bool = True):
     """Train `trainable` for `steps` optimiser steps; returns `(trainable, history)`.
 
+    The pieces, in order: `create_state` (placement, init), `restore_or_start` (resume),
+    `StepProgram` (the jitted calls), `train_loop` with its `Hooks` (`TrainLog`,
+    `Evaluation`, `Checkpoints`, `Preemption`).
+
     Args:
       loss_fn: `(trainable, batch, rng) -> (loss, metrics)`; metrics are scalars.
       trainable: the pytree the optimiser updates (a ViT's params, a gene, an operator).
@@ -378,10 +689,12 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
         this process's share); a grain iterator's `get_state` makes resume exact.
       optimizer: an optax transformation (e.g. `optim.make_optimizer`).
       workdir: metrics.jsonl, config.json, tensorboard/ and checkpoints/ go here. An existing
-        checkpoint there is resumed when `resume` (refused if it does not fit).
+        checkpoint there is resumed when `resume` (refused if it does not fit); the console
+        then shows 'resumed from <dir> at step N'.
       steps: total steps of the run (a resumed run continues up to it).
       eval_fn: `(trainable, batch) -> {name: sum over valid examples, ..., 'count': n}`
-        (see `tasks.classification_eval`); reported as 'eval/<name>' = sum / count.
+        (see `tasks.classification_eval`); reported as 'eval/<name>' = sum / count
+        (`evaluate.evaluate`).
       eval_data: a zero-argument callable returning an iterator of eval batches, or a
         re-iterable; a one-shot iterator is cached in host memory after its first pass.
       eval_every / log_every / checkpoint_every: intervals in steps (None = only at the end
@@ -404,162 +717,60 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
         after the call. 'auto' (`auto_steps_per_call`): on CPU the largest K <= 8 dividing
         the intervals and `steps`, 1 on other platforms.
       resume, progress, console, tensorboard, handle_sigterm: switches for resuming from
-        workdir, the tqdm bar, console metric lines, TensorBoard events and the SIGTERM
-        checkpoint (which then raises `Preempted`, a SystemExit with status 143).
+        workdir, the tqdm bar, console lines (metrics, resume, preemption), TensorBoard
+        events and the SIGTERM checkpoint (`Preemption`: agreed across processes; it then
+        raises `Preempted`, a SystemExit with status 143).
     """
-    if steps < 0:
-        raise ValueError(f'steps must be >= 0, got {steps}')
-    for name, every in (('log_every', log_every), ('eval_every', eval_every),
-                        ('checkpoint_every', checkpoint_every)):
-        if every is not None and (not isinstance(every, int) or every < (1 if name == 'log_every' else 0)):
-            raise ValueError(f'{name} must be a positive integer, got {every!r}')
-    if eval_fn is not None and eval_data is None:
-        raise ValueError('eval_fn needs eval_data')
-    check_microbatches(microbatches)
-    if steps_per_call != 'auto':
-        check_steps_per_call(steps_per_call)
+    _check_fit_args(steps, log_every, eval_every, checkpoint_every, eval_fn, eval_data,
+                    microbatches, steps_per_call)
     os.makedirs(workdir, exist_ok=True)
     mesh = mesh or parallel.make_mesh()
-    repl = parallel.replicated(mesh)
-
-    # State, placed directly with its shardings.
-    trainable_sh = parallel.param_shardings(trainable, mesh, sharding, axes=axes, min_size=fsdp_min_size)
-    trainable = jax.device_put(trainable, trainable_sh)
     try:
-        hash(optimizer), hash(loss_fn)
+        hash(loss_fn)
     except TypeError as e:
         raise TypeError(f'fit needs a hashable optimizer and loss_fn (jit caches them): {e}') from None
-    state = _init_state_jit(trainable, optimizer=optimizer, seed=seed)
-    state_sh = parallel.state_shardings(state, trainable_sh, mesh)
-    state = jax.device_put(state, state_sh)
-
+    state, state_sh = create_state(trainable, optimizer, mesh, sharding=sharding, axes=axes,
+                                   fsdp_min_size=fsdp_min_size, seed=seed)
     batches = _Batches(data)
     ckpt = ckpt_lib.RunCheckpointer(os.path.join(workdir, 'checkpoints'), keep=keep_checkpoints,
                                     best_metric=best_metric, best_mode=best_mode)
-    start = 0
-    if resume and ckpt.latest_step() is not None:
-        state, meta = ckpt.restore(state, model_config=model_config)
-        batches.set_state(meta['data_state'])
-        start = int(meta['step'])
-        log.info('resumed from %s at step %d', ckpt.directory, start)
-    elif not resume:
-        _start_fresh(ckpt, workdir)
-    _write_config(workdir, config)  # after the resume check: a refused run leaves it alone
-    # The run's key comes from the (possibly restored) state; a host copy, since the state
-    # itself is donated at every step.
-    base_rng = jax.device_put(np.asarray(jax.device_get(state['rng'])), repl)
-
-    options_key = compiler.options_key()
-    events = [e for e in (log_every, eval_every if eval_fn is not None else None,
-                          checkpoint_every) if e]
-    if steps_per_call == 'auto':
-        steps_per_call = auto_steps_per_call(mesh.devices.flat[0].platform,
-                                             events + [steps])
-
-    state_sh_key, step_fns = _key(state_sh), {}
-
-    def step_fn(n: int):
-        """The jitted call of `n` steps (compiled on its first use)."""
-        if n not in step_fns:
-            step_fns[n] = _jitted_step(loss_fn, optimizer, microbatches, n, state_sh_key,
-                                       parallel.batch_sharding(mesh, stacked=n > 1), repl,
-                                       options_key)
-        return step_fns[n]
-
-    def steps_in_call(step: int) -> int:
-        """`steps_per_call` unless a log/eval/checkpoint step or the end comes sooner."""
-        n = steps_per_call
-        if step + n > steps or any((step // e + 1) * e < step + n for e in events):
-            return 1
-        return n
-    eval_step = None
-    if eval_fn is not None:
-        eval_step = _jitted_eval(eval_fn, _key(trainable_sh), parallel.batch_sharding(mesh), repl,
-                                 options_key)
-    eval_cache: list = []
-
-    writer = metrics_lib.MetricWriter(workdir, console=console, tensorboard=tensorboard)
-    history: dict[str, list] = {'train': [], 'eval': []}
-    bar = metrics_lib.Progress(steps, initial=start, enabled=progress)
-    pending: list = []          # device metrics since the last host sync
-    last_sync = (start, time.perf_counter())
-
-    def sync_train(step: int) -> dict | None:
-        """Fetch pending metrics (one host sync), check finiteness, log their mean."""
-        nonlocal pending, last_sync
-        if not pending:
-            return None
-        records = _step_records(_to_host(pending))
-        first = step - len(records) + 1
-        for i, r in enumerate(records):
-            if not math.isfinite(r['loss']):
-                raise NonFiniteLossError(
-                    f"loss is {r['loss']} at step {first + i} (of {steps}); stopping. The last "
-                    f'good checkpoint in {ckpt.directory} (step {ckpt.latest_step()}) is unchanged. '
-                    'Lower the learning rate, enable clip_norm, or check the data.')
-        pending = []
-        now = time.perf_counter()
-        rec = _mean_records(records)
-        rec['steps_per_sec'] = (step - last_sync[0]) / max(now - last_sync[1], 1e-9)
-        last_sync = (step, now)
-        writer.write(step, rec, 'train')
-        history['train'].append({'step': step, **rec})
-        return rec
-
-    def run_eval(step: int) -> dict:
-        total = None
-        for batch in _eval_iter(eval_data, eval_cache):
-            out = eval_step(state['params'], parallel.shard_batch(batch, mesh))
-            total = out if total is None else jax.tree.map(jnp.add, total, out)
-        if total is None:
-            raise ValueError('eval_data yielded no batches')
-        total = _to_host(total)
-        if 'count' not in total:
-            raise ValueError(f"eval_fn must return a 'count' entry next to its sums, got {sorted(total)}")
-        count = max(total.pop('count'), 1e-9)
-        rec = {f'eval/{k}': v / count for k, v in total.items()}
-        rec['eval/count'] = float(count)
-        writer.write(step, rec, 'eval')
-        history['eval'].append({'step': step, **rec})
-        return rec
-
-    def save(step: int, metrics=None) -> str:
-        sync_train(step)        # never save after a non-finite loss
-        return ckpt.save(step, state, data_state=batches.get_state(), config=_config_json(config),
-                         model_config=model_config, metrics=metrics)
-
+    writer = bar = None
     try:
-        with _SigtermFlag(handle_sigterm) as sigterm:
-            step = start
-            while step < steps:
-                n = steps_in_call(step)
-                if n == 1:
-                    batch = parallel.shard_batch(next(batches), mesh)
-                else:
-                    batch = parallel.shard_batch(_stack_batches([next(batches) for _ in range(n)]),
-                                                 mesh, stacked=True)
-                state, m = step_fn(n)(state, batch, base_rng)
-                pending.append(m)
-                step += n
-                bar.update(n)
-                if step % log_every == 0 or step == steps:
-                    rec = sync_train(step)
-                    if rec:
-                        bar.update(0, loss=rec['loss'])
-                eval_rec = None
-                if eval_step is not None and ((eval_every and step % eval_every == 0) or step == steps):
-                    sync_train(step)
-                    eval_rec = run_eval(step)
-                saved = None
-                if step == steps or (checkpoint_every and step % checkpoint_every == 0) or \
-                        (eval_rec is not None and best_metric):
-                    saved = save(step, eval_rec)
-                if sigterm.flag:
-                    raise Preempted(step, saved or save(step, eval_rec))
-            sync_train(step)
+        state, start = restore_or_start(ckpt, state, batches, workdir, resume=resume,
+                                        model_config=model_config)
+        _write_config(workdir, config)  # after the resume check: a refused run leaves it alone
+        # The run's key comes from the (possibly restored) state; a host copy, since the
+        # state itself is donated at every step.
+        base_rng = jax.device_put(np.asarray(jax.device_get(state['rng'])), parallel.replicated(mesh))
+        program = StepProgram(loss_fn, optimizer, state_sh, mesh, base_rng, microbatches=microbatches)
+        events = [e for e in (log_every, eval_every if eval_fn is not None else None,
+                              checkpoint_every) if e]
+        if steps_per_call == 'auto':
+            steps_per_call = auto_steps_per_call(mesh.devices.flat[0].platform, events + [steps])
+
+        writer = metrics_lib.MetricWriter(workdir, console=console, tensorboard=tensorboard)
+        if start:
+            writer.event(start, f'resumed from {ckpt.directory} at step {start}')
+        history: dict[str, list] = {'train': [], 'eval': []}
+        log_ = TrainLog(writer, history, every=log_every, steps=steps, start=start,
+                        checkpoint_dir=lambda: f'The last good checkpoint in {ckpt.directory} '
+                                               f'(step {ckpt.latest_step()}) is unchanged.')
+        evaluation = None
+        if eval_fn is not None:
+            evaluation = Evaluation(eval_fn, eval_data, state_sh['params'], mesh, writer, history,
+                                    every=eval_every, steps=steps)
+        checkpoints = Checkpoints(ckpt, log_, batches, every=checkpoint_every, steps=steps,
+                                  config=config, model_config=model_config)
+        bar = metrics_lib.Progress(steps, initial=start, enabled=progress)
+        with Preemption(handle_sigterm) as preemption:
+            hooks = Hooks(log_, checkpoints, preemption, evaluation)
+            state = train_loop(state, program, batches, hooks, start=start, steps=steps,
+                               steps_per_call=steps_per_call, events=events, bar=bar)
     finally:
-        bar.close()
-        writer.close()
+        if bar is not None:
+            bar.close()
+        if writer is not None:
+            writer.close()
         ckpt.close()
     return state['params'], history
 
