@@ -362,7 +362,7 @@ def create_state(trainable, optimizer: optax.GradientTransformation, mesh, *,
     try:
         hash(optimizer)
     except TypeError as e:
-        raise TypeError(f'fit needs a hashable optimizer (jit caches it): {e}') from None
+        raise TypeError(f'create_state needs a hashable optimizer (jit caches it): {e}') from None
     trainable_sh = parallel.param_shardings(trainable, mesh, sharding, axes=axes, min_size=fsdp_min_size)
     trainable = jax.device_put(trainable, trainable_sh)
     state = _init_state_jit(trainable, optimizer=optimizer, seed=seed)
@@ -399,9 +399,10 @@ def steps_in_call(step: int, steps: int, steps_per_call: int, events: Iterable[i
 
 
 class StepProgram:
-    """The jitted training calls of one run: `program(state, batch, n)` runs `n` steps
-    (`make_train_step(steps_per_call=n)`), with the state donated and the given shardings
-    (batches over the mesh's 'data' axis, stacked on a leading axis when n > 1). Each
+    """The jitted training calls of one run: `program(state, host_batches)` runs one step
+    per batch in one call (`make_train_step(steps_per_call=n)`), with the state donated and
+    the given shardings (batches over the mesh's 'data' axis, stacked on a leading axis
+    when n > 1), drawing the step keys from `base_rng`. Each
     distinct `n` compiles once; programs are shared between `fit` calls with equal
     loss_fn, optimizer, microbatches, shardings and compiler options."""
 
@@ -410,7 +411,7 @@ class StepProgram:
         try:
             hash(loss_fn)
         except TypeError as e:
-            raise TypeError(f'fit needs a hashable loss_fn (jit caches it): {e}') from None
+            raise TypeError(f'StepProgram needs a hashable loss_fn (jit caches it): {e}') from None
         self.loss_fn, self.optimizer, self.microbatches = loss_fn, optimizer, microbatches
         self.mesh, self.base_rng = mesh, base_rng
         self._state_sh_key, self._options_key = _key(state_sh), compiler.options_key()
@@ -444,9 +445,9 @@ class TrainLog:
     one transfer, stops on a non-finite loss and writes their mean (plus steps/s)."""
 
     def __init__(self, writer: metrics_lib.MetricWriter, history: dict, *, every: int, steps: int,
-                 start: int, checkpoint_dir: Callable[[], str]):
+                 start: int, last_checkpoint: Callable[[], str]):
         self.writer, self.history, self.every, self.steps = writer, history, every, steps
-        self._checkpoint_dir = checkpoint_dir
+        self._last_checkpoint = last_checkpoint   # a sentence naming the last good checkpoint
         self._pending: list = []
         self._last = (start, time.perf_counter())
 
@@ -466,7 +467,7 @@ class TrainLog:
             if not math.isfinite(r['loss']):
                 raise NonFiniteLossError(
                     f"loss is {r['loss']} at step {first + i} (of {self.steps}); stopping. "
-                    f'{self._checkpoint_dir()} Lower the learning rate, enable clip_norm, or '
+                    f'{self._last_checkpoint()} Lower the learning rate, enable clip_norm, or '
                     'check the data.')
         self._pending = []
         now = time.perf_counter()
@@ -555,7 +556,10 @@ class Preemption:
       was signalled (`agree_to_stop`), so all save the same step; where jax's preemption
       service is on, its agreed sync step (`reached_preemption_sync_point`, asked after
       every call) stops every process as well.
-    `process_count` and `gather` (flag -> the per-process flags) default to jax's.
+    `process_count`, `gather` (this process's flag -> every process's flags) and
+    `sync_point` (step -> the service's verdict, None without the service) default to jax's
+    (`jax.process_count`, `multihost_utils.process_allgather`,
+    `multihost_utils.reached_preemption_sync_point`).
     """
 
     def __init__(self, enabled: bool = True, *, process_count: int | None = None,
@@ -726,8 +730,8 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
     os.makedirs(workdir, exist_ok=True)
     mesh = mesh or parallel.make_mesh()
     try:
-        hash(loss_fn)
-    except TypeError as e:
+        hash(loss_fn), hash(optimizer)
+    except TypeError as e:  # before anything is read or written
         raise TypeError(f'fit needs a hashable optimizer and loss_fn (jit caches them): {e}') from None
     state, state_sh = create_state(trainable, optimizer, mesh, sharding=sharding, axes=axes,
                                    fsdp_min_size=fsdp_min_size, seed=seed)
@@ -753,7 +757,7 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
             writer.event(start, f'resumed from {ckpt.directory} at step {start}')
         history: dict[str, list] = {'train': [], 'eval': []}
         log_ = TrainLog(writer, history, every=log_every, steps=steps, start=start,
-                        checkpoint_dir=lambda: f'The last good checkpoint in {ckpt.directory} '
+                        last_checkpoint=lambda: f'The last good checkpoint in {ckpt.directory} '
                                                f'(step {ckpt.latest_step()}) is unchanged.')
         evaluation = None
         if eval_fn is not None:
