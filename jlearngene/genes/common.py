@@ -254,7 +254,8 @@ def place_layers(target: Any, dst: Sequence[int] | np.ndarray, source: Any,
     d, s = np.asarray(dst, dtype=np.int32), np.asarray(src, dtype=np.int32)
     if d.shape != s.shape:
         raise GeneError(f'place_layers: {d.size} target layers but {s.size} source layers')
-    return jax.tree.map(lambda t, x: t.at[d].set(x[s].astype(t.dtype)), target, source)
+    return jax.tree.map(lambda t, x: jnp.asarray(t).at[d].set(jnp.asarray(x)[s].astype(t.dtype)),
+                        target, source)
 
 
 def stack_layers(blocks: Sequence[Any]) -> Any:
