@@ -1,10 +1,11 @@
 """Cost accounting against the TLEG paper's tables (seed 002)."""
 import jax
+import jax.numpy as jnp
 import pytest
 
-from jlearngene import costs, pytree
+from jlearngene import costs, genes, pytree
 from jlearngene.genes import tleg
-from jlearngene.models import init, vit_config
+from jlearngene.models import init, unstack_blocks, vit_config
 
 # TLEG Table 1 (ImageNet-1K Des-Nets: no class token, avg pooling): depth -> (Params M, FLOPs G).
 TABLE1 = {
@@ -32,6 +33,69 @@ def test_table1_flops_and_params(variant, depth, params_m, flops_g):
 def test_deit_flops_convention():
     # DeiT-Ti/S/B with a class token (197 tokens): the papers' 1.3 / 4.6 / 17.6 GFLOPs.
     assert [round(costs.flops_per_image(vit_config(v)) / 1e9, 1) for v in ('Ti', 'S', 'B')] == [1.3, 4.6, 17.6]
+
+
+def tiny(**kw):
+    base = dict(width=32, num_heads=2, mlp_dim=64, depth=2, image_size=16, patch_size=4,
+                num_classes=10, pool='avg')
+    base.update(kw)
+    return vit_config('Ti', **base)
+
+
+def shapes(cfg):
+    return jax.eval_shape(lambda: init(cfg, jax.random.key(0)))
+
+
+def with_heads(block, h, dh):
+    """A block's shapes with h heads of size dh (q/k/v (D, h, dh), out (h, dh, D))."""
+    d = block['attn']['out']['bias'].shape[-1]
+    sds = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+    attn = {n: {'kernel': sds(d, h, dh), 'bias': sds(h, dh)} for n in 'qkv'}
+    attn['out'] = {'kernel': sds(h, dh, d), 'bias': sds(d)}
+    return {**block, 'attn': attn}
+
+
+def attn_costs(cfg, attn_width):
+    """Per-block FLOPs and params of attention that scale with heads × head_dim."""
+    n, d = cfg.num_tokens, cfg.width
+    return (4 * n * d + 2 * n * n) * attn_width, (4 * d + 3) * attn_width
+
+
+@pytest.mark.parametrize('num_heads,head_dim', [(2, 8), (4, 16), (3, 16)])
+def test_counts_follow_heads_times_head_dim(num_heads, head_dim):
+    """Attention projections are D×(H·Dh) and QKᵀ, A·V cost n²·H·Dh, whatever the width."""
+    base, cfg = tiny(), tiny(num_heads=num_heads, head_dim=head_dim)
+    assert cfg.attn_width == num_heads * head_dim != cfg.width
+    flops, params = attn_costs(cfg, cfg.attn_width - cfg.width)
+    assert costs.flops_per_image(cfg) == costs.flops_per_image(base) + cfg.depth * flops
+    assert costs.param_count(cfg) == costs.param_count(base) + cfg.depth * params
+    assert costs.param_count(cfg) == pytree.count_params(init(cfg, jax.random.key(0)))['total']
+
+
+def test_list_layout_blocks_with_different_head_counts():
+    cfg = tiny()
+    stacked = shapes(cfg)
+    listed = jax.eval_shape(unstack_blocks, stacked)
+    assert costs.flops_per_image(cfg, listed) == costs.flops_per_image(cfg, stacked) == costs.flops_per_image(cfg)
+    assert costs.param_count(listed) == costs.param_count(cfg)
+    listed['blocks'][1] = with_heads(listed['blocks'][1], 4, 16)     # 64 = 2 × width
+    flops, params = attn_costs(cfg, 64 - cfg.width)
+    assert costs.flops_per_image(cfg, listed) == costs.flops_per_image(cfg) + flops
+    assert costs.param_count(listed) == costs.param_count(cfg) + params
+    listed['blocks'][0] = with_heads(listed['blocks'][0], 1, 8)      # 8 = width / 4
+    flops0, params0 = attn_costs(cfg, 8 - cfg.width)
+    assert costs.flops_per_image(cfg, listed) == costs.flops_per_image(cfg) + flops + flops0
+    assert costs.param_count(listed, include_head=False) == (
+        costs.param_count(cfg, include_head=False) + params + params0)
+
+
+def test_flops_pooling_comes_from_the_config():
+    cfg = tiny()
+    after = cfg.replace(pool_norm='after')
+    # the final LayerNorm sees every token before pooling, one vector after
+    assert (costs.flops_per_image(cfg) - costs.flops_per_image(after)
+            == costs.LN_FLOPS_PER_ELEMENT * cfg.width * (cfg.num_tokens - 1))
+    assert costs.flops_per_image(after, shapes(cfg)) == costs.flops_per_image(after)
 
 
 def test_param_count_matches_init_tree():
@@ -83,6 +147,22 @@ def test_s_params_matches_real_gene():
     partial = tleg.init_gene(cfg, jax.random.key(0), from_layer=2)
     assert costs.s_params('tleg', source=cfg, from_layer=2) == tleg.gene_param_count(partial, include_head=False)
     assert costs.s_params('auto_lg', source=cfg, k=2) == 2 * costs.block_param_count(cfg) + costs.embedding_param_count(cfg)
+
+
+def test_s_params_through_the_registry():
+    assert costs.METHODS == genes.names()
+    cfg = tiny(depth=4)
+    for name in genes.names():
+        m = genes.get(name)
+        assert costs.s_params(m, [tiny(depth=3)], source=cfg) == costs.s_params(name, [tiny(depth=3)], source=cfg)
+    # He-LG stores k layers, and its embeddings only when its descendants inherit them
+    assert costs.s_params('he_lg', source=cfg, k=2) == 2 * costs.block_param_count(cfg)
+    assert (costs.s_params('he_lg', source=cfg, k=2, embeddings='inherit')
+            == 2 * costs.block_param_count(cfg) + costs.embedding_param_count(cfg))
+    # TLEG with only MSA expanded stores two attention layers: the rest is drawn fresh
+    attn = pytree.count_params(jax.eval_shape(lambda: init(cfg, jax.random.key(0)))['blocks']['attn'],
+                               groups=None)['total'] // cfg.depth
+    assert costs.s_params('tleg', source=cfg, expand=('msa',)) == 2 * attn + costs.embedding_param_count(cfg)
 
 
 def test_s_params_errors():
