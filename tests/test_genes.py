@@ -141,6 +141,11 @@ def test_gene_param_count_is_what_descend_reads(name, made):
     assert m.gene_param_count(gene, include_head=True) == read_count(m, gene, tcfg, head='inherit')
     assert m.gene_param_count(gene) == read_count(m, gene, tcfg, head='new')
     assert m.gene_param_count(gene, include_head=True) - m.gene_param_count(gene) == 32 * 10 + 10
+    # embeddings='random' reads none of the gene's embeddings, wherever the gene keeps them
+    emb = pytree.count_params(gene, groups=[(
+        'emb', r'(.*/)?(patch_embed/.*|pos_embed|cls_token|dist_token|norm/.*)')])['emb']
+    assert (emb > 0) == (name != 'he_lg')            # He-LG stores only layers by default
+    assert m.gene_param_count(gene) - emb == read_count(m, gene, tcfg, head='new', embeddings='random')
 
 
 @pytest.mark.parametrize('name', NAMES)
@@ -171,10 +176,9 @@ class ContractJitTest(chex.TestCase, parameterized.TestCase):
     def test_jit_and_eager_agree(self, name):
         m, tcfg = genes.get(name), cfg_(5, num_classes=3)
         gene = make_gene(m, cfg_(), seed=4)
-        options = {} if m.source == 'none' else {'head': 'new'}
-        fn = self.variant(lambda g, k: m.descend(g, tcfg, key=k, **options))
+        fn = self.variant(lambda g, k: m.descend(g, tcfg, key=k, head='new'))
         got = fn(gene, jax.random.key(6))
-        want = m.descend(gene, tcfg, key=jax.random.key(6), **options)
+        want = m.descend(gene, tcfg, key=jax.random.key(6), head='new')
         chex.assert_trees_all_close(got, want, rtol=1e-6, atol=1e-7)
 
     @parameterized.parameters(*NAMES)
@@ -299,6 +303,8 @@ def test_gene_options_and_errors_of_model_sources():
         baselines.descend_auto_lg({'theta_b': {}}, cfg, key=jax.random.key(0))
     with pytest.raises(genes.GeneError, match='scratch has no gene'):
         baselines.SCRATCH.descend(gene, cfg, key=jax.random.key(0))
+    with pytest.raises(genes.GeneError, match=r"scratch \(no gene to inherit from\): head='inherit'"):
+        baselines.SCRATCH.descend(None, cfg, key=jax.random.key(0), head='inherit')
     with pytest.raises(genes.GeneError, match='no gene options'):
         baselines.SCRATCH.gene_shapes(cfg, k=3)
 

@@ -44,10 +44,14 @@ def scratch(cfg: ViTConfig, key: jax.Array) -> Params:
     return vit.init(cfg, key)
 
 
-def descend_scratch(gene: None, target_cfg: ViTConfig, *, key: jax.Array | None = None) -> Params:
-    """Scratch's descend: `vit.init(target_cfg, key)`; there is no gene (it must be None)."""
+def descend_scratch(gene: None, target_cfg: ViTConfig, *, key: jax.Array | None = None,
+                    head: str = 'new', embeddings: str = 'random') -> Params:
+    """Scratch's descend: `vit.init(target_cfg, key)`; there is no gene (it must be None), so
+    the head is new and the embeddings random (the only values `head`/`embeddings` take)."""
     if gene is not None:
         raise GeneError(f'scratch has no gene; got {type(gene).__name__}')
+    common.check_choice('scratch (no gene to inherit from)', 'head', head, ('new',))
+    common.check_choice('scratch (no gene to inherit from)', 'embeddings', embeddings, ('random',))
     if key is None:
         raise GeneError('scratch: a random model needs a PRNG key')
     return scratch(target_cfg, key)

@@ -316,9 +316,9 @@ def gene_param_count(gene: Gene, *, include_head: bool = True) -> int:
     (`shared['blocks']`) are Aux-Net parameters, not part of the learngene: descendants draw
     those modules fresh."""
     check_gene(gene)
-    stored = {**gene, 'shared': {k: v for k, v in gene['shared'].items() if k != 'blocks'}}
-    return common.count(stored['theta_b']) + common.count(stored.get('theta_a')) + common.count(
-        stored['shared'], include_head=include_head)
+    shared = {k: v for k, v in gene['shared'].items() if k != 'blocks'}
+    return (common.count(gene['theta_b']) + common.count(gene.get('theta_a'))
+            + common.count(shared, include_head=include_head))
 
 
 METHOD = common.register(common.Method(
