@@ -4,7 +4,7 @@
     python benchmarks/onednn_breakdown.py                        # Ti-12, batch 128
     python benchmarks/onednn_breakdown.py --variant S --batch 64 --top 20
 
-On CPU the step's dots run in oneDNN (`jlearngene.compiler`). oneDNN's matmul reads its
+On CPU the step's dots run in oneDNN (`jlearngene.compiler`, `jlearngene.ops.cpu.onednn`). oneDNN's matmul reads its
 first operand (A, M×K) in place only when it is row-major; a transposed A is first copied
 into row-major order, and the second operand (B, K×N) is always copied into oneDNN's blocked
 layout, since XLA passes it as a fresh (non-constant) tensor on every call. For the forward and

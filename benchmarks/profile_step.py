@@ -12,7 +12,7 @@ the step's wall time is shared equally among the XLA operations running at that 
 the step's wall time. Operations are grouped by what their HLO does:
 
   matmul        fusions and ops that contain a dot (oneDNN, YNNPACK, Eigen, cuBLAS ...) and
-                the kernels of `jlearngene.kernels` (weight gradients; attention, whose
+                the C++ kernels of `jlearngene.ops.cpu` (weight gradients; attention, whose
                 softmax is counted here too)
   zero-fill     broadcasts of a constant: the buffers of the layer scan's saved residuals
   scan stacks   dynamic-update-slice / dynamic-slice: residuals copied into / out of them
@@ -38,7 +38,7 @@ import sys
 import tempfile
 
 from jlearngene.commands._config import parse_override
-from jlearngene.kernels import cpu as cpu_kernels
+from jlearngene.ops.cpu import library as cpu_kernels
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)

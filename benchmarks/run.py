@@ -549,16 +549,18 @@ def main(argv=None) -> int:
 
 def _cpu_kernels_state() -> str:
     """'on (avx2)' etc. when the CPU steps run the compiled weight-gradient kernel
-    (`jlearngene.kernels`), else 'off' (no AVX-512 or AVX2, no compiler, a failed build, or
-    JLEARNGENE_CPU_KERNELS=0)."""
-    from jlearngene.kernels import cpu
-    return f'on ({cpu.instruction_set()})' if cpu.available() else 'off'
+    (`jlearngene.ops.cpu`), else 'off' (no AVX-512 or AVX2, no compiler, a failed build,
+    JLEARNGENE_CPU_KERNELS=0 or JLEARNGENE_BACKENDS=reference)."""
+    from jlearngene import ops
+    from jlearngene.ops.cpu import library
+    on = library.available() and 'cpu' in [b.name for b in ops.active_backends('cpu')]
+    return f'on ({library.instruction_set()})' if on else 'off'
 
 
 def _cpu_model() -> str:
     """The CPU's model name (platform.processor() is often empty on Linux)."""
-    from jlearngene.kernels import cpu
-    return cpu.cpuinfo('model name') or platform.processor() or 'unknown CPU'
+    from jlearngene.ops.cpu import library
+    return library.cpuinfo('model name') or platform.processor() or 'unknown CPU'
 
 
 def format_table(r: dict) -> str:

@@ -1,15 +1,15 @@
-"""The attention kernels (`jlearngene.kernels.attention`): the reference's values and
-derivatives in every autodiff mode, used where they apply and nowhere else, and the ViT's
-backward pass reads the probabilities its forward pass saved instead of recomputing them."""
+"""The CPU backend's attention kernels (`jlearngene.ops.cpu.attention`): the reference's
+values and derivatives in every autodiff mode, and applied where they can be (Dh in whole
+vectors, float32, one device, the switch on)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jlearngene.kernels import attention, cpu
-from jlearngene.models import vit, vit_config
+from jlearngene.ops import reference
+from jlearngene.ops.cpu import attention, library
 
-needs_kernel = pytest.mark.skipif(jax.default_backend() != 'cpu' or not cpu.available(),
+needs_kernel = pytest.mark.skipif(jax.default_backend() != 'cpu' or not library.available(),
                                   reason='the compiled CPU kernels are not available here')
 
 
@@ -18,7 +18,7 @@ def _qkv(b, t, h, dh, seed=0):
 
 
 def _reference(qkv, scale):
-    return attention.reference(*attention.split(qkv), scale)
+    return reference.probs_attention(*attention.split(qkv), scale)
 
 
 def _close(a, b, tol=2e-5):
@@ -63,32 +63,21 @@ def test_every_autodiff_mode_and_vmap():
     _close(jax.jit(jax.vmap(jax.grad(f)))(stacked), jax.vmap(jax.grad(f_ref))(stacked))
 
 
-def _targets(fn, *args):
-    text = jax.jit(fn).lower(*args).as_text()
-    return {name for name in ('jlearngene_attention_fwd', 'jlearngene_attention_bwd') if name in text}
-
-
-@needs_kernel
-def test_kernels_are_lowered_only_where_they_apply(monkeypatch):
-    grad = lambda x: jax.grad(lambda y: attention.attention(y, 0.25)[0].sum())(x)
-    both = {'jlearngene_attention_fwd', 'jlearngene_attention_bwd'}
-    assert _targets(grad, _qkv(2, 5, 2, 16)) == both
-    assert _targets(grad, _qkv(2, 5, 2, 8)) == set()                      # Dh not whole vectors
-    assert _targets(grad, _qkv(2, 5, 2, 16).astype(jnp.bfloat16)) == set()
-    mesh = jax.make_mesh((jax.device_count(),), ('data',))
-    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
-    if jax.device_count() > 1:   # a custom call would gather a partitioned operand
-        sharded = jax.jit(grad, in_shardings=rows).lower(_qkv(8, 5, 2, 16)).as_text()
-        assert 'jlearngene_attention' not in sharded
-    monkeypatch.setenv(cpu.ENV_SWITCH, '0')   # read when lowering: a new function, not jit's cache
-    assert _targets(lambda x: grad(x), _qkv(2, 5, 2, 16)) == set()
+def test_kernels_apply_only_where_they_can(monkeypatch):
+    f32 = [jnp.float32] * 3
+    assert attention.kernel_applies(16, f32, 1) == library.available()
+    assert not attention.kernel_applies(8, f32, 1)                    # Dh not whole vectors
+    assert not attention.kernel_applies(16, [jnp.bfloat16] * 3, 1)
+    assert not attention.kernel_applies(16, f32, 8)   # a custom call would gather the operands
+    monkeypatch.setenv(library.ENV_SWITCH, '0')
+    assert not attention.kernel_applies(16, f32, 1)
 
 
 @needs_kernel
 def test_fallback_gives_the_same_values(monkeypatch):
     qkv = _qkv(2, 9, 2, 16)
     on = jax.jit(lambda x: jax.grad(lambda y: attention.attention(y, 0.25)[0].sum())(x))(qkv)
-    monkeypatch.setenv(cpu.ENV_SWITCH, '0')
+    monkeypatch.setenv(library.ENV_SWITCH, '0')
     off = jax.jit(lambda x: jax.grad(lambda y: attention.attention(y, 0.25)[0].sum())(x))(qkv)
     _close(on, off)
 
@@ -98,25 +87,11 @@ def test_bad_shape_is_named():
         attention.attention(jnp.ones((2, 5, 2, 2, 16)), 0.25)
 
 
-def test_results_are_deterministic():
+@needs_kernel
+def test_kernel_results_are_deterministic():
     """Threads claim the heads in any order; no result may depend on it."""
     qkv = _qkv(16, 33, 4, 32, seed=3)
     fn = jax.jit(lambda x: jax.value_and_grad(lambda y: jnp.sum(attention.attention(y, 0.2)[0] ** 2))(x))
     first = jax.tree.map(np.asarray, fn(qkv))
     for _ in range(5):
         jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, fn(qkv)), first)
-
-
-@needs_kernel
-@pytest.mark.parametrize('remat, forward_calls', [(False, 1), (True, 2)])
-def test_vit_backward_reads_the_saved_probabilities(remat, forward_calls):
-    """Under the blocks' save policy the forward kernel runs once per block; full remat
-    (`cfg.remat`) runs it again in the backward pass."""
-    cfg = vit_config('Ti', width=32, num_heads=2, mlp_dim=64, depth=3, image_size=16,
-                     patch_size=4, num_classes=10, remat=remat)
-    params = vit.init(cfg, jax.random.key(0))
-    x = jnp.ones((2, 16, 16, 3))
-    step = jax.jit(jax.grad(lambda p: vit.apply(p, x, cfg, train=True)[0].sum()))
-    hlo = step.lower(params).compile().as_text()
-    assert hlo.count('custom_call_target="jlearngene_attention_fwd"') == forward_calls
-    assert hlo.count('custom_call_target="jlearngene_attention_bwd"') == 1

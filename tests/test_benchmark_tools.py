@@ -34,8 +34,8 @@ def test_hlo_ops_puts_dots_under_matmul_and_keeps_the_jax_source():
 @pytest.mark.parametrize('target', ['jlearngene_weight_grad', 'jlearngene_attention_fwd',
                                     'jlearngene_attention_bwd'])
 def test_hlo_ops_counts_the_kernels_as_matmul_work(target):
-    from jlearngene.kernels import cpu as cpu_kernels
-    assert target in cpu_kernels.TARGETS
+    from jlearngene.ops.cpu import library
+    assert target in library.TARGETS
     line = (f'  %w.1 = f32[16,4]{{1,0}} custom-call(f32[8,16]{{1,0}} %x, f32[8,4]{{1,0}} %g), '
             f'custom_call_target="{target}", metadata={{op_name="jit(f)/w"}}\n')
     ops = profile_step.hlo_ops('ENTRY %main {\n' + line + '}\n')

@@ -1,11 +1,12 @@
-"""`jlearngene.compiler`: per-backend XLA options (oneDNN dots on CPU), float32-exact."""
+"""`jlearngene.compiler`: `jax.jit` with the ops backends' XLA options (oneDNN dots on CPU),
+which follow every switch and keep products float32-exact."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jlearngene import compiler
+from jlearngene import compiler, ops
 from jlearngene.models import vit
+from jlearngene.ops.cpu import onednn
 from jlearngene.train import optim, tasks, trainer
 
 pytestmark = [pytest.mark.skipif(jax.default_backend() != 'cpu', reason='CPU compiler options'),
@@ -16,11 +17,20 @@ def _mm(a, b):
     return a @ b
 
 
-def test_cpu_dots_go_to_onednn_only_with_the_options():
-    assert compiler.options() == compiler.CPU_ONEDNN_OPTIONS   # the pinned jaxlib has them
-    a, b = jnp.ones((32, 48)), jnp.ones((48, 16))
-    assert compiler.uses_onednn(compiler.jit(_mm).lower(a, b).compile().as_text())
-    assert not compiler.uses_onednn(jax.jit(_mm).lower(a, b).compile().as_text())
+def test_options_are_the_onednn_ones_on_cpu_and_follow_the_switches(monkeypatch):
+    assert compiler.options() == onednn.OPTIONS     # the pinned jaxlib has them
+    assert compiler.options_key() == tuple(sorted(onednn.OPTIONS.items()))
+    with ops.use_reference():
+        assert compiler.options() == {}
+    monkeypatch.setenv(ops.ENV_SWITCH, 'reference')
+    assert compiler.options() == {}
+    monkeypatch.setenv(ops.ENV_SWITCH, 'cpu')
+    assert compiler.options() == onednn.OPTIONS
+    monkeypatch.setenv(onednn.ENV_SWITCH, '0')
+    assert compiler.options() == {}
+    monkeypatch.setenv(onednn.ENV_SWITCH, 'sometimes')
+    with pytest.raises(ValueError, match=onednn.ENV_SWITCH):
+        compiler.options()
 
 
 @pytest.mark.parametrize('jit', [jax.jit, compiler.jit])
@@ -34,16 +44,6 @@ def test_products_and_their_gradients_are_float32_exact(jit):
         assert np.max(np.abs(np.asarray(got) - ref)) / np.max(np.abs(ref)) < 2e-6
 
 
-def test_env_switch(monkeypatch):
-    monkeypatch.setenv(compiler.ENV_SWITCH, '0')
-    assert compiler.options() == {}
-    monkeypatch.setenv(compiler.ENV_SWITCH, 'sometimes')
-    with pytest.raises(ValueError, match=compiler.ENV_SWITCH):
-        compiler.options()
-    monkeypatch.setenv(compiler.ENV_SWITCH, '1')
-    assert compiler.options() == compiler.CPU_ONEDNN_OPTIONS
-
-
 def test_no_options_when_the_persistent_cache_is_on(tmp_path):
     """oneDNN fusions cannot be written to jax's persistent compilation cache."""
     jax.config.update('jax_compilation_cache_dir', str(tmp_path))
@@ -51,38 +51,36 @@ def test_no_options_when_the_persistent_cache_is_on(tmp_path):
 
 
 def test_options_this_jaxlib_rejects_are_dropped(monkeypatch):
-    monkeypatch.setattr(compiler, 'CPU_ONEDNN_OPTIONS', {'xla_cpu_no_such_option': True})
-    compiler._cpu_onednn_works.cache_clear()
+    monkeypatch.setattr(onednn, 'OPTIONS', {'xla_cpu_no_such_option': True})
+    onednn._works.cache_clear()
     try:
         assert compiler.options() == {}
     finally:
         monkeypatch.undo()
-        compiler._cpu_onednn_works.cache_clear()
-    assert compiler.options() == compiler.CPU_ONEDNN_OPTIONS
+        onednn._works.cache_clear()
+    assert compiler.options() == onednn.OPTIONS
 
 
 def test_trainer_and_predict_compile_with_the_options(tiny_cfg, monkeypatch, tmp_path):
-    texts, jit = [], compiler.jit
+    """What each compile got: predict and the training step the options, and the step again,
+    compiled anew, none once they are switched off later in the process."""
+    used, jit = [], compiler.jit
 
-    def spy(fun, **kwargs):
-        jitted = jit(fun, **kwargs)
-
-        def call(*args):
-            texts.append(jitted.lower(*args).compile().as_text())
-            return jitted(*args)
-        return call
+    def spy(fun, *, compiler_options=None, **kwargs):
+        used.append(compiler.options() if compiler_options is None else compiler_options)
+        return jit(fun, compiler_options=compiler_options, **kwargs)
 
     monkeypatch.setattr(compiler, 'jit', spy)
     params = vit.init(tiny_cfg, jax.random.key(0))
-    images = jnp.ones((8, 16, 16, 3))
+    images = np.ones((8, 16, 16, 3), np.float32)
     tasks.predict_fn(tiny_cfg)(params, images)
     tx = optim.make_optimizer(dict(lr=1e-3, schedule='constant'), params)
     loss = tasks.classification_loss(tiny_cfg)
-    batch = {'image': images, 'label': jnp.zeros((8,), jnp.int32)}
+    batch = {'image': images, 'label': np.zeros((8,), np.int32)}
     loss_fn = lambda p, b, r: loss(p, b, r)   # noqa: E731 - a fresh object: no cached step
     for run in ('on', 'off'):
-        if run == 'off':   # switched off later in the process: the step compiles anew
-            monkeypatch.setenv(compiler.ENV_SWITCH, '0')
+        if run == 'off':
+            monkeypatch.setenv(onednn.ENV_SWITCH, '0')
         trainer.fit(loss_fn, params, [batch], tx, workdir=str(tmp_path / run), steps=1,
                     progress=False, console=False)
-    assert [compiler.uses_onednn(t) for t in texts] == [True, True, False]
+    assert used == [onednn.OPTIONS, onednn.OPTIONS, {}]

@@ -1,5 +1,6 @@
-"""The compiled weight-gradient kernel (`jlearngene.kernels.cpu`): the same products as XLA
-in every autodiff mode, used where it applies and nowhere else, and a failed build falls back."""
+"""The CPU backend's compiled weight-gradient kernel (`jlearngene.ops.cpu.dense`, built by
+`ops.cpu.library`): the same products as XLA in every autodiff mode, applied where it can
+be (one device, float32, the switch on), and a failed build falls back."""
 import logging
 import os
 import platform
@@ -10,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jlearngene.kernels import cpu
+from jlearngene.ops.cpu import dense, library
 
-needs_kernel = pytest.mark.skipif(jax.default_backend() != 'cpu' or not cpu.available(),
+needs_kernel = pytest.mark.skipif(jax.default_backend() != 'cpu' or not library.available(),
                                   reason='the compiled CPU kernel is not available here')
 
 
@@ -26,35 +27,36 @@ def _operands(k, m, n, seed=0):
 @pytest.mark.parametrize('jit', [True, False])
 def test_weight_grad_matches_float64(k, m, n, jit):
     x, g = _operands(k, m, n)
-    fn = jax.jit(cpu.weight_grad) if jit else cpu.weight_grad
+    fn = jax.jit(dense.weight_grad) if jit else dense.weight_grad
     out = np.asarray(fn(x, g))
     ref = np.asarray(x, np.float64).T @ np.asarray(g, np.float64)
     assert out.shape == (m, n) and out.dtype == np.float32
     np.testing.assert_allclose(out, ref, atol=2e-6 * max(1.0, np.abs(ref).max()), rtol=0)
 
 
-@needs_kernel
-def test_kernel_is_lowered_for_one_device_only(monkeypatch):
-    x, g = _operands(256, 16, 32)
-    assert 'jlearngene_weight_grad' in jax.jit(cpu.weight_grad).lower(x, g).as_text()
+def test_kernel_applies_to_float32_on_one_device_with_the_switch_on(monkeypatch):
+    f32, bf16 = jnp.float32, jnp.bfloat16
+    assert library.kernels_apply([f32, f32], 1) == library.available()
     # Over several devices a custom call would gather both operands: XLA's product instead.
+    assert not library.kernels_apply([f32, f32], 8)
+    assert not library.kernels_apply([bf16, bf16], 1)
+    monkeypatch.setenv(library.ENV_SWITCH, '0')
+    assert not library.available() and not library.kernels_apply([f32, f32], 1)
+
+
+def test_weight_grad_sharded_over_devices_is_the_product():
+    x, g = _operands(256, 16, 32)
     mesh = jax.make_mesh((jax.device_count(),), ('data',))
     rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
-    sharded = jax.jit(cpu.weight_grad, in_shardings=(rows, rows)).lower(x, g).as_text()
-    if jax.device_count() > 1:
-        assert 'jlearngene_weight_grad' not in sharded
-    # bfloat16 operands and the switch go to XLA as well.
-    assert 'jlearngene_weight_grad' not in jax.jit(cpu.weight_grad).lower(
-        x.astype(jnp.bfloat16), g.astype(jnp.bfloat16)).as_text()
-    monkeypatch.setenv(cpu.ENV_SWITCH, '0')   # read when lowering: a new function, not jit's cache
-    assert 'jlearngene_weight_grad' not in jax.jit(lambda a, b: cpu.weight_grad(a, b)).lower(
-        x, g).as_text()
+    out = jax.jit(dense.weight_grad, in_shardings=(rows, rows))(x, g)
+    ref = np.asarray(x, np.float64).T @ np.asarray(g, np.float64)
+    np.testing.assert_allclose(out, ref, atol=2e-6 * np.abs(ref).max(), rtol=0)
 
 
 def test_matmul_in_every_autodiff_mode():
     x = jax.random.normal(jax.random.key(0), (300, 7))
     w = jax.random.normal(jax.random.key(1), (7, 9))
-    f = lambda x, w: jnp.sum(jnp.sin(cpu.matmul(x, w)))
+    f = lambda x, w: jnp.sum(jnp.sin(dense.matmul(x, w)))
     f_ref = lambda x, w: jnp.sum(jnp.sin(x @ w))
     close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
     for grad in (jax.grad, lambda f, **kw: jax.jit(jax.grad(f, **kw))):
@@ -70,39 +72,40 @@ def test_matmul_in_every_autodiff_mode():
 
 def test_bad_operands_and_switch_are_named(monkeypatch):
     with pytest.raises(ValueError, match='weight_grad'):
-        cpu.weight_grad(jnp.ones((4, 3)), jnp.ones((5, 2)))
+        dense.weight_grad(jnp.ones((4, 3)), jnp.ones((5, 2)))
     with pytest.raises(ValueError, match='matmul'):
-        cpu.matmul(jnp.ones((4, 3)), jnp.ones((4, 2)))
-    monkeypatch.setenv(cpu.ENV_SWITCH, 'maybe')
-    with pytest.raises(ValueError, match=cpu.ENV_SWITCH):
-        cpu.available()
+        dense.matmul(jnp.ones((4, 3)), jnp.ones((4, 2)))
+    monkeypatch.setenv(library.ENV_SWITCH, 'maybe')
+    with pytest.raises(ValueError, match=library.ENV_SWITCH):
+        library.available()
 
 
 def test_failed_build_falls_back_with_a_warning(monkeypatch, tmp_path, caplog):
-    if cpu.instruction_set() is None:
+    if library.instruction_set() is None:
         pytest.skip('neither AVX-512 nor AVX2: the build is not attempted')
     monkeypatch.setenv('CXX', 'false')            # a "compiler" that always fails
-    monkeypatch.setenv(cpu.CACHE_ENV, str(tmp_path))
-    with caplog.at_level(logging.WARNING, logger=cpu.__name__):
-        assert cpu._build() is None
+    monkeypatch.setenv(library.CACHE_ENV, str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger=library.__name__):
+        assert library._build() is None
     assert 'failed' in caplog.text and list(tmp_path.iterdir()) == []   # no partial file left
 
 
-@pytest.mark.parametrize('isa', sorted(cpu.ISAS))
+@pytest.mark.parametrize('isa', sorted(library.ISAS))
 def test_source_builds_for_every_instruction_set(isa, monkeypatch, tmp_path):
     """Every register tile compiles, whichever one this machine runs."""
-    monkeypatch.setenv(cpu.CACHE_ENV, str(tmp_path))
-    cxx = cpu.compiler_command()
+    monkeypatch.setenv(library.CACHE_ENV, str(tmp_path))
+    cxx = library.compiler_command()
     if platform.machine().lower() not in ('x86_64', 'amd64') or not (cxx and shutil.which(cxx)):
         pytest.skip('no x86-64 C++ compiler here')
-    path = cpu._build(isa)
+    path = library._build(isa)
     assert path is not None and os.path.getsize(path) > 0
 
 
-def test_weight_grad_is_deterministic():
+@needs_kernel
+def test_weight_grad_kernel_is_deterministic():
     """Threads claim the token chunks in any order; the result must not depend on it."""
     x, g = _operands(4096, 64, 96, seed=5)
-    fn = jax.jit(cpu.weight_grad)
+    fn = jax.jit(dense.weight_grad)   # one device, float32: the kernel
     first = np.asarray(fn(x, g))
     for _ in range(10):
         np.testing.assert_array_equal(np.asarray(fn(x, g)), first)

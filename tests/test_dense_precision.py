@@ -3,7 +3,8 @@ with float32 accumulation, forward and backward, and the model stays close to fl
 
 Compiled with XLA's full optimisation pipeline (no `fast_compile`): whether XLA:CPU keeps a
 bfloat16 dot in bfloat16 depends on it, and a dot it keeps but cannot run fails at run time.
-Both with XLA's default kernels (`jax.jit`) and with the trainer's (`compiler.jit`).
+Both with XLA's default kernels (`jax.jit`) and with the trainer's (`compiler.jit`), with the
+`jlearngene.ops` backends on and with the reference.
 """
 import jax
 import jax.numpy as jnp
@@ -11,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from jlearngene import compiler
+from jlearngene import compiler, ops
 from jlearngene.models import config as config_lib, layout, vit
 
 BF16 = jnp.bfloat16
@@ -22,29 +23,34 @@ def _rounded_product(a, b):
     return jnp.matmul(a.astype(BF16), b.astype(BF16), preferred_element_type=jnp.float32)
 
 
+@pytest.fixture(params=['on', 'reference'])
+def backends(request):
+    if request.param == 'reference':
+        with ops.use_reference():
+            yield request.param
+    else:
+        yield request.param
+
+
 @pytest.mark.parametrize('jit', [None] + JITS)
 @pytest.mark.parametrize('shape', [((12, 16), (16, 24)), ((12, 24), (24, 16))])
-def test_bf16_matmul_is_the_rounded_product_forward_and_backward(shape, jit):
-    """Both branches of the weight gradient (x narrower or wider than the output)."""
+def test_bf16_dense_is_the_rounded_product_forward_and_backward(shape, jit, backends):
+    """Both branches of the CPU backend's weight gradient (x narrower or wider than the
+    output)."""
     (n, k), (_, m) = shape
     x = jax.random.normal(jax.random.key(0), (n, k))
     w = jax.random.normal(jax.random.key(1), (k, m))
     g = jax.random.normal(jax.random.key(2), (n, m))
-    fwd = jit(vit.matmul, static_argnums=2) if jit else vit.matmul
+    fwd = jit(ops.dense, static_argnums=2) if jit else ops.dense
     y = fwd(x, w, 'bfloat16')
     np.testing.assert_allclose(y, _rounded_product(x, w), rtol=1e-6, atol=1e-6)
     assert float(jnp.max(jnp.abs(y - x @ w))) > 1e-4   # the operands really were rounded
 
-    vjp = lambda x, w, g: jax.vjp(lambda x, w: vit.matmul(x, w, 'bfloat16'), x, w)[1](g)
+    vjp = lambda x, w, g: jax.vjp(lambda x, w: ops.dense(x, w, 'bfloat16'), x, w)[1](g)
     dx, dw = (jit(vjp) if jit else vjp)(x, w, g)
     np.testing.assert_allclose(dx, _rounded_product(g, w.T), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dw, _rounded_product(x.T, g), rtol=1e-5, atol=1e-5)
     assert dx.dtype == x.dtype and dw.dtype == w.dtype
-
-
-def test_matmul_rejects_an_unknown_precision():
-    with pytest.raises(ValueError, match="precision 'tf32'"):
-        vit.matmul(jnp.ones((2, 2)), jnp.ones((2, 2)), 'tf32')
 
 
 def test_config_rejects_an_unknown_dense_precision(tiny_cfg):

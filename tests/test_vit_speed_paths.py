@@ -1,15 +1,26 @@
 """The speed-motivated formulations in `models/vit.py` compute the same function and gradients
-as their plain definitions: erf GELU with a custom derivative, the fused q/k/v projection and
-the save-only-matmul-outputs checkpoint policy of the encoder blocks."""
+as their plain definitions: erf GELU with a custom derivative, the fused q/k/v projection,
+the save-only-matmul-outputs checkpoint policy of the encoder blocks and the pruned last
+block; with the backends of `jlearngene.ops` on and off."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jlearngene import compiler
+from jlearngene import ops
 from jlearngene.models import layout, vit
 
 pytestmark = pytest.mark.usefixtures('fast_compile')
+
+
+@pytest.fixture
+def backends(request):
+    """Whether the test runs with the ops backends on or with the reference only."""
+    if request.param == 'reference':
+        with ops.use_reference():
+            yield request.param
+    else:
+        yield request.param
 
 
 def test_gelu_exact_matches_jax_and_its_derivative():
@@ -32,7 +43,8 @@ def _attention_reference(p, x):
     return jnp.einsum('bqhk,hkd->bqd', o, p['out']['kernel']) + p['out']['bias']
 
 
-def test_fused_qkv_attention_matches_separate_projections(tiny_cfg):
+@pytest.mark.parametrize('backends', ['on', 'reference'], indirect=True)
+def test_fused_qkv_attention_matches_separate_projections(tiny_cfg, backends):
     p = vit.init_block(tiny_cfg, jax.random.key(0))['attn']
     p = jax.tree.map(lambda a: a + 0.01 * jax.random.normal(jax.random.key(1), a.shape), p)
     x = jax.random.normal(jax.random.key(2), (2, 5, tiny_cfg.width))
@@ -61,53 +73,26 @@ def test_block_save_policy_gives_the_gradients_of_full_remat(tiny_cfg):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), g_policy, g_remat)
 
 
-@pytest.mark.parametrize('shape', [((6, 4), (4, 9)), ((9, 7), (7, 3))])
-def test_matmul_matches_plain_product_in_both_autodiff_modes(shape, monkeypatch):
-    """Without the oneDNN options `vit.matmul` (on CPU: materialised transposes in its
-    derivative) is x @ w for grad and jvp."""
-    monkeypatch.setenv(compiler.ENV_SWITCH, '0')
-    (n, k), (_, m) = shape
-    x = jax.random.normal(jax.random.key(0), (n, k))
-    w = jax.random.normal(jax.random.key(1), (k, m))
-    np.testing.assert_allclose(vit.matmul(x, w), x @ w, rtol=1e-6)
-    f = lambda x, w: jnp.sum(jnp.sin(vit.matmul(x, w)))
-    f_ref = lambda x, w: jnp.sum(jnp.sin(x @ w))
-    for a, b in zip(jax.grad(f, (0, 1))(x, w), jax.grad(f_ref, (0, 1))(x, w)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    tx, tw = jnp.ones_like(x), jnp.full_like(w, 0.5)
-    np.testing.assert_allclose(jax.jvp(f, (x, w), (tx, tw))[1], jax.jvp(f_ref, (x, w), (tx, tw))[1],
-                               rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.skipif(jax.default_backend() != 'cpu', reason='the CPU choice of derivative')
-@pytest.mark.parametrize('onednn, materialised', [('1', False), ('0', True)])
-@pytest.mark.usefixtures('no_persistent_cache')
-def test_matmul_derivative_follows_the_compiler_options(onednn, materialised, monkeypatch):
-    """oneDNN takes transposed operands (plain product); YNNPACK gets materialised ones. The
-    choice is made when the derivative is lowered."""
-    monkeypatch.setenv(compiler.ENV_SWITCH, onednn)
-    x, w = jnp.ones((6, 4)), jnp.ones((4, 9))
-    hlo = jax.jit(jax.grad(lambda x, w: vit.matmul(x, w).sum(), (0, 1))).lower(x, w).as_text()
-    assert ('optimization_barrier' in hlo) == materialised
-
-
-def test_attention_for_the_first_queries_only(tiny_cfg):
+@pytest.mark.parametrize('backends', ['on', 'reference'], indirect=True)
+def test_attention_for_the_first_queries_only(tiny_cfg, backends):
     p = vit.init_block(tiny_cfg, jax.random.key(0))['attn']
     p = jax.tree.map(lambda a: a + 0.01 * jax.random.normal(jax.random.key(1), a.shape), p)
     x = jax.random.normal(jax.random.key(2), (2, 5, tiny_cfg.width))
-    out, probs = vit.attention(p, x, n_queries=2)
+    out, probs = vit.attention(p, x, n_queries=2, need_probs=True)
     assert out.shape == (2, 2, tiny_cfg.width) and probs.shape == (2, tiny_cfg.num_heads, 2, 5)
+    np.testing.assert_allclose(vit.attention(p, x, n_queries=2)[0], out, atol=1e-6)
     np.testing.assert_allclose(out, _attention_reference(p, x)[:, :2], atol=1e-5)
     g = jax.jit(jax.grad(lambda p: vit.attention(p, x, n_queries=2)[0].sum()))(p)
     g_ref = jax.jit(jax.grad(lambda p: _attention_reference(p, x)[:, :2].sum()))(p)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4), g, g_ref)
 
 
+@pytest.mark.parametrize('backends', ['on', 'reference'], indirect=True)
 @pytest.mark.parametrize('stacked, distill, jit', [(True, False, True), (False, True, True),
                                                    (True, True, False)],
                          ids=['stacked-cls-jit', 'list-cls+dist-jit', 'stacked-cls+dist-eager'])
 def test_class_token_pooling_computes_only_the_prefix_of_the_last_block(tiny_cfg, stacked,
-                                                                          distill, jit):
+                                                                          distill, jit, backends):
     cfg = tiny_cfg.replace(pool='cls', class_token=True, distill_token=distill, depth=2)
     params = vit.init(cfg, jax.random.key(0))
     params = jax.tree.map(lambda a: a + 0.02 * jax.random.normal(jax.random.key(1), a.shape), params)

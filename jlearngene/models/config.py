@@ -8,10 +8,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from jlearngene.ops.reference import DENSE_PRECISIONS
+
 POOLS = ('cls', 'avg')
 GELUS = ('exact', 'tanh')
 DTYPES = ('float32', 'bfloat16', 'float16')
-DENSE_PRECISIONS = ('float32', 'bfloat16')
 POOL_NORMS = ('before', 'after')
 
 # DeiT shapes (Touvron et al. 2021): width, heads, MLP size. Depth is free.
@@ -55,7 +56,8 @@ class ViTConfig:
         bfloat16 and accumulates in float32, as TPUs do by default; activations, LayerNorm,
         softmax, GELU and the attention products keep `dtype`. On CPUs with AMX (e.g.
         Xeon Sapphire Rapids) the training step runs 1.4–1.7× faster (benchmarks/README).
-        With 'bfloat16' the dense layers have a custom VJP: no forward mode (`jax.jvp`).
+        With 'bfloat16' the dense layers (`jlearngene.ops.dense`) have a custom VJP: no
+        forward mode (`jax.jvp`).
       qkv_bias: attention q/k/v projections carry biases (timm default True).
       layer_scale: LayerScale (`ls1`, `ls2` per-channel gains, DeiT-3) is present.
       drop_path: stochastic depth rate of the last block (linear from 0), used when train=True.

@@ -24,6 +24,9 @@ T = prefix tokens + patches, K = classes, p = patch size, C = channels):
 In the list layout `blocks` is a list of per-block trees without the leading L axis; blocks
 may then differ in shape (e.g. head count). `apply` reads every block shape from the
 parameters, so the config only fixes numerics (eps, GELU, pooling, dtype).
+
+The dense layers' products and the attention core go through `jlearngene.ops` (`ops.dense`,
+`ops.attention`), where backends may substitute faster implementations of the same math.
 """
 from __future__ import annotations
 
@@ -35,9 +38,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jlearngene.kernels import attention as attention_kernels
-from jlearngene.kernels import cpu as cpu_kernels
-from jlearngene.models.config import DENSE_PRECISIONS, ViTConfig
+from jlearngene import ops
+from jlearngene.models.config import ViTConfig
 
 Params = dict[str, Any]
 CAPTURES = ('blocks', 'attn')
@@ -167,83 +169,12 @@ def gelu(x: jax.Array, kind: str) -> jax.Array:
     return gelu_exact(x)
 
 
-def matmul(x: jax.Array, w: jax.Array, precision: str = 'float32') -> jax.Array:
-    """`x @ w` for x (N, K), w (K, M) at the given operand precision.
-
-    precision='float32' (exact): all autodiff modes work. On CPU the product is
-    `kernels.cpu.matmul`, whose weight gradient xᵀ·g runs in a compiled C++ kernel (XLA's
-    oneDNN dot is slow for this contraction over all tokens) and whose input gradient g·wᵀ
-    reads wᵀ in place under oneDNN (`jlearngene.compiler.options()`) and as a materialised
-    row-major copy under XLA's default kernels; both fall back to XLA where the kernel is
-    unavailable. Elsewhere (cuBLAS, TPU) it is `x @ w`.
-
-    precision='bfloat16': both operands rounded to bfloat16, products accumulated in
-    float32, the result cast back to x.dtype (see `_bf16_matmul`; reverse mode only).
-    """
-    if precision not in DENSE_PRECISIONS:
-        raise ValueError(f'matmul: unknown precision {precision!r}, '
-                         f'expected one of {DENSE_PRECISIONS}')
-    if precision == 'bfloat16':
-        return _bf16_matmul(x, w).astype(x.dtype)
-    if jax.default_backend() == 'cpu':
-        return cpu_kernels.matmul(x, w)
-    return x @ w
-
-
-def _bf16_product(a: jax.Array, b: jax.Array) -> jax.Array:
-    return jnp.matmul(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
-                      preferred_element_type=jnp.float32)
-
-
-def _bf16_t(a: jax.Array) -> jax.Array:
-    """`a.T` in bfloat16 as a row-major array.
-
-    On CPU the transpose is written out through a flat, barriered copy: XLA:CPU decides
-    early, while a plain transpose is still a column-major view, whether a bfloat16 dot can
-    run in YNNPACK (AMX on recent Xeons), and upcasts the dot to float32 when it cannot.
-    """
-    t = a.T.astype(jnp.bfloat16)
-    if jax.default_backend() != 'cpu':
-        return t
-    return jax.lax.optimization_barrier(t.reshape(-1)).reshape(t.shape)
-
-
-@jax.custom_vjp
-def _bf16_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x @ w (float32 result) from bfloat16-rounded operands, forward and backward.
-
-    The backward pass is written out (a custom VJP) so that its products also take bfloat16
-    operands: JAX's derived backward would multiply the float32 cotangent with a bfloat16
-    operand, which XLA computes in float32.
-    """
-    return _bf16_product(x, w)
-
-
-def _bf16_matmul_fwd(x, w):
-    return _bf16_product(x, w), (x, w)
-
-
-def _bf16_matmul_bwd(res, g):
-    x, w = res
-    g = g.astype(jnp.bfloat16)
-    dx = _bf16_product(g, _bf16_t(w))
-    if x.shape[1] <= w.shape[1]:
-        dw = _bf16_product(_bf16_t(x), g)
-    else:   # transpose the narrower gradient instead of x; the barrier keeps XLA from
-        # folding the small result's transpose back into the product as a transposed operand
-        dw = jax.lax.optimization_barrier(_bf16_product(_bf16_t(g), x)).T
-    return dx.astype(x.dtype), dw.astype(w.dtype)
-
-
-_bf16_matmul.defvjp(_bf16_matmul_fwd, _bf16_matmul_bwd)
-
-
 def _dense(x, p, n_in=1, precision='float32'):
     """A dense layer over the last `n_in` axes of x (kernel axes: n_in inputs, then outputs)."""
     kernel = p['kernel'].astype(x.dtype)
     k = math.prod(kernel.shape[:n_in])
     lead, out = x.shape[:x.ndim - n_in], kernel.shape[n_in:]
-    y = matmul(x.reshape(-1, k), kernel.reshape(k, -1), precision)
+    y = ops.dense(x.reshape(-1, k), kernel.reshape(k, -1), precision)
     if 'bias' in p:
         y = y + p['bias'].astype(x.dtype).reshape(-1)
     return y.reshape(lead + out)
@@ -265,13 +196,16 @@ def _dropout(x, rate, key):
 
 
 def attention(p: Params, x: jax.Array, n_queries: int | None = None,
-              precision: str = 'float32') -> tuple[jax.Array, jax.Array]:
+              precision: str = 'float32', need_probs: bool = False):
     """Multi-head self-attention with explicit heads; returns (output, probabilities).
 
+    q, k, v = x·W_q, x·W_k, x·W_v (+ biases), per head (B, T, H, Dh); the core is
+    softmax(q·kᵀ/√Dh)·v (`ops.attention`), then the output projection over (H, Dh).
+    The probabilities (B, H, Tq, T) are returned when `need_probs`, else None.
     `n_queries` computes the output only for the first `n_queries` tokens (all tokens still
     serve as keys and values): what the last block needs when only the class token is read.
-    `precision` is that of the q/k/v and output projections (`matmul`); the attention
-    products themselves stay in x.dtype.
+    `precision` is that of the q/k/v and output projections (`ops.dense`); the core keeps
+    x.dtype.
     """
     head_dim = p['q']['kernel'].shape[-1]
     names = 'qkv' if n_queries is None else 'kv'
@@ -282,22 +216,17 @@ def attention(p: Params, x: jax.Array, n_queries: int | None = None,
         fused['bias'] = jnp.stack([p[n]['bias'] for n in names])
     elif any('bias' in p[n] for n in 'qkv'):
         raise ValueError('attention: q, k and v must all have biases or none')
-    qkv = _dense(x, fused, precision=precision)                             # (B, T, n, H, Dh)
-    qkv = checkpoint_name(qkv, 'attn_qkv')
-    scale = head_dim ** -0.5
-    if n_queries is None and jax.default_backend() == 'cpu':
-        # One kernel for the whole core on CPU (`kernels.attention`: XLA where it does not
-        # apply). Other backends differentiate `reference` with jax's own rules, the program
-        # the GPU benchmarks measured, not the primitive's hand-written XLA fallbacks.
-        o, probs = attention_kernels.attention(qkv, scale, probs_name='attn_probs')
+    qkv = checkpoint_name(_dense(x, fused, precision=precision), 'attn_qkv')  # (B, T, n, H, Dh)
+    # `split`, not slices: its derivative is one concatenate of the parts' gradients, where
+    # the slices' would be zero-padded full-size arrays summed.
+    parts = [t.squeeze(2) for t in jnp.split(qkv, len(names), axis=2)]
+    if n_queries is None:
+        q, k, v = parts
     else:
-        parts = attention_kernels.split(qkv)
-        if n_queries is None:
-            q, k, v = parts
-        else:
-            (k, v), q = parts, checkpoint_name(
-                _dense(x[:, :n_queries], p['q'], precision=precision), 'attn_qkv')
-        o, probs = attention_kernels.reference(q, k, v, scale, probs_name='attn_probs')
+        (k, v), q = parts, checkpoint_name(
+            _dense(x[:, :n_queries], p['q'], precision=precision), 'attn_qkv')
+    o, probs = ops.attention(q, k, v, head_dim ** -0.5, need_probs=need_probs,
+                             probs_name='attn_probs')
     o = checkpoint_name(o, 'attn_o')
     return _dense(o, p['out'], n_in=2, precision=precision), probs
 
@@ -319,16 +248,17 @@ def _branch(y, p, scale_name, cfg, drop_rate, keys, stochastic):
 
 
 def block_apply(p: Params, x: jax.Array, cfg: ViTConfig, *, drop_rate=0.0, key=None,
-                train: bool = False, n_out: int | None = None) -> tuple[jax.Array, jax.Array]:
-    """One pre-norm encoder block; returns (new tokens, attention probabilities).
+                train: bool = False, n_out: int | None = None,
+                need_probs: bool = False) -> tuple[jax.Array, jax.Array | None]:
+    """One pre-norm encoder block; returns (new tokens, attention probabilities or None).
 
     `n_out` returns only the first `n_out` tokens, computing nothing for the others beyond
-    their keys and values.
+    their keys and values. The probabilities are returned when `need_probs`.
     """
     stochastic = train and key is not None
     keys = jax.random.split(key, 4) if stochastic else [None] * 4
     y, probs = attention(p['attn'], layer_norm(x, p['norm1'], cfg.ln_eps), n_out,
-                         cfg.dense_precision)
+                         cfg.dense_precision, need_probs)
     if n_out is not None:
         x = x[:, :n_out]
     x = checkpoint_name(x + _branch(y, p, 'ls1', cfg, drop_rate, keys[:2], stochastic), 'block_mid')
@@ -386,7 +316,8 @@ def encode(blocks, x: jax.Array, cfg: ViTConfig, *, train=False, rng=None,
         # backward pass and recomputes the cheap elementwise rest (LayerNorms, GELU, bias
         # adds): with layers in a `lax.scan` every saved tensor is copied into a (depth, ...)
         # stack and back, which costs more than recomputing it. `cfg.remat` saves nothing.
-        step = functools.partial(block_apply, cfg=cfg, train=train, n_out=n)
+        step = functools.partial(block_apply, cfg=cfg, train=train, n_out=n,
+                                 need_probs=want_attn)
         return jax.checkpoint(step, prevent_cse=False, policy=None if cfg.remat else _SAVE_POLICY)
 
     step = checkpointed(None)
@@ -412,7 +343,8 @@ def encode(blocks, x: jax.Array, cfg: ViTConfig, *, train=False, rng=None,
             x, pr = fn(p, x, drop_rate=rates[i], key=None if keys is None else keys[i])
             outs.append(x)
             probs.append(pr)
-        outs, probs = _stack_if_same(outs), _stack_if_same(probs)
+        outs = _stack_if_same(outs) if want_blocks else None
+        probs = _stack_if_same(probs) if want_attn else None
     if want_blocks:
         aux['blocks'] = outs
     if want_attn:

@@ -11,7 +11,7 @@
 // The tokens are split into one fixed chunk per thread of XLA's intra-op pool, and the
 // chunks' partial C are summed in chunk order (by all threads), so the result is
 // deterministic.
-// Compiled at first use by jlearngene.kernels.cpu.
+// Compiled at first use by jlearngene.ops.cpu.library.
 #include <algorithm>
 #include <cstring>
 #include <vector>

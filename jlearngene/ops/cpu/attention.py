@@ -1,18 +1,18 @@
-"""Multi-head softmax attention from a fused q/k/v tensor, with a C++ kernel on CPU.
+"""The CPU backend's attention core: softmax attention from a fused q/k/v tensor, in C++.
 
 `attention(qkv, scale)` maps qkv (B, T, 3, H, Dh) to (o (B, T, H, Dh), probs (B, H, T, T)):
-probs = softmax((q·scale)·kᵀ) over the keys, o = probs·v, exactly `reference` (the
-ViT's definition). Why a kernel: XLA:CPU runs this core as six small batched products per
-layer with transposes, a concatenate and softmax passes between them, at about a third of
-the dense layers' speed, so it took 6–13 % of the ViT training step (benchmarks/README.md).
+probs = softmax((q·scale)·kᵀ) over the keys, o = probs·v, exactly
+`ops.reference.probs_attention`. Why a kernel: XLA:CPU runs this core as six small batched
+products per layer with transposes, a concatenate and softmax passes between them, at about
+a third of the dense layers' speed, so it took 6–13 % of the ViT training step.
 `attention.cc` does one (batch, head) per task, reading q, k, v in place and writing o and
 the gradient in the layouts the projections use.
 
 The function is a primitive whose derivative is another primitive, linear in the tangent
 of qkv, whose transpose (the backward pass) is the backward kernel. Forward and reverse
 mode, their compositions and vmap all work: everything the kernel does not cover falls back
-to XLA's operations on `reference`'s formulas. The kernels run where `cpu.available()`, on
-one CPU device, for float32 with Dh a multiple of 16; the result is float32 arithmetic with
+to XLA's operations on the reference's formulas. The kernels run where `library.available()`,
+on one CPU device, for float32 with Dh a multiple of 16; the result is float32 arithmetic with
 another summation order and, for Dh not a power of 4, another rounding of the scale.
 
 `probs_name` names the probabilities with `checkpoint_name` where the backward pass reads
@@ -30,7 +30,8 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jlearngene.kernels import cpu
+from jlearngene.ops import reference
+from jlearngene.ops.cpu import library
 
 KERNEL_DIM_MULTIPLE = 16   # Dh must be whole vectors of both instruction sets
 
@@ -42,17 +43,6 @@ def attention(qkv: jax.Array, scale: float, *, probs_name: str | None = None):
     return tuple(_attention_p.bind(qkv, scale=float(scale), probs_name=probs_name))
 
 
-def reference(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, *,
-              probs_name: str | None = None):
-    """(o, probs) for q (B, Tq, H, Dh), k and v (B, T, H, Dh) with XLA's operations: the
-    definition. The softmax is taken in float32 whatever the inputs' dtype."""
-    logits = jnp.einsum('bqhk,bthk->bhqt', q * jnp.asarray(scale, q.dtype), k)
-    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(q.dtype)
-    if probs_name is not None:
-        probs = checkpoint_name(probs, probs_name)
-    return jnp.einsum('bhqt,bthk->bqhk', probs, v), probs
-
-
 def split(qkv: jax.Array) -> list[jax.Array]:
     """The parts of a fused projection (B, T, n, H, Dh) as n arrays (B, T, H, Dh).
 
@@ -62,7 +52,7 @@ def split(qkv: jax.Array) -> list[jax.Array]:
 
 
 def _reference_fused(qkv, *, scale, probs_name=None):
-    return reference(*split(qkv), scale, probs_name=probs_name)
+    return reference.probs_attention(*split(qkv), scale, probs_name=probs_name)
 
 
 def _probs_tangent(qkv, probs, t_qkv, scale):
@@ -92,9 +82,14 @@ def _backward_reference(qkv, probs, d_out, *, scale):
     return jnp.stack([dq, dk, dv], axis=2)
 
 
+def kernel_applies(head_dim: int, dtypes, num_devices: int) -> bool:
+    """The FFI kernels apply: Dh in whole vectors and `library.kernels_apply`."""
+    return head_dim % KERNEL_DIM_MULTIPLE == 0 and library.kernels_apply(dtypes, num_devices)
+
+
 def _kernel_applies(ctx) -> bool:
-    """The FFI kernels apply: `cpu.ffi_applies` and Dh in whole vectors."""
-    return ctx.avals_in[0].shape[-1] % KERNEL_DIM_MULTIPLE == 0 and cpu.ffi_applies(ctx)
+    """`kernel_applies` for a lowering context (the device count is known only there)."""
+    return ctx.avals_in[0].shape[-1] % KERNEL_DIM_MULTIPLE == 0 and library.ffi_applies(ctx)
 
 
 def _lowering(fallback, target, n_out):

@@ -13,7 +13,7 @@
 // o = probs v; backward dlogits = probs (dprobs - sum(probs dprobs)), dq = (dlogits scale) k,
 // dk = (dlogits scale)^T q. Against the model's definition ((q scale) k^T) only the
 // summation order differs where the scale is a power of 2 (Dh a power of 4), and the
-// scale's rounding elsewhere. Compiled at first use by jlearngene.kernels.cpu.
+// scale's rounding elsewhere. Compiled at first use by jlearngene.ops.cpu.library.
 #include <algorithm>
 #include <cmath>
 #include <cstring>

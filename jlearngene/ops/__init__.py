@@ -1,0 +1,173 @@
+"""The one seam between the model's math and backend-specific speed paths.
+
+The model (`jlearngene.models.vit`) computes its dense layers and its attention core through
+two functions:
+
+    dense(x, w, precision='float32') -> x @ w            x (N, K), w (K, M)
+    attention(q, k, v, scale, *, need_probs=False, probs_name=None) -> (o, probs | None)
+        q (B, Tq, H, Dh), k and v (B, T, H, Dh); o (B, Tq, H, Dh), probs (B, H, Tq, T)
+
+and compiles through `jlearngene.compiler.jit`, whose XLA options are `compiler_options()`.
+Each call first offers the work to the enabled backends of jax's default platform, in the
+order they registered; a backend's function returns `NotImplemented` to decline (a shape,
+dtype or build it does not cover), and the reference implementation (`ops.reference`,
+plain jax: `x @ w`, `jax.nn.dot_product_attention`) computes whatever no backend takes. The
+reference is what GPUs and TPUs run.
+
+A backend is a module that calls `register(Backend(...))` when imported; the built-in ones
+are listed in `BUILTIN_BACKENDS` and imported with this package. `ops.cpu` is the CPU
+backend: the C++ kernels for the weight gradient and the attention core, oneDNN dots
+(compiler options) and bfloat16 operand layouts. Removing a backend is deleting its module
+and its name in `BUILTIN_BACKENDS`; nothing in the model refers to one.
+
+Switches, all read when a function is traced (a function jitted before keeps its choice):
+  * JLEARNGENE_BACKENDS: 'all' (default), 'reference' (no backend: every platform runs the
+    reference), or a comma-separated list of backend names to enable (e.g. 'cpu').
+  * `with ops.use_reference(): ...` turns every backend off inside the block.
+  * A backend's own finer switches (the CPU backend: JLEARNGENE_CPU_KERNELS=0 for the C++
+    kernels, JLEARNGENE_CPU_ONEDNN=0 for the oneDNN dots).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import os
+import threading
+from typing import Any, Callable, Iterator
+
+import jax
+
+from jlearngene.ops import reference
+from jlearngene.ops.reference import DENSE_PRECISIONS
+
+ENV_SWITCH = 'JLEARNGENE_BACKENDS'
+BUILTIN_BACKENDS = ('jlearngene.ops.cpu',)
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """A set of speed paths for one jax platform ('cpu', 'gpu', 'tpu').
+
+    dense(x, w, precision) and attention(q, k, v, scale, need_probs, probs_name) have the
+    signatures and results of the module-level functions, or return `NotImplemented` to
+    leave a call to the next backend or the reference. compiler_options() is the XLA
+    options the backend wants for `jlearngene.compiler.jit` (an empty dict for none).
+    enabled() is the backend's own switch, read at trace time.
+    """
+    name: str
+    platform: str
+    dense: Callable[..., Any] | None = None
+    attention: Callable[..., Any] | None = None
+    compiler_options: Callable[[], dict[str, Any]] | None = None
+    enabled: Callable[[], bool] = lambda: True
+
+
+_registry: dict[str, Backend] = {}
+_state = threading.local()
+
+
+def register(backend: Backend) -> None:
+    """Add a backend (replacing one of the same name)."""
+    _registry[backend.name] = backend
+
+
+def registered() -> dict[str, Backend]:
+    """Every registered backend by name, enabled or not."""
+    return dict(_registry)
+
+
+def env_switch_on(name: str) -> bool:
+    """An on/off environment switch, on when unset: 0/1, false/true, no/yes, off/on."""
+    value = os.environ.get(name, '1').strip().lower()
+    if value not in ('0', '1', 'false', 'true', 'no', 'yes', 'off', 'on', ''):
+        raise ValueError(f'{name}={value!r}: expected 0 or 1 (or false/true, no/yes, off/on)')
+    return value not in ('0', 'false', 'no', 'off')
+
+
+def _enabled_names() -> set[str] | None:
+    """The names JLEARNGENE_BACKENDS enables; None means all."""
+    value = os.environ.get(ENV_SWITCH, 'all').strip().lower()
+    if value in ('', 'all'):
+        return None
+    if value == 'reference':
+        return set()
+    names = {n.strip() for n in value.split(',') if n.strip()}
+    unknown = sorted(names - set(_registry))
+    if unknown:
+        raise ValueError(f"{ENV_SWITCH}={value!r}: unknown backend(s) {unknown}; expected "
+                         f"'all', 'reference' or names among {sorted(_registry)}")
+    return names
+
+
+@contextlib.contextmanager
+def use_reference() -> Iterator[None]:
+    """Inside the block every backend is off: functions traced there run the reference."""
+    old = getattr(_state, 'reference', False)
+    _state.reference = True
+    try:
+        yield
+    finally:
+        _state.reference = old
+
+
+def active_backends(platform: str | None = None) -> list[Backend]:
+    """The enabled backends of `platform` (default: jax's default backend), in order."""
+    if getattr(_state, 'reference', False):
+        return []
+    names = _enabled_names()
+    platform = platform or jax.default_backend()
+    return [b for b in _registry.values()
+            if b.platform == platform and (names is None or b.name in names) and b.enabled()]
+
+
+def dense(x: jax.Array, w: jax.Array, precision: str = 'float32') -> jax.Array:
+    """`x @ w` for x (N, K), w (K, M) at an operand precision of `DENSE_PRECISIONS`.
+
+    'float32' is the exact product. 'bfloat16' rounds both operands to bfloat16 and
+    accumulates in float32, in the forward pass and in both gradient products; the result
+    has x's dtype (reverse mode only; see `reference.dense`).
+    """
+    if precision not in DENSE_PRECISIONS:
+        raise ValueError(f'dense: unknown precision {precision!r}, '
+                         f'expected one of {DENSE_PRECISIONS}')
+    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
+        raise ValueError(f'dense: incompatible operands {x.shape} and {w.shape}')
+    for b in active_backends():
+        if b.dense is not None and (y := b.dense(x, w, precision)) is not NotImplemented:
+            return y
+    return reference.dense(x, w, precision)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, *,
+              need_probs: bool = False, probs_name: str | None = None):
+    """Softmax attention: probs = softmax((q·scale)·kᵀ) over the keys, o = probs·v.
+
+    Returns (o, probs); probs is None unless `need_probs` (a backend may return it anyway).
+    Tq may differ from T (e.g. only the class token as query). `probs_name` names the
+    probabilities with `checkpoint_name` wherever they are kept for the backward pass, so a
+    `jax.checkpoint` policy can save them.
+    """
+    if q.ndim != 4 or k.shape != v.shape or q.shape[::2] != k.shape[::2] \
+            or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f'attention: expected q (B, Tq, H, Dh) and k, v (B, T, H, Dh), got '
+                         f'{q.shape}, {k.shape}, {v.shape}')
+    for b in active_backends():
+        if b.attention is not None:
+            out = b.attention(q, k, v, scale, need_probs, probs_name)
+            if out is not NotImplemented:
+                return out
+    return reference.attention(q, k, v, scale, need_probs=need_probs, probs_name=probs_name)
+
+
+def compiler_options(platform: str | None = None) -> dict[str, Any]:
+    """The XLA compiler options of the enabled backends (a fresh dict, empty if none)."""
+    options: dict[str, Any] = {}
+    for b in active_backends(platform):
+        if b.compiler_options is not None:
+            options.update(b.compiler_options())
+    return options
+
+
+for _name in BUILTIN_BACKENDS:
+    importlib.import_module(_name)
