@@ -44,7 +44,8 @@ def _np_gelu(x):
 
 
 def _np_forward(params, images, cfg):
-    """Textbook ViT in float64 numpy with an explicit strided convolution."""
+    """Textbook ViT in float64 numpy with an explicit strided convolution; either layout,
+    every shape read from the parameters."""
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
     x = np.asarray(images, np.float64)
     b, hgt, wid, _ = x.shape
@@ -58,7 +59,8 @@ def _np_forward(params, images, cfg):
     prefix = [np.repeat(p[n], b, 0) for n in ('cls_token', 'dist_token') if n in p]
     x = np.concatenate(prefix + [x], 1) + p['pos_embed']
     for l in range(cfg.depth):
-        blk = jax.tree.map(lambda a: a[l], p['blocks'])
+        blocks = p['blocks']
+        blk = blocks[l] if isinstance(blocks, list) else jax.tree.map(lambda a: a[l], blocks)
         h = _np_ln(x, blk['norm1'], cfg.ln_eps)
         q, k, v = (np.einsum('btd,dhk->bhtk', h, blk['attn'][n]['kernel'])
                    + blk['attn'][n]['bias'][None, :, None] for n in 'qkv')
@@ -107,16 +109,52 @@ def test_tanh_gelu_and_bf16_are_options_close_to_exact(tiny_cfg):
 
 # --- initialisation --------------------------------------------------------------------
 
-def test_init_statistics_follow_timm(tiny_cfg):
+def test_init_layout_and_zeros(tiny_cfg):
     cfg = tiny_cfg.replace(width=64, mlp_dim=256, depth=4)
     p = init(cfg, jax.random.key(0))
-    q = np.asarray(p['blocks']['attn']['q']['kernel'])
-    assert abs(q.std() - 0.02 * 0.88) < 0.003  # trunc-normal(±2σ) shrinks the std by 0.88
-    assert np.abs(q).max() <= 0.04 + 1e-7
     np.testing.assert_array_equal(p['blocks']['norm1']['scale'], 1.0)
     np.testing.assert_array_equal(p['blocks']['mlp']['fc1']['bias'], 0.0)
     np.testing.assert_array_equal(p['head']['bias'], 0.0)
     assert not np.allclose(p['blocks']['attn']['q']['kernel'][0], p['blocks']['attn']['q']['kernel'][1])
+
+
+def _trunc_normal_draws(cfg):
+    """Every trunc-normal leaf of a model: ~1.2M draws."""
+    p = init(cfg, jax.random.key(0))
+    kernels = [a for path, a in pytree.flatten(p).items()
+               if path.endswith('kernel') and 'patch_embed' not in path]
+    kernels += [p['pos_embed'], p['cls_token']]
+    return np.concatenate([np.asarray(a).ravel() for a in kernels])
+
+
+def test_default_init_is_timms_normal_with_absolute_bounds():
+    """timm's trunc_normal_(std=.02) truncates at ±2 absolute: N(0, 0.02²)."""
+    cfg = vit_config('Ti', width=128, num_heads=2, mlp_dim=512, depth=6, image_size=32,
+                     patch_size=4, num_classes=10)
+    assert cfg.init_truncation == 'absolute'
+    w = _trunc_normal_draws(cfg)
+    assert w.size > 1_000_000
+    # std error of the std ≈ 0.02/sqrt(2n) ≈ 1.4e-5; the ±2σ draws' std is 0.0176.
+    assert abs(w.std() - 0.02) < 2e-4, w.std()
+    assert abs(w.mean()) < 1e-4
+    assert 0.08 < np.abs(w).max() < 0.2     # n ≈ 1e6 normal draws reach ~5σ
+    # the tails of a normal: P(|z| > 2) = 4.55 %, P(|z| > 3) = 0.27 %
+    assert abs(np.mean(np.abs(w) > 0.04) - 0.0455) < 2e-3
+    assert abs(np.mean(np.abs(w) > 0.06) - 0.0027) < 5e-4
+
+
+def test_two_sigma_init_truncates_at_two_standard_deviations():
+    cfg = vit_config('Ti', width=128, num_heads=2, mlp_dim=512, depth=6, image_size=32,
+                     patch_size=4, num_classes=10, init_truncation='two_sigma')
+    w = _trunc_normal_draws(cfg)
+    # std of N(0, 1) truncated at ±2: 0.8796
+    assert abs(w.std() - 0.02 * 0.8796) < 2e-4, w.std()
+    assert np.abs(w).max() <= 0.04 + 1e-7 and np.abs(w).max() > 0.0399
+
+
+def test_init_truncation_is_validated(tiny_cfg):
+    with pytest.raises(ConfigError, match="init_truncation='one_sigma'"):
+        tiny_cfg.replace(init_truncation='one_sigma')
 
 
 def test_tree_shapes(tiny_cfg):
@@ -174,6 +212,44 @@ def test_list_layout_with_different_head_counts(tiny_cfg):
     assert [a.shape[1] for a in aux['attn']] == [2, 4, 2]
     with pytest.raises(ValueError, match='block 1 differs'):
         stack_blocks(p)
+
+
+@pytest.mark.parametrize('jit', [False, True])
+def test_heads_times_head_dim_may_differ_from_width(tiny_cfg, jit):
+    cfg = tiny_cfg.replace(num_heads=3, head_dim=16)      # attention width 48, width 32
+    p = _randomise(init(cfg, jax.random.key(0)), jax.random.key(1))
+    L, D = cfg.depth, cfg.width
+    chex.assert_shape(p['blocks']['attn']['q']['kernel'], (L, D, 3, 16))
+    chex.assert_shape(p['blocks']['attn']['q']['bias'], (L, 3, 16))
+    chex.assert_shape(p['blocks']['attn']['out']['kernel'], (L, 3, 16, D))
+    x = jax.random.normal(jax.random.key(2), (2, 16, 16, 3))
+    logits, _ = (jax.jit(apply, static_argnums=2) if jit else apply)(p, x, cfg)
+    # The numpy reference reads the shapes (and the scale 1/sqrt(16)) from the parameters.
+    np.testing.assert_allclose(logits, _np_forward(p, x, cfg), atol=1e-4, rtol=1e-4)
+    loss = lambda p: jnp.sum(apply(p, x, cfg)[0] ** 2)   # noqa: E731
+    g = (jax.jit(jax.grad(loss)) if jit else jax.grad(loss))(p)
+    chex.assert_trees_all_equal_shapes(g, p)
+    eps = 1e-3   # one directional derivative against a central difference
+    d = jax.tree.map(lambda a: jax.random.normal(jax.random.key(3), a.shape), p)
+    plus = loss(jax.tree.map(lambda a, b: a + eps * b, p, d))
+    minus = loss(jax.tree.map(lambda a, b: a - eps * b, p, d))
+    directional = sum(jnp.vdot(a, b) for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(d)))
+    np.testing.assert_allclose(directional, (plus - minus) / (2 * eps), rtol=2e-2)
+
+
+def test_num_heads_override_keeps_head_dim_in_a_list_layout(tiny_cfg):
+    p = unstack_blocks(_randomise(init(tiny_cfg, jax.random.key(0)), jax.random.key(1)))
+    p['blocks'][0] = init_block(tiny_cfg, jax.random.key(4), num_heads=3)     # 3 x 16 != 32
+    p['blocks'][2] = init_block(tiny_cfg, jax.random.key(5), num_heads=1)
+    assert p['blocks'][0]['attn']['k']['kernel'].shape == (32, 3, 16)
+    assert p['blocks'][2]['attn']['out']['kernel'].shape == (1, 16, 32)
+    x = jax.random.normal(jax.random.key(2), (2, 16, 16, 3))
+    logits, aux = apply(p, x, tiny_cfg, capture=('attn',))
+    assert [a.shape[1] for a in aux['attn']] == [3, 2, 1]
+    np.testing.assert_allclose(logits, _np_forward(p, x, tiny_cfg), atol=1e-4, rtol=1e-4)
+    g = jax.grad(lambda p: jnp.sum(apply(p, x, tiny_cfg)[0] ** 2))(p)
+    chex.assert_trees_all_equal_shapes(g, p)
+    assert all(float(jnp.abs(b['attn']['q']['kernel']).max()) > 0 for b in g['blocks'])
 
 
 def test_capture_shapes_and_unknown_capture(tiny_cfg):

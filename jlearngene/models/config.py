@@ -14,6 +14,7 @@ POOLS = ('cls', 'avg')
 GELUS = ('exact', 'tanh')
 DTYPES = ('float32', 'bfloat16', 'float16')
 POOL_NORMS = ('before', 'after')
+INIT_TRUNCATIONS = ('absolute', 'two_sigma')
 
 # DeiT shapes (Touvron et al. 2021): width, heads, MLP size. Depth is free.
 VARIANTS: dict[str, dict[str, int]] = {
@@ -63,6 +64,11 @@ class ViTConfig:
       drop_path: stochastic depth rate of the last block (linear from 0), used when train=True.
       dropout: dropout after attention/MLP projections, used when train=True.
       remat: rematerialise each block in the backward pass (saves memory, costs time).
+      init_truncation: how `models.vit.init` truncates its normal(std 0.02) draws (linear
+        kernels, position embeddings, prefix tokens). 'absolute' (default) is timm's
+        `trunc_normal_(std=.02)`, as all the official codes run it: the bounds ±2 are
+        absolute values, 100σ, so the draws are N(0, 0.02²) (std 0.0200, |w| up to ~0.1).
+        'two_sigma' truncates at ±2σ = ±0.04 (std 0.0176).
     """
     image_size: int = 224
     patch_size: int = 16
@@ -86,6 +92,7 @@ class ViTConfig:
     drop_path: float = 0.0
     dropout: float = 0.0
     remat: bool = False
+    init_truncation: str = 'absolute'
 
     def __post_init__(self):
         if self.class_token is None:
@@ -93,9 +100,9 @@ class ViTConfig:
         if self.head_dim is None:
             _check(_positive_int(self.num_heads), 'num_heads', self.num_heads,
                    'must be a positive integer')
-            _check(_positive_int(self.width) and self.width % self.num_heads == 0, 'width',
-                   self.width, f'must be divisible by num_heads={self.num_heads} '
-                   '(or set head_dim)')
+            _check(_positive_int(self.width), 'width', self.width, 'must be a positive integer')
+            _check(self.width % self.num_heads == 0, 'width', self.width,
+                   f'must be divisible by num_heads={self.num_heads} (or set head_dim)')
             object.__setattr__(self, 'head_dim', self.width // self.num_heads)
         validate(self)
 
@@ -167,6 +174,8 @@ def validate(cfg: ViTConfig) -> None:
     _check(cfg.dtype in DTYPES, 'dtype', cfg.dtype, f'unknown dtype, expected one of {DTYPES}')
     _check(cfg.dense_precision in DENSE_PRECISIONS, 'dense_precision', cfg.dense_precision,
            f'unknown dense_precision, expected one of {DENSE_PRECISIONS}')
+    _check(cfg.init_truncation in INIT_TRUNCATIONS, 'init_truncation', cfg.init_truncation,
+           f'unknown init_truncation, expected one of {INIT_TRUNCATIONS}')
     _check(cfg.pool_norm in POOL_NORMS, 'pool_norm', cfg.pool_norm,
            f'unknown pool_norm, expected one of {POOL_NORMS}')
     _check(not (cfg.pool == 'cls' and not cfg.class_token), 'class_token', cfg.class_token,

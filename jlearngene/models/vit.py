@@ -54,23 +54,33 @@ _SAVE_POLICY = jax.checkpoint_policies.save_only_these_names(*SAVED_IN_BLOCK)
 # Initialisation (timm / DeiT): trunc-normal(0.02) linear weights and embeddings, zero
 # biases, LayerNorm ones/zeros, PyTorch-default uniform(±1/sqrt(fan_in)) patch conv.
 
-def _trunc_normal(key, shape, std=0.02):
-    return std * jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)
+def _trunc_normal(cfg: ViTConfig, key, shape, std=0.02):
+    """A normal draw of standard deviation `std`, truncated as `cfg.init_truncation` says.
+
+    'absolute' is timm's `trunc_normal_(std=.02)`, whose bounds a=-2, b=2 are absolute
+    values: 100σ, which no float32 normal draw reaches, so it is N(0, std²) (the clip only
+    states the bounds). 'two_sigma' truncates at ±2σ (std 0.88·std, |w| ≤ 2·std).
+    """
+    if cfg.init_truncation == 'two_sigma':
+        return std * jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)
+    return jnp.clip(std * jax.random.normal(key, shape, jnp.float32), -2.0, 2.0)
 
 
 def init_block(cfg: ViTConfig, key: jax.Array, *, num_heads: int | None = None,
                mlp_dim: int | None = None) -> Params:
-    """One encoder block (no layers axis); `num_heads`/`mlp_dim` override the config's."""
-    d, h = cfg.width, num_heads or cfg.num_heads
+    """One encoder block (no layers axis); `num_heads`/`mlp_dim` override the config's.
+
+    The q/k/v kernels are (D, H, cfg.head_dim) and the output kernel (H, cfg.head_dim, D):
+    another head count keeps the head size, so H × head_dim may differ from the width.
+    """
+    d, h, dh = cfg.width, num_heads or cfg.num_heads, cfg.head_dim
     m = mlp_dim or cfg.mlp_dim
-    if d % h:
-        raise ValueError(f'init_block: width {d} is not divisible by num_heads={h}')
-    dh = d // h
     kq, kk, kv, ko, k1, k2 = jax.random.split(key, 6)
     ones, zeros = jnp.ones((d,), jnp.float32), jnp.zeros((d,), jnp.float32)
+    normal = functools.partial(_trunc_normal, cfg)
 
     def proj(k):
-        p = {'kernel': _trunc_normal(k, (d, h, dh))}
+        p = {'kernel': normal(k, (d, h, dh))}
         if cfg.qkv_bias:
             p['bias'] = jnp.zeros((h, dh), jnp.float32)
         return p
@@ -78,10 +88,10 @@ def init_block(cfg: ViTConfig, key: jax.Array, *, num_heads: int | None = None,
     block = {
         'norm1': {'scale': ones, 'bias': zeros},
         'attn': {'q': proj(kq), 'k': proj(kk), 'v': proj(kv),
-                 'out': {'kernel': _trunc_normal(ko, (h, dh, d)), 'bias': zeros}},
+                 'out': {'kernel': normal(ko, (h, dh, d)), 'bias': zeros}},
         'norm2': {'scale': ones, 'bias': zeros},
-        'mlp': {'fc1': {'kernel': _trunc_normal(k1, (d, m)), 'bias': jnp.zeros((m,), jnp.float32)},
-                'fc2': {'kernel': _trunc_normal(k2, (m, d)), 'bias': zeros}},
+        'mlp': {'fc1': {'kernel': normal(k1, (d, m)), 'bias': jnp.zeros((m,), jnp.float32)},
+                'fc2': {'kernel': normal(k2, (m, d)), 'bias': zeros}},
     }
     if cfg.layer_scale:
         block['ls1'] = {'scale': jnp.full((d,), 1e-5, jnp.float32)}
@@ -91,7 +101,7 @@ def init_block(cfg: ViTConfig, key: jax.Array, *, num_heads: int | None = None,
 
 def init_head(cfg: ViTConfig, key: jax.Array, num_classes: int | None = None) -> Params:
     k = cfg.num_classes if num_classes is None else num_classes
-    return {'kernel': _trunc_normal(key, (cfg.width, k)), 'bias': jnp.zeros((k,), jnp.float32)}
+    return {'kernel': _trunc_normal(cfg, key, (cfg.width, k)), 'bias': jnp.zeros((k,), jnp.float32)}
 
 
 def init_embeddings(cfg: ViTConfig, key: jax.Array) -> Params:
@@ -104,13 +114,13 @@ def init_embeddings(cfg: ViTConfig, key: jax.Array) -> Params:
         'patch_embed': {
             'kernel': jax.random.uniform(kp, (p, p, cfg.channels, d), jnp.float32, -bound, bound),
             'bias': jax.random.uniform(kb, (d,), jnp.float32, -bound, bound)},
-        'pos_embed': _trunc_normal(kpos, (1, cfg.num_tokens, d)),
+        'pos_embed': _trunc_normal(cfg, kpos, (1, cfg.num_tokens, d)),
         'norm': {'scale': jnp.ones((d,), jnp.float32), 'bias': jnp.zeros((d,), jnp.float32)},
     }
     if cfg.class_token:
-        params['cls_token'] = _trunc_normal(kc, (1, 1, d))
+        params['cls_token'] = _trunc_normal(cfg, kc, (1, 1, d))
     if cfg.distill_token:
-        params['dist_token'] = _trunc_normal(kd, (1, 1, d))
+        params['dist_token'] = _trunc_normal(cfg, kd, (1, 1, d))
     if cfg.num_classes:
         params['head'] = init_head(cfg, kh)
         if cfg.distill_token:
