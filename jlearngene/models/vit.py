@@ -44,8 +44,8 @@ from jlearngene.models.config import ViTConfig
 Params = dict[str, Any]
 CAPTURES = ('blocks', 'attn')
 
-# Block intermediates kept for the backward pass (outputs of matmuls and the softmax);
-# see `encode`.
+# Block intermediates kept for the backward pass (outputs of matmuls, and the softmax
+# where `ops.attention` keeps it under this name); see `encode`.
 SAVED_IN_BLOCK = ('attn_qkv', 'attn_probs', 'attn_o', 'block_mid', 'mlp_hidden')
 _SAVE_POLICY = jax.checkpoint_policies.save_only_these_names(*SAVED_IN_BLOCK)
 
