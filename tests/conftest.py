@@ -38,3 +38,15 @@ def fast_compile():
     jax.config.update('jax_disable_most_optimizations', True)
     yield
     jax.config.update('jax_disable_most_optimizations', old)
+
+
+@pytest.fixture(params=['on', 'reference'])
+def backends(request):
+    """Runs a test twice: with the `jlearngene.ops` backends on ('on') and with the reference
+    implementation only ('reference')."""
+    from jlearngene import ops
+    if request.param == 'reference':
+        with ops.use_reference():
+            yield request.param
+    else:
+        yield request.param

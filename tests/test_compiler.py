@@ -46,8 +46,12 @@ def test_products_and_their_gradients_are_float32_exact(jit):
 
 def test_no_options_when_the_persistent_cache_is_on(tmp_path):
     """oneDNN fusions cannot be written to jax's persistent compilation cache."""
+    old = jax.config.jax_compilation_cache_dir
     jax.config.update('jax_compilation_cache_dir', str(tmp_path))
-    assert compiler.options() == {}
+    try:
+        assert compiler.options() == {}
+    finally:
+        jax.config.update('jax_compilation_cache_dir', old)
 
 
 def test_options_this_jaxlib_rejects_are_dropped(monkeypatch):

@@ -23,15 +23,6 @@ def _rounded_product(a, b):
     return jnp.matmul(a.astype(BF16), b.astype(BF16), preferred_element_type=jnp.float32)
 
 
-@pytest.fixture(params=['on', 'reference'])
-def backends(request):
-    if request.param == 'reference':
-        with ops.use_reference():
-            yield request.param
-    else:
-        yield request.param
-
-
 @pytest.mark.parametrize('jit', [None] + JITS)
 @pytest.mark.parametrize('shape', [((12, 16), (16, 24)), ((12, 24), (24, 16))])
 def test_bf16_dense_is_the_rounded_product_forward_and_backward(shape, jit, backends):

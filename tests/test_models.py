@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from absl.testing import parameterized
 
 from jlearngene import pytree
 from jlearngene.models import (ConfigError, ViTConfig, apply, axes, init, init_block,

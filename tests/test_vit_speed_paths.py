@@ -7,20 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jlearngene import ops
 from jlearngene.models import layout, vit
 
 pytestmark = pytest.mark.usefixtures('fast_compile')
-
-
-@pytest.fixture
-def backends(request):
-    """Whether the test runs with the ops backends on or with the reference only."""
-    if request.param == 'reference':
-        with ops.use_reference():
-            yield request.param
-    else:
-        yield request.param
 
 
 def test_gelu_exact_matches_jax_and_its_derivative():
@@ -43,7 +32,6 @@ def _attention_reference(p, x):
     return jnp.einsum('bqhk,hkd->bqd', o, p['out']['kernel']) + p['out']['bias']
 
 
-@pytest.mark.parametrize('backends', ['on', 'reference'], indirect=True)
 def test_fused_qkv_attention_matches_separate_projections(tiny_cfg, backends):
     p = vit.init_block(tiny_cfg, jax.random.key(0))['attn']
     p = jax.tree.map(lambda a: a + 0.01 * jax.random.normal(jax.random.key(1), a.shape), p)
@@ -73,7 +61,6 @@ def test_block_save_policy_gives_the_gradients_of_full_remat(tiny_cfg):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), g_policy, g_remat)
 
 
-@pytest.mark.parametrize('backends', ['on', 'reference'], indirect=True)
 def test_attention_for_the_first_queries_only(tiny_cfg, backends):
     p = vit.init_block(tiny_cfg, jax.random.key(0))['attn']
     p = jax.tree.map(lambda a: a + 0.01 * jax.random.normal(jax.random.key(1), a.shape), p)
@@ -87,7 +74,6 @@ def test_attention_for_the_first_queries_only(tiny_cfg, backends):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4), g, g_ref)
 
 
-@pytest.mark.parametrize('backends', ['on', 'reference'], indirect=True)
 @pytest.mark.parametrize('stacked, distill, jit', [(True, False, True), (False, True, True),
                                                    (True, True, False)],
                          ids=['stacked-cls-jit', 'list-cls+dist-jit', 'stacked-cls+dist-eager'])

@@ -29,7 +29,6 @@ import dataclasses
 import functools
 import importlib
 import json
-import math
 import os
 import time
 from typing import Any, Callable, Mapping

@@ -85,6 +85,6 @@ def parse_arg(arg: str | None, choices: tuple[str, ...], flags: tuple[str, ...] 
     if unknown or len(picked) > 1:
         bad = unknown[0] if unknown else ','.join(picked)
         raise ValueError(f'unknown config argument {bad!r}: expected one of {", ".join(choices)}'
-                         + (f', optionally followed by ' + ', '.join(',' + f for f in flags)
+                         + (', optionally followed by ' + ', '.join(',' + f for f in flags)
                             if flags else ''))
     return (picked[0] if picked else choices[0]), set(items) - set(picked)

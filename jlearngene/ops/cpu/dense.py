@@ -20,6 +20,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jlearngene.ops.cpu import library, onednn
+from jlearngene.ops.reference import bf16_product
 
 
 def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -112,31 +113,26 @@ def bf16_transpose(a: jax.Array) -> jax.Array:
     return jax.lax.optimization_barrier(t.reshape(-1)).reshape(t.shape)
 
 
-def _bf16_product(a, b):
-    return jnp.matmul(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
-                      preferred_element_type=jnp.float32)
-
-
 @jax.custom_vjp
 def bf16_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
     """`ops.reference.bf16_matmul` (rounded operands forward and backward, float32 result)
     with the backward pass's transposed operands laid out for XLA:CPU's bfloat16 dots."""
-    return _bf16_product(x, w)
+    return bf16_product(x, w)
 
 
 def _bf16_matmul_fwd(x, w):
-    return _bf16_product(x, w), (x, w)
+    return bf16_product(x, w), (x, w)
 
 
 def _bf16_matmul_bwd(res, g):
     x, w = res
     g = g.astype(jnp.bfloat16)
-    dx = _bf16_product(g, bf16_transpose(w))
+    dx = bf16_product(g, bf16_transpose(w))
     if x.shape[1] <= w.shape[1]:
-        dw = _bf16_product(bf16_transpose(x), g)
+        dw = bf16_product(bf16_transpose(x), g)
     else:   # transpose the narrower gradient instead of x; the barrier keeps XLA from
         # folding the small result's transpose back into the product as a transposed operand
-        dw = jax.lax.optimization_barrier(_bf16_product(bf16_transpose(g), x)).T
+        dw = jax.lax.optimization_barrier(bf16_product(bf16_transpose(g), x)).T
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
