@@ -213,8 +213,7 @@ def test_list_layout_with_different_head_counts(tiny_cfg):
         stack_blocks(p)
 
 
-@pytest.mark.parametrize('jit', [False, True])
-def test_heads_times_head_dim_may_differ_from_width(tiny_cfg, jit):
+def test_heads_times_head_dim_may_differ_from_width(tiny_cfg):
     cfg = tiny_cfg.replace(num_heads=3, head_dim=16)      # attention width 48, width 32
     p = _randomise(init(cfg, jax.random.key(0)), jax.random.key(1))
     L, D = cfg.depth, cfg.width
@@ -222,11 +221,11 @@ def test_heads_times_head_dim_may_differ_from_width(tiny_cfg, jit):
     chex.assert_shape(p['blocks']['attn']['q']['bias'], (L, 3, 16))
     chex.assert_shape(p['blocks']['attn']['out']['kernel'], (L, 3, 16, D))
     x = jax.random.normal(jax.random.key(2), (2, 16, 16, 3))
-    logits, _ = (jax.jit(apply, static_argnums=2) if jit else apply)(p, x, cfg)
+    logits, _ = jax.jit(apply, static_argnums=2)(p, x, cfg)
     # The numpy reference reads the shapes (and the scale 1/sqrt(16)) from the parameters.
     np.testing.assert_allclose(logits, _np_forward(p, x, cfg), atol=1e-4, rtol=1e-4)
-    loss = lambda p: jnp.sum(apply(p, x, cfg)[0] ** 2)   # noqa: E731
-    g = (jax.jit(jax.grad(loss)) if jit else jax.grad(loss))(p)
+    loss = jax.jit(lambda p: jnp.sum(apply(p, x, cfg)[0] ** 2))
+    g = jax.jit(jax.grad(loss))(p)
     chex.assert_trees_all_equal_shapes(g, p)
     eps = 1e-3   # one directional derivative against a central difference
     d = jax.tree.map(lambda a: jax.random.normal(jax.random.key(3), a.shape), p)
@@ -243,10 +242,10 @@ def test_num_heads_override_keeps_head_dim_in_a_list_layout(tiny_cfg):
     assert p['blocks'][0]['attn']['k']['kernel'].shape == (32, 3, 16)
     assert p['blocks'][2]['attn']['out']['kernel'].shape == (1, 16, 32)
     x = jax.random.normal(jax.random.key(2), (2, 16, 16, 3))
-    logits, aux = apply(p, x, tiny_cfg, capture=('attn',))
+    logits, aux = jax.jit(lambda p: apply(p, x, tiny_cfg, capture=('attn',)))(p)
     assert [a.shape[1] for a in aux['attn']] == [3, 2, 1]
     np.testing.assert_allclose(logits, _np_forward(p, x, tiny_cfg), atol=1e-4, rtol=1e-4)
-    g = jax.grad(lambda p: jnp.sum(apply(p, x, tiny_cfg)[0] ** 2))(p)
+    g = jax.jit(jax.grad(lambda p: jnp.sum(apply(p, x, tiny_cfg)[0] ** 2)))(p)
     chex.assert_trees_all_equal_shapes(g, p)
     assert all(float(jnp.abs(b['attn']['q']['kernel']).max()) > 0 for b in g['blocks'])
 
