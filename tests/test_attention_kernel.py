@@ -1,6 +1,8 @@
 """The CPU backend's attention kernels (`jlearngene.ops.cpu.attention`): the reference's
 values and derivatives in every autodiff mode, and applied where they can be (Dh in whole
 vectors, float32, one device, the switch on)."""
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,8 +11,11 @@ import pytest
 from jlearngene.ops import reference
 from jlearngene.ops.cpu import attention, library
 
-needs_kernel = pytest.mark.skipif(jax.default_backend() != 'cpu' or not library.available(),
-                                  reason='the compiled CPU kernels are not available here')
+needs_kernel = pytest.mark.skipif(
+    jax.default_backend() != 'cpu' or not library.available()
+    or os.environ.get(attention.OPT_IN) != '1',
+    reason='the compiled CPU attention kernel is not available here or not opted in '
+           '(JLEARNGENE_CPU_ATTENTION_KERNEL=1)')
 
 
 def _qkv(b, t, h, dh, seed=0):
@@ -65,7 +70,7 @@ def test_every_autodiff_mode_and_vmap():
 
 def test_kernels_apply_only_where_they_can(monkeypatch):
     f32 = [jnp.float32] * 3
-    assert attention.kernel_applies(16, f32, 1) == library.available()
+    assert attention.kernel_applies(16, f32, 1) == (library.available() and os.environ.get(attention.OPT_IN) == '1')
     assert not attention.kernel_applies(8, f32, 1)                    # Dh not whole vectors
     assert not attention.kernel_applies(16, [jnp.bfloat16] * 3, 1)
     assert not attention.kernel_applies(16, f32, 8)   # a custom call would gather the operands

@@ -22,19 +22,15 @@ def bf16_product(a: jax.Array, b: jax.Array) -> jax.Array:
                       preferred_element_type=jnp.float32)
 
 
-@jax.custom_vjp
-def bf16_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x @ w (float32 result) from bfloat16-rounded operands, forward and backward.
+def rounded_matmul(backward):
+    """A custom-VJP `bf16_product(x, w)` whose backward pass is `backward((x, w), g) ->
+    (dx, dw)`: the reference's and the CPU backend's differ only in operand layouts."""
+    @jax.custom_vjp
+    def matmul(x, w):
+        return bf16_product(x, w)
 
-    The gradients are the same kind of product, g·wᵀ and xᵀ·g with the cotangent g rounded
-    too: JAX's derived backward would multiply the float32 cotangent with a bfloat16
-    operand, which XLA computes in float32.
-    """
-    return bf16_product(x, w)
-
-
-def _bf16_matmul_fwd(x, w):
-    return bf16_product(x, w), (x, w)
+    matmul.defvjp(lambda x, w: (bf16_product(x, w), (x, w)), backward)
+    return matmul
 
 
 def _bf16_matmul_bwd(res, g):
@@ -43,7 +39,11 @@ def _bf16_matmul_bwd(res, g):
     return bf16_product(g, w.T).astype(x.dtype), bf16_product(x.T, g).astype(w.dtype)
 
 
-bf16_matmul.defvjp(_bf16_matmul_fwd, _bf16_matmul_bwd)
+# x @ w (float32 result) from bfloat16-rounded operands, forward and backward. The gradients
+# are the same kind of product, g·wᵀ and xᵀ·g with the cotangent g rounded too: JAX's
+# derived backward would multiply the float32 cotangent with a bfloat16 operand, which XLA
+# computes in float32.
+bf16_matmul = rounded_matmul(_bf16_matmul_bwd)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, *,

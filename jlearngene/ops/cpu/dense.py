@@ -20,7 +20,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jlearngene.ops.cpu import library, onednn
-from jlearngene.ops.reference import bf16_product
+from jlearngene.ops.reference import bf16_product, rounded_matmul
 
 
 def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -113,17 +113,6 @@ def bf16_transpose(a: jax.Array) -> jax.Array:
     return jax.lax.optimization_barrier(t.reshape(-1)).reshape(t.shape)
 
 
-@jax.custom_vjp
-def bf16_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """`ops.reference.bf16_matmul` (rounded operands forward and backward, float32 result)
-    with the backward pass's transposed operands laid out for XLA:CPU's bfloat16 dots."""
-    return bf16_product(x, w)
-
-
-def _bf16_matmul_fwd(x, w):
-    return bf16_product(x, w), (x, w)
-
-
 def _bf16_matmul_bwd(res, g):
     x, w = res
     g = g.astype(jnp.bfloat16)
@@ -136,4 +125,6 @@ def _bf16_matmul_bwd(res, g):
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
-bf16_matmul.defvjp(_bf16_matmul_fwd, _bf16_matmul_bwd)
+# `ops.reference.bf16_matmul` (rounded operands forward and backward, float32 result) with
+# the backward pass's transposed operands laid out for XLA:CPU's bfloat16 dots.
+bf16_matmul = rounded_matmul(_bf16_matmul_bwd)
