@@ -31,3 +31,19 @@ def test_checkpoint_configs_without_head_dim_still_load():
     d = vit_config('Ti').to_dict()
     del d['head_dim']
     assert ViTConfig.from_dict(d).head_dim == 64
+
+
+def test_attn_scale_overrides_the_head_size_default():
+    import jax
+    import jax.numpy as jnp
+    from jlearngene.models import vit
+    cfg = vit_config('Ti', image_size=16, patch_size=8, width=32, num_heads=2, depth=1,
+                     mlp_dim=64, num_classes=3)
+    params = vit.init(cfg, jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
+    default = vit.apply(params, x, cfg)[0]
+    same = vit.apply(params, x, cfg.replace(attn_scale=16 ** -0.5))[0]
+    other = vit.apply(params, x, cfg.replace(attn_scale=0.01))[0]
+    assert jnp.allclose(default, same, atol=1e-6) and not jnp.allclose(default, other, atol=1e-4)
+    with pytest.raises(ConfigError, match='attn_scale'):
+        cfg.replace(attn_scale=-1.0)

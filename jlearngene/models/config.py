@@ -42,6 +42,9 @@ class ViTConfig:
         shrinks. Resolved in `__post_init__`, so `cfg.head_dim` is always an integer;
         `replace` derives it again from new width/num_heads unless it is given or was set
         to something other than width // num_heads.
+      attn_scale: the factor of q·kᵀ in attention; None (the default) means
+        head_dim ** -0.5 of each block's heads. Scala's official sub-networks keep the full
+        model's scale while head_dim shrinks.
       num_classes: classifier outputs; 0 means no head (features only).
       pool: 'cls' reads the class token, 'avg' averages the patch tokens.
       class_token: whether a class token is prepended; defaults to `pool == 'cls'`.
@@ -78,6 +81,7 @@ class ViTConfig:
     num_heads: int = 3
     mlp_dim: int = 768
     head_dim: int | None = None
+    attn_scale: float | None = None
     num_classes: int = 1000
     pool: str = 'cls'
     class_token: bool | None = None
@@ -180,6 +184,9 @@ def validate(cfg: ViTConfig) -> None:
            f'unknown pool_norm, expected one of {POOL_NORMS}')
     _check(not (cfg.pool == 'cls' and not cfg.class_token), 'class_token', cfg.class_token,
            "pool='cls' needs a class token")
+    _check(cfg.attn_scale is None or (isinstance(cfg.attn_scale, (int, float))
+                                      and cfg.attn_scale > 0), 'attn_scale', cfg.attn_scale,
+           'must be a positive number or None (head_dim ** -0.5)')
     _check(cfg.ln_eps > 0, 'ln_eps', cfg.ln_eps, 'must be positive')
     _check(0.0 <= cfg.drop_path < 1.0, 'drop_path', cfg.drop_path, 'must be in [0, 1)')
     _check(0.0 <= cfg.dropout < 1.0, 'dropout', cfg.dropout, 'must be in [0, 1)')

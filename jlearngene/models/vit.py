@@ -206,11 +206,12 @@ def _dropout(x, rate, key):
 
 
 def attention(p: Params, x: jax.Array, n_queries: int | None = None,
-              precision: str = 'float32', need_probs: bool = False):
+              precision: str = 'float32', need_probs: bool = False,
+              scale: float | None = None):
     """Multi-head self-attention with explicit heads; returns (output, probabilities).
 
     q, k, v = x·W_q, x·W_k, x·W_v (+ biases), per head (B, T, H, Dh); the core is
-    softmax(q·kᵀ/√Dh)·v (`ops.attention`), then the output projection over (H, Dh).
+    softmax(scale·q·kᵀ)·v (`ops.attention`; `scale` None is 1/√Dh), then the output projection over (H, Dh).
     The probabilities (B, H, Tq, T) are returned when `need_probs`, else None.
     `n_queries` computes the output only for the first `n_queries` tokens (all tokens still
     serve as keys and values): what the last block needs when only the class token is read.
@@ -235,7 +236,8 @@ def attention(p: Params, x: jax.Array, n_queries: int | None = None,
     else:
         (k, v), q = parts, checkpoint_name(
             _dense(x[:, :n_queries], p['q'], precision=precision), 'attn_qkv')
-    o, probs = ops.attention(q, k, v, head_dim ** -0.5, need_probs=need_probs,
+    scale = head_dim ** -0.5 if scale is None else scale
+    o, probs = ops.attention(q, k, v, scale, need_probs=need_probs,
                              probs_name='attn_probs')
     o = checkpoint_name(o, 'attn_o')
     return _dense(o, p['out'], n_in=2, precision=precision), probs
@@ -268,7 +270,7 @@ def block_apply(p: Params, x: jax.Array, cfg: ViTConfig, *, drop_rate=0.0, key=N
     stochastic = train and key is not None
     keys = jax.random.split(key, 4) if stochastic else [None] * 4
     y, probs = attention(p['attn'], layer_norm(x, p['norm1'], cfg.ln_eps), n_out,
-                         cfg.dense_precision, need_probs)
+                         cfg.dense_precision, need_probs, cfg.attn_scale)
     if n_out is not None:
         x = x[:, :n_out]
     x = checkpoint_name(x + _branch(y, p, 'ls1', cfg, drop_rate, keys[:2], stochastic), 'block_mid')
