@@ -53,8 +53,8 @@ def _same_depth(cfg: ViTConfig, config: Config) -> ViTConfig:
 def config_options(method: genes.Method, depth: int | None, config: Config,
                    teacher: ViTConfig) -> dict[str, dict]:
     """The default options: `config.method_options.<name>` for the gene, none for `descend`."""
-    opts = _get(config, 'method_options', {}).get(method.name, {})
-    return {'gene': _plain(opts), 'descend': {}}
+    opts = get(config, 'method_options', {}).get(method.name, {})
+    return {'gene': plain(opts), 'descend': {}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,10 +69,15 @@ class Part:
       otherwise, `teacher` the teacher's ViTConfig. S-Params count the gene's head when the
       descend options say head='inherit'.
     label(method, options) -> str: the method's name in tables and plots.
+    run(config, workdir, quiet) -> results: an experiment whose stages differ from the
+      three above (one slimmable network, growing a small model, an ancestor on another
+      task) runs itself, built from this module's public pieces (`Data`, `fit`, `budget`,
+      `model_config`, `accuracy`, `write_results`); `harness.run` then calls it.
     """
     descendant_config: Callable[[ViTConfig, Config], ViTConfig] = _same_depth
     options: Callable[..., dict[str, dict]] = config_options
     label: Callable[[genes.Method, dict[str, dict]], str] = lambda method, options: method.label
+    run: Callable[[Config, str, bool], dict] | None = None
 
 
 def part(name: str) -> Part:
@@ -91,27 +96,29 @@ def part(name: str) -> Part:
 # ----------------------------------------------------------------------------------------
 # Config access (ConfigDict or dict).
 
-def _get(section: Any, key: str, default: Any = None) -> Any:
+def get(section: Any, key: str, default: Any = None) -> Any:
+    """`section[key]` of a ConfigDict or dict, `default` where absent."""
     return section.get(key, default) if hasattr(section, 'get') else default
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """A ConfigDict (or nested mapping) as plain nested dicts."""
     if hasattr(value, 'to_dict'):
         value = value.to_dict()
     if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     return value
 
 
 def model_config(config: Config, depth: int, num_classes: int) -> ViTConfig:
     """The ViTConfig of `config.model` at `depth` with `num_classes`."""
-    m = _plain(config['model'])
+    m = plain(config['model'])
     return vit_config(m.pop('variant', 'Ti'), depth=depth, num_classes=num_classes, **m)
 
 
 def budget(section: Config, num_examples: int, batch: int, name: str) -> int:
     """Optimiser steps of a stage: `steps` if > 0, else `epochs` (> 0) over the train split."""
-    steps, epochs = _get(section, 'steps', 0) or 0, _get(section, 'epochs', 0.0) or 0.0
+    steps, epochs = get(section, 'steps', 0) or 0, get(section, 'epochs', 0.0) or 0.0
     if steps > 0:
         return int(steps)
     if epochs > 0:
@@ -139,7 +146,7 @@ class Data:
 
     def __init__(self, config: Config):
         self.config = config
-        dc = _plain(config['data'])
+        dc = plain(config['data'])
         if dc.get('name') == 'tfds' and not dc.get('data_dir'):
             raise ValueError('a tfds dataset needs the prepared data: set --config.data.data_dir '
                              '(and --config.data.tfds_name); nothing is downloaded')
@@ -157,9 +164,13 @@ class Data:
                                 seed=0, train=False)[0]
 
 
-def _fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: float,
-         config: Config, workdir: str, seed: int, eval_every: int | None):
-    opt_cfg = dict(_plain(config['optim']), lr=lr)
+def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: float,
+        config: Config, workdir: str, seed: int, eval_every: int | None):
+    """Train `trainable` on `loss_fn` for `steps` with `config.optim` at learning rate `lr`
+    (warm-up at most a fifth of the run), evaluating with `eval_fn` every `eval_every` steps
+    and at the end; returns (params, [(step, test accuracy)], seconds). The run's log and
+    checkpoint go to `workdir/runs/<name>`."""
+    opt_cfg = dict(plain(config['optim']), lr=lr)
     opt_cfg['warmup_steps'] = min(int(opt_cfg.get('warmup_steps', 0)), max(steps // 5, 0))
     optimizer = optim.make_optimizer(opt_cfg, trainable, total_steps=steps)
     t0 = time.perf_counter()
@@ -183,7 +194,8 @@ def accuracy(params, cfg: ViTConfig, dset: Data) -> float:
     return evaluate(eval_fn(cfg), params, dset.test())['accuracy']
 
 
-def _say(msg: str, quiet: bool) -> None:
+def say(msg: str, quiet: bool) -> None:
+    """Print a progress line unless `quiet`."""
     if not quiet:
         print(msg, flush=True)
 
@@ -195,9 +207,11 @@ def run(config: Config, workdir: str, *, quiet: bool = False) -> dict:
     """Run the comparison `config` describes; returns the results dict (also written to the
     workdir, with the tables and plots) plus its Markdown table under 'table'."""
     exp = part(config['experiment'])
+    if exp.run is not None:
+        return exp.run(config, workdir, quiet)
     methods = [genes.get(name) for name in config['methods']]    # unknown names fail here
     os.makedirs(workdir, exist_ok=True)
-    if _get(config, 'compile_cache', True):
+    if get(config, 'compile_cache', True):
         enable_compile_cache(os.path.join(workdir, 'jax_cache'))
     t_start = time.perf_counter()
     dset = Data(config)
@@ -208,13 +222,13 @@ def run(config: Config, workdir: str, *, quiet: bool = False) -> dict:
     # 1. Teacher / ancestor.
     tc = config['teacher']
     t_cfg = model_config(config, tc['depth'], K)
-    if _get(tc, 'checkpoint', ''):
+    if get(tc, 'checkpoint', ''):
         teacher, stored_cfg, _ = checkpoint.load_model(tc['checkpoint'])
         t_cfg = stored_cfg or t_cfg
         t_acc, timings['teacher'] = accuracy(teacher, t_cfg, dset), 0.0
     else:
         steps = budget(tc, n, bs, 'teacher')
-        teacher, curve, timings['teacher'] = _fit(
+        teacher, curve, timings['teacher'] = fit(
             'teacher', tasks.classification_loss(t_cfg), init(t_cfg, jax.random.key(seed)),
             eval_fn(t_cfg), dset, steps=steps, lr=config['optim']['lr'],
             config=config, workdir=workdir, seed=seed, eval_every=None)
@@ -222,7 +236,7 @@ def run(config: Config, workdir: str, *, quiet: bool = False) -> dict:
         upstream.append(costs.Run('teacher', t_cfg, steps * bs / n, n))
         checkpoint.save_model(os.path.join(workdir, 'teacher'), teacher, t_cfg, overwrite=True,
                               extra={'test_accuracy': t_acc})
-    _say(f'teacher  depth {t_cfg.depth}: test accuracy {t_acc:.4f} ({timings["teacher"]:.0f}s)', quiet)
+    say(f'teacher  depth {t_cfg.depth}: test accuracy {t_acc:.4f} ({timings["teacher"]:.0f}s)', quiet)
 
     # 2. Learned genes through the Aux-Net (soft KD from the teacher; only the gene trains).
     ac = config['aux']
@@ -238,7 +252,7 @@ def run(config: Config, workdir: str, *, quiet: bool = False) -> dict:
                               aux_cfg, overwrite=True,
                               extra={'kind': f'{method.name}_gene', 'method': method.name,
                                      'options': options, 'aux_test_accuracy': aux_acc[method.name]})
-        _say(f'aux-net  {method.label:<10} depth {aux_cfg.depth}: test accuracy '
+        say(f'aux-net  {method.label:<10} depth {aux_cfg.depth}: test accuracy '
              f'{aux_acc[method.name]:.4f} ({secs:.0f}s)', quiet)
     up_cost = costs.training_cost(upstream)
     up_flops = {r['name']: r['flops'] for r in up_cost['runs']}
@@ -259,10 +273,10 @@ def run(config: Config, workdir: str, *, quiet: bool = False) -> dict:
             ups = upstream_runs(method)
             acc0 = accuracy(params0, d_cfg, dset)
             name = f'des{depth}_{method.name}'
-            _, curve, secs = _fit(name, tasks.classification_loss(d_cfg), params0,
+            _, curve, secs = fit(name, tasks.classification_loss(d_cfg), params0,
                                   eval_fn(d_cfg), dset, steps=d_steps, lr=dc['lr'],
                                   config=config, workdir=workdir, seed=seed + 7,
-                                  eval_every=_get(dc, 'eval_every', 0))
+                                  eval_every=get(dc, 'eval_every', 0))
             timings[name] = secs
             curves[name] = [(0, acc0)] + curve
             ft = costs.training_cost([costs.Run(name, d_cfg, d_steps * bs / n, n)])
@@ -273,23 +287,30 @@ def run(config: Config, workdir: str, *, quiet: bool = False) -> dict:
                              finetune_epochs=ft['epochs'], upstream=ups,
                              upstream_flops=sum(up_flops.get(u, 0.0) for u in ups),
                              options=options, seconds=secs))
-            _say(f'des L{depth} {label:<10}: init {acc0:.4f} -> {curve[-1][1]:.4f} '
+            say(f'des L{depth} {label:<10}: init {acc0:.4f} -> {curve[-1][1]:.4f} '
                  f'after {d_steps} steps ({secs:.0f}s)', quiet)
 
     results = dict(
-        config=_plain(config), teacher=dict(depth=t_cfg.depth, accuracy=t_acc), aux=aux_acc,
+        config=plain(config), teacher=dict(depth=t_cfg.depth, accuracy=t_acc), aux=aux_acc,
         aux_config=aux_cfg.to_dict(), labels={m.name: m.label for m in methods},
         finetune_steps=d_steps, batch_size=bs, rows=rows, curves=curves, upstream=up_cost,
         timings=timings, seconds=time.perf_counter() - t_start,
         gene_params={m.name: m.gene_param_count(learned[m.name], include_head=True)
                      for m in methods if m.name in learned},
     )
+    return write_results(results, workdir, markdown(results), plot)
+
+
+def write_results(results: dict, workdir: str, table: str,
+                  plot_fn: Callable[[dict, str], Any] | None = None) -> dict:
+    """Write `results.json`, `results.md` (`table`) and the plots of `plot_fn(results,
+    workdir)`; returns `results` with the table under 'table'."""
     with open(os.path.join(workdir, 'results.json'), 'w', encoding='utf-8') as f:
         json.dump(checkpoint.to_json(results), f, indent=1)
-    table = markdown(results)
     with open(os.path.join(workdir, 'results.md'), 'w', encoding='utf-8') as f:
         f.write(table + '\n')
-    plot(results, workdir)
+    if plot_fn is not None:
+        plot_fn(results, workdir)
     results['table'] = table
     return results
 
@@ -326,7 +347,7 @@ def _learn_gene(method, options, teacher, t_cfg, aux_cfg, dset, config, workdir)
         return eval_fn(aux_cfg)(method.materialize(gene, None, aux_cfg), batch)
 
     gene0 = method.init_gene(aux_cfg, jax.random.key(seed + 1), **options)
-    gene, curve, secs = _fit(f'aux_{method.name}', kd_loss, gene0, aux_eval, dset, steps=steps,
+    gene, curve, secs = fit(f'aux_{method.name}', kd_loss, gene0, aux_eval, dset, steps=steps,
                              lr=config['optim']['lr'], config=config, workdir=workdir,
                              seed=seed + 1, eval_every=None)
     return gene, curve[-1][1], secs, steps
