@@ -1,0 +1,483 @@
+"""Scala (Zhang et al., NeurIPS 2024): one slimmable ViT whose sub-networks of width ratio r
+on a grid are slices of its parameters; with US-Net's and MatFormer's slicing for the
+baselines.
+
+A width-r sub-network has embedding width d = r·D, MLP width r·M, every one of the H heads
+(head size r·Dh) and all layers; the position/class axes and the classifier's outputs are
+never sliced. Which channels it takes is **isolated activation**: the first (left) block
+for the smallest ratio s and for r = 1, the last (right) block for every ratio in between,
+so the intermediate sub-networks nest right-aligned and the smallest shares weights only
+with the full network and the widest intermediates.
+
+Two slicing rules (`subnet(..., rule=)`), side by side:
+
+| | `'clean'` (default, for training from scratch) | `'official'` (BeSpontaneous/Scala-pytorch) |
+|---|---|---|
+| q, k, v | each projection sliced on its own: head h keeps its own first/last r·Dh units, so the sub-network's q/k/v are the full model's | the fused (D → 3D) qkv output is cut as one contiguous block of 3d rows, then read as (3, H, d/H): at r = 1/4 (left) q, k and v all come from the full q; at r = 1/2 (right) q is the second half of full k, k and v are full v |
+| out projection | per head, the same units | its (H·Dh) input flattened, first/last d |
+| attention scale | the sub-network's (r·Dh)^-1/2 (`cfg.attn_scale`, None) | the full model's Dh^-1/2 at every r |
+| LayerNorm eps | the config's | 1e-5 at every r, r = 1 included (the functional LN call without eps) |
+| side of the outer parameters | the side of the blocks | the same, except in a distilled model (dist token), whose tokens, position embedding, final norm and heads use the left block exactly at r ∈ {0.25, 1} whatever s is (the distilled class hard-codes them); the patch embedding follows s |
+
+Both keep the head count and need d to split into H whole heads (a GeneError otherwise).
+Because the clean rule keeps every unit in its own head, a sub-network is also the full
+network with the other units zeroed: `masked_apply` runs it at full shapes (masked
+LayerNorm statistics), e.g. to train several widths in one compiled program where that
+is faster; the official rule moves units between projections and heads, so it has no
+masked form.
+
+Width grid and **stable sampling**: `width_grid(s, g)` is {s, s+g, ..., 1}; per step the
+full network, one width of the upper half [m, 1) and one of the lower half (s, m), m =
+(s + 1)/2, and s are trained (`stable_halves`, `sample_widths`, pure functions of a PRNG
+key). Every granularity whose grid has a width in each half works, g = 1/4 included (upper
+{0.75}, lower {0.5}), where the official sampler's randint(m//g, 1//g − 1) and
+randint(s//g + 1, m//g − 1) raise; for dyadic grids with g < 1/4 the halves are the
+official ones.
+
+Baselines' slicing: US-Net takes the left block at every width (`subnet(..., side='left')`)
+and samples its two middle widths uniformly from the grid's interior (`sample_interior`);
+MatFormer nests only the FFN (`ffn_subnet`: the first units of the MLP, per layer), with
+Mix'n'Match (`mix_n_match`) for FFN ratios between the trained granularities.
+
+Registered methods (gene = the full slimmable network's canonical params, source
+'learned'; `init_gene` is `vit.init`, `materialize(gene, None, cfg)` the sub-network of
+`cfg`'s width, so a loss on it trains the shared weights):
+
+* 'scala': `descend(gene, target_cfg, rule='clean'|'official', smallest=0.25)` = the
+  sub-network of the target's width (target width / gene width is the ratio; heads, depth
+  and the MLP ratio must match the gene's);
+* 'us_net': the same with the left block at every width;
+* 'matformer': the target keeps the gene's width and heads; its `mlp_dim` picks the
+  nested FFN (one size for all layers).
+"""
+from __future__ import annotations
+
+import fractions
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jlearngene import pytree
+from jlearngene.genes import common
+from jlearngene.genes.common import GeneError
+from jlearngene.models import layout, vit
+from jlearngene.models.config import ViTConfig
+
+Params = dict[str, Any]
+
+RULES = ('clean', 'official')
+SIDES = layout.SIDES
+OFFICIAL_LN_EPS = 1e-5
+# The distilled official model slices its tokens, position embedding, final norm and heads
+# on the left exactly at these ratios (hard-coded, independent of the smallest ratio).
+OFFICIAL_DISTILLED_LEFT = (0.25, 1.0)
+OUTER_KEYS = ('cls_token', 'dist_token', 'pos_embed', 'norm', 'head', 'head_dist')
+
+
+# ----------------------------------------------------------------------------------------
+# Ratios and the width grid.
+
+def _fraction(ratio: float, what: str = 'ratio') -> fractions.Fraction:
+    try:
+        f = fractions.Fraction(ratio).limit_denominator(1 << 16)
+    except (TypeError, ValueError):
+        raise GeneError(f'{what}={ratio!r} is not a number') from None
+    if not 0 < f <= 1:
+        raise GeneError(f'{what}={ratio!r} must lie in (0, 1]')
+    return f
+
+
+def _count(ratio: float, n: int, what: str) -> int:
+    """r·n as a whole number (GeneError when it is not one)."""
+    x = _fraction(ratio) * n
+    if x.denominator != 1:
+        raise GeneError(f'width ratio {ratio}: {ratio}·{what}={n} = {float(x):g} is not a '
+                        f'whole number of units')
+    return int(x)
+
+
+def width_grid(smallest: float = 0.25, granularity: float = 1 / 16) -> tuple[float, ...]:
+    """The ratios s, s + g, ..., 1 (X = (1 − s)/g + 1 of them; s = 1/4, g = 1/16: X = 13)."""
+    s, g = _fraction(smallest, 'smallest'), _fraction(granularity, 'granularity')
+    steps = (1 - s) / g
+    if steps.denominator != 1:
+        raise GeneError(f'granularity={granularity} does not divide 1 − smallest = {float(1 - s)}')
+    return tuple(float(s + i * g) for i in range(int(steps) + 1))
+
+
+def _check_grid(grid: Sequence[float]) -> tuple[float, ...]:
+    grid = tuple(float(r) for r in grid)
+    if len(grid) < 2 or list(grid) != sorted(set(grid)) or grid[-1] != 1.0:
+        raise GeneError(f'a width grid is increasing, without repeats, and ends at 1; got {grid}')
+    for r in grid:
+        _fraction(r)
+    return grid
+
+
+def stable_halves(grid: Sequence[float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(upper, lower): the grid's ratios in [m, 1) and in (s, m), m = (s + 1)/2; stable
+    sampling draws one of each per step. GeneError when a half is empty."""
+    grid = _check_grid(grid)
+    s = grid[0]
+    m = (s + 1.0) / 2
+    upper = tuple(r for r in grid if m <= r < 1.0)
+    lower = tuple(r for r in grid if s < r < m)
+    if not upper or not lower:
+        raise GeneError(f'stable sampling needs grid widths in [{m:g}, 1) and in ({s:g}, {m:g}); '
+                        f'the grid {grid} has {len(upper)} and {len(lower)}')
+    return upper, lower
+
+
+def sample_widths(key: jax.Array, grid: Sequence[float]) -> tuple[jax.Array, jax.Array]:
+    """Stable sampling: indices (i_upper, i_lower) into `stable_halves(grid)`, uniform and
+    independent, drawn from `key` alone (so a resumed run and every host agree)."""
+    upper, lower = stable_halves(grid)
+    ku, kl = jax.random.split(key)
+    return (jax.random.randint(ku, (), 0, len(upper)), jax.random.randint(kl, (), 0, len(lower)))
+
+
+def sample_interior(key: jax.Array, grid: Sequence[float], n: int = 2) -> jax.Array:
+    """US-Net's middle widths: `n` indices into the grid's interior (s, 1), uniform with
+    replacement, from `key` alone."""
+    interior = _check_grid(grid)[1:-1]
+    if not interior:
+        raise GeneError(f'the grid {tuple(grid)} has no width strictly between its ends')
+    return jax.random.randint(key, (n,), 0, len(interior))
+
+
+def is_left(ratio: float, smallest: float) -> bool:
+    """Isolated activation: the left block for the smallest ratio and for 1, else the right."""
+    return math.isclose(ratio, smallest) or math.isclose(ratio, 1.0)
+
+
+# ----------------------------------------------------------------------------------------
+# Sub-network sizes and slicing.
+
+def sizes(cfg: ViTConfig, ratio: float) -> dict[str, int]:
+    """{'embed', 'mlp', 'head_dim'} of the width-`ratio` sub-network (all H heads kept);
+    GeneError when a size is not whole or the width does not split into whole heads."""
+    d = _count(ratio, cfg.width, 'width')
+    if d % cfg.num_heads:
+        raise GeneError(f'width ratio {ratio}: width {d} does not split into num_heads='
+                        f'{cfg.num_heads} whole heads')
+    return {'embed': d, 'mlp': _count(ratio, cfg.mlp_dim, 'mlp_dim'),
+            'head_dim': _count(ratio, cfg.head_dim, 'head_dim')}
+
+
+def _side(side: str | None, ratio: float, smallest: float) -> str:
+    if side is None:
+        return 'left' if is_left(ratio, smallest) else 'right'
+    common.check_choice('subnet', 'side', side, SIDES)
+    return side
+
+
+def subnet(params: Params, cfg: ViTConfig, ratio: float, *, rule: str = 'clean',
+           smallest: float = 0.25, side: str | None = None) -> tuple[Params, ViTConfig]:
+    """(sub_params, sub_cfg): the width-`ratio` sub-network as a real smaller canonical tree
+    that `vit.apply(sub_params, x, sub_cfg)` runs (module docstring: the two rules).
+
+    `smallest` is the grid's smallest ratio s (isolated activation: left block at s and 1,
+    right otherwise); `side='left'|'right'` overrides it for every parameter (US-Net:
+    'left'). Jittable with `cfg`, `ratio` and the options static.
+    """
+    common.check_choice('subnet', 'rule', rule, RULES)
+    params = common.stacked(params, 'scala.subnet')
+    n = sizes(cfg, ratio)
+    block_side = _side(side, ratio, smallest)
+    if rule == 'clean':
+        return layout.slice_tree(params, n, side=block_side), subnet_config(cfg, ratio)
+    return _official(params, cfg, ratio, n, block_side, smallest, side)
+
+
+def subnet_config(cfg: ViTConfig, ratio: float, *, rule: str = 'clean') -> ViTConfig:
+    """The config that `subnet(params, cfg, ratio, rule=rule)` returns (no params needed)."""
+    common.check_choice('subnet_config', 'rule', rule, RULES)
+    n = sizes(cfg, ratio)
+    if rule == 'clean':
+        return layout.slice_config(cfg, n)
+    sub_cfg = layout.slice_config(cfg, {'embed': n['embed'], 'mlp': n['mlp'],
+                                        'head_dim': n['embed'] // cfg.num_heads})
+    scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim ** -0.5
+    return sub_cfg.replace(attn_scale=scale, ln_eps=OFFICIAL_LN_EPS)
+
+
+def _official(params, cfg, ratio, n, block_side, smallest, side):
+    """The official rule (module docstring)."""
+    if cfg.attn_width != cfg.width:
+        raise GeneError(f"rule='official' slices timm's fused qkv (D → 3D) and needs num_heads × "
+                        f'head_dim = width; got {cfg.num_heads} × {cfg.head_dim} != {cfg.width}')
+    d, heads = n['embed'], cfg.num_heads
+    if side is None and cfg.distill_token:
+        outer_side = 'left' if any(math.isclose(ratio, r) for r in OFFICIAL_DISTILLED_LEFT) else 'right'
+    else:
+        outer_side = block_side
+    embed = {'embed': d}
+    outer = {k: v for k, v in params.items() if k in OUTER_KEYS}
+    blocks = {k: v for k, v in params['blocks'].items() if k != 'attn'}
+    sub = {**layout.slice_tree(outer, embed, side=outer_side),
+           **layout.slice_tree({'patch_embed': params['patch_embed']}, embed, side=block_side),
+           'blocks': {**layout.slice_tree({'blocks': blocks}, {'embed': d, 'mlp': n['mlp']},
+                                          side=block_side)['blocks'],
+                      'attn': _official_attention(params['blocks']['attn'], d, heads, block_side)}}
+    return sub, subnet_config(cfg, ratio, rule='official')
+
+
+def _cut(x, axis: int, n: int, side: str):
+    start = 0 if side == 'left' else x.shape[axis] - n
+    return jax.lax.slice_in_dim(x, start, start + n, axis=axis)
+
+
+def _official_attention(attn: Params, d: int, heads: int, side: str) -> Params:
+    """Stacked q/k/v/out of the official slice: the fused (D, 3·H·Dh) qkv output cut to one
+    block of 3d, read as (3, H, d/H); the out kernel's flattened input cut to d."""
+    layers, width = attn['q']['kernel'].shape[:2]
+    fused = jnp.stack([attn[p]['kernel'] for p in 'qkv'], axis=2).reshape(layers, width, -1)
+    fused = _cut(_cut(fused, 1, d, side), 2, 3 * d, side).reshape(layers, d, 3, heads, d // heads)
+    out = {p: {'kernel': fused[:, :, i]} for i, p in enumerate('qkv')}
+    if 'bias' in attn['q']:
+        bias = jnp.stack([attn[p]['bias'] for p in 'qkv'], axis=1).reshape(layers, -1)
+        bias = _cut(bias, 1, 3 * d, side).reshape(layers, 3, heads, d // heads)
+        for i, p in enumerate('qkv'):
+            out[p]['bias'] = bias[:, i]
+    o = attn['out']['kernel'].reshape(layers, -1, width)
+    out['out'] = {'kernel': _cut(_cut(o, 1, d, side), 2, d, side).reshape(layers, heads, d // heads, d),
+                  'bias': _cut(attn['out']['bias'], 1, d, side)}
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# The masked variant of the clean rule.
+
+def unit_masks(cfg: ViTConfig, ratio, *, smallest: float = 0.25,
+               side: str | None = None) -> dict[str, jax.Array]:
+    """{'embed' (D,), 'mlp' (M,), 'head_dim' (Dh,)} float 0/1 masks of the clean rule's
+    width-`ratio` sub-network. `ratio` may be traced (one program for every width): its
+    counts are then rounded and unchecked; a concrete ratio is checked like `subnet`."""
+    if isinstance(ratio, (int, float)):
+        counts = sizes(cfg, ratio)
+        left = _side(side, ratio, smallest) == 'left'
+    else:
+        counts = {a: jnp.round(ratio * n).astype(jnp.int32)
+                  for a, n in (('embed', cfg.width), ('mlp', cfg.mlp_dim), ('head_dim', cfg.head_dim))}
+        left = ((jnp.isclose(ratio, smallest) | jnp.isclose(ratio, 1.0)) if side is None
+                else side == 'left')
+    full = {'embed': cfg.width, 'mlp': cfg.mlp_dim, 'head_dim': cfg.head_dim}
+    masks = {}
+    for axis, size in full.items():
+        i = jnp.arange(size)
+        masks[axis] = jnp.where(left, i < counts[axis], i >= size - counts[axis]).astype(jnp.float32)
+    return masks
+
+
+def ffn_masks(cfg: ViTConfig, mlp_ratios: float | Sequence[float]) -> dict[str, jax.Array]:
+    """Masks of MatFormer's sub-network (`ffn_subnet`): the first r·M MLP units, one ratio
+    for all layers or one per layer ((L, M) mask); everything else whole."""
+    ratios = [mlp_ratios] * cfg.depth if isinstance(mlp_ratios, (int, float)) else list(mlp_ratios)
+    if len(ratios) != cfg.depth:
+        raise GeneError(f'ffn_masks: {len(ratios)} per-layer ratios for depth {cfg.depth}')
+    counts = jnp.asarray([_count(r, cfg.mlp_dim, 'mlp_dim') for r in ratios])
+    return {'embed': jnp.ones((cfg.width,), jnp.float32),
+            'head_dim': jnp.ones((cfg.head_dim,), jnp.float32),
+            'mlp': (jnp.arange(cfg.mlp_dim)[None, :] < counts[:, None]).astype(jnp.float32)}
+
+
+def mask_params(params: Params, masks: dict[str, jax.Array]) -> Params:
+    """Full-shape stacked params with every unit outside `masks` zeroed (by logical axis; a
+    2-D mask is per layer, its first axis on the 'layers' axis)."""
+    def zero(path, x):
+        names = layout.leaf_axes(pytree.path_str(path), np.ndim(x))
+        for dim, axis in enumerate(names):
+            if axis in masks:
+                m = masks[axis]
+                shape = [1] * np.ndim(x)
+                shape[dim] = x.shape[dim]
+                if np.ndim(m) == 2:
+                    shape[names.index('layers')] = m.shape[0]
+                x = x * m.reshape(shape).astype(x.dtype)
+        return x
+    return jax.tree_util.tree_map_with_path(zero, params)
+
+
+def _masked_norm(x, p, mask, eps):
+    """LayerNorm over the active channels only (inactive ones stay zero)."""
+    x32 = x.astype(jnp.float32)
+    n = mask.sum()
+    mean = (x32 * mask).sum(-1, keepdims=True) / n
+    centred = (x32 - mean) * mask
+    var = jnp.square(centred).sum(-1, keepdims=True) / n
+    return (centred * jax.lax.rsqrt(var + eps) * p['scale'] + p['bias'] * mask).astype(x.dtype)
+
+
+def masked_apply(params: Params, images: jax.Array, cfg: ViTConfig,
+                 masks: dict[str, jax.Array]) -> tuple[jax.Array, dict]:
+    """The clean-rule sub-network of `masks` (`unit_masks`, or MatFormer's `ffn_masks`) at
+    full shapes: equal to `vit.apply(*subnet(params, cfg, r), ...)` (or `ffn_subnet`'s) up
+    to float rounding, in one program for every width when the masks are traced. Evaluation mode (no dropout or stochastic depth);
+    stacked layout; returns (logits, aux) like `vit.apply` (aux: 'pre_logits', and with a
+    distillation token 'logits_cls' / 'logits_dist')."""
+    params = mask_params(common.stacked(params, 'scala.masked_apply'), masks)
+    emask = masks['embed']
+    scale = (cfg.attn_scale if cfg.attn_scale is not None
+             else jax.lax.rsqrt(masks['head_dim'].sum()))
+    x = vit.embed(params, images, cfg)
+
+    def block(h, p):
+        y, _ = vit.attention(p['attn'], _masked_norm(h, p['norm1'], emask, cfg.ln_eps),
+                             precision=cfg.dense_precision, scale=scale)
+        h = h + y * (p['ls1']['scale'] if 'ls1' in p else 1.0)
+        y = vit.mlp(p['mlp'], _masked_norm(h, p['norm2'], emask, cfg.ln_eps), cfg.gelu,
+                    cfg.dense_precision)
+        return h + y * (p['ls2']['scale'] if 'ls2' in p else 1.0), None
+
+    x, _ = jax.lax.scan(block, x, params['blocks'])
+    n_prefix = cfg.num_prefix_tokens
+    if cfg.pool == 'cls':
+        feats = _masked_norm(x[:, 0], params['norm'], emask, cfg.ln_eps)
+    elif cfg.pool_norm == 'after':
+        feats = _masked_norm(x[:, n_prefix:].mean(1), params['norm'], emask, cfg.ln_eps)
+    else:
+        feats = _masked_norm(x[:, n_prefix:], params['norm'], emask, cfg.ln_eps).mean(1)
+    aux = {'pre_logits': feats}
+    if 'head' not in params:
+        return feats, aux
+    head = lambda f, h: f @ h['kernel'] + h['bias']   # noqa: E731
+    logits = head(feats, params['head'])
+    if 'head_dist' in params:
+        dist = head(_masked_norm(x[:, 1], params['norm'], emask, cfg.ln_eps), params['head_dist'])
+        aux['logits_cls'], aux['logits_dist'] = logits, dist
+        logits = (logits + dist) / 2
+    return logits.astype(jnp.float32), aux
+
+
+# ----------------------------------------------------------------------------------------
+# MatFormer: nested FFN widths.
+
+def ffn_subnet(params: Params, cfg: ViTConfig,
+               mlp_ratios: float | Sequence[float]) -> tuple[Params, ViTConfig]:
+    """MatFormer's sub-network: the first r·M MLP units of every layer (one ratio) or of
+    each layer (a per-layer sequence, Mix'n'Match; then the blocks come in the list
+    layout). Attention, embeddings and heads are kept whole. The config's `mlp_dim` is the
+    largest layer's (`vit.apply` reads every block's shape from the params)."""
+    params = common.stacked(params, 'scala.ffn_subnet')
+    if isinstance(mlp_ratios, (int, float)):
+        m = _count(mlp_ratios, cfg.mlp_dim, 'mlp_dim')
+        return layout.slice_tree(params, {'mlp': m}), cfg.replace(mlp_dim=m)
+    if len(mlp_ratios) != cfg.depth:
+        raise GeneError(f'ffn_subnet: {len(mlp_ratios)} per-layer ratios for depth {cfg.depth}')
+    ms = [_count(r, cfg.mlp_dim, 'mlp_dim') for r in mlp_ratios]
+    blocks = layout.unstack_blocks(params)['blocks']
+    sub = dict(params, blocks=[layout.slice_tree({'blocks': [b]}, {'mlp': m})['blocks'][0]
+                               for b, m in zip(blocks, ms)])
+    return sub, cfg.replace(mlp_dim=max(ms))
+
+
+def mix_n_match(ratio: float, granularities: Sequence[float], depth: int) -> tuple[float, ...]:
+    """Per-layer FFN ratios from the trained `granularities` whose mean is closest to
+    `ratio`: the two granularities around it, the smaller in the first layers and the
+    larger in the last (non-decreasing with depth, MatFormer's heuristic)."""
+    gs = sorted(float(g) for g in granularities)
+    if not gs[0] <= ratio <= gs[-1]:
+        raise GeneError(f'mix_n_match: ratio {ratio} lies outside the trained granularities {gs}')
+    if ratio in gs:
+        return (float(ratio),) * depth
+    lo = max(g for g in gs if g < ratio)
+    hi = min(g for g in gs if g > ratio)
+    n_hi = int(round((ratio - lo) / (hi - lo) * depth))
+    return (lo,) * (depth - n_hi) + (hi,) * n_hi
+
+
+# ----------------------------------------------------------------------------------------
+# The methods on the contract.
+
+def _source_config(gene: Params, target_cfg: ViTConfig, what: str) -> ViTConfig:
+    """The full (gene) network's config: the target's numerics with the gene's shapes."""
+    gene = common.stacked(gene, what)
+    q = gene['blocks']['attn']['q']['kernel']
+    width, heads, head_dim = q.shape[1:]
+    mlp = gene['blocks']['mlp']['fc1']['kernel'].shape[-1]
+    if layout.depth_of(gene) != target_cfg.depth:
+        raise GeneError(f'{what}: the gene has {layout.depth_of(gene)} layers; depth is never '
+                        f'sliced, so the target needs depth={layout.depth_of(gene)} '
+                        f'(got {target_cfg.depth})')
+    return target_cfg.replace(width=int(width), num_heads=int(heads), head_dim=int(head_dim),
+                              mlp_dim=int(mlp), attn_scale=None)
+
+
+def _ratio(target: int, full: int, what: str) -> float:
+    if not 0 < target <= full:
+        raise GeneError(f'{what}: a target width {target} is not a slice of the gene width {full}')
+    return target / full
+
+
+def _check_sub(sub_cfg: ViTConfig, target_cfg: ViTConfig, what: str) -> None:
+    for f in ('width', 'num_heads', 'head_dim', 'mlp_dim', 'num_classes'):
+        if getattr(sub_cfg, f) != getattr(target_cfg, f):
+            raise GeneError(f'{what}: the sub-network of width {sub_cfg.width} has {f}='
+                            f'{getattr(sub_cfg, f)} but the target config has {getattr(target_cfg, f)}')
+
+
+def descend(gene: Params, target_cfg: ViTConfig, *, key=None, rule: str = 'clean',
+            smallest: float = 0.25, side: str | None = None) -> Params:
+    """The slimmable `gene`'s sub-network of `target_cfg`'s width (ratio = target width /
+    gene width), by `subnet` with `rule`, `smallest` and `side`. `key` is unused (nothing is
+    drawn). Run it with `subnet`'s config for rule='official' (full attention scale, eps
+    1e-5)."""
+    del key
+    full = _source_config(gene, target_cfg, 'scala.descend')
+    ratio = _ratio(target_cfg.width, full.width, 'scala.descend')
+    sub, sub_cfg = subnet(gene, full, ratio, rule=rule, smallest=smallest, side=side)
+    _check_sub(sub_cfg, target_cfg, 'scala.descend')
+    return sub
+
+
+def descend_us_net(gene: Params, target_cfg: ViTConfig, *, key=None) -> Params:
+    """US-Net's sub-network of the target's width: the left block at every width."""
+    return descend(gene, target_cfg, key=key, side='left')
+
+
+def descend_matformer(gene: Params, target_cfg: ViTConfig, *, key=None) -> Params:
+    """MatFormer's nested FFN of `target_cfg.mlp_dim` (width and heads as the gene's)."""
+    del key
+    full = _source_config(gene, target_cfg, 'matformer.descend')
+    if target_cfg.width != full.width or target_cfg.num_heads != full.num_heads:
+        raise GeneError(f'matformer.descend: only the FFN is nested; the target needs the gene '
+                        f'width {full.width} and {full.num_heads} heads (got {target_cfg.width}, '
+                        f'{target_cfg.num_heads})')
+    sub, sub_cfg = ffn_subnet(gene, full, _ratio(target_cfg.mlp_dim, full.mlp_dim, 'matformer.descend'))
+    _check_sub(sub_cfg, target_cfg, 'matformer.descend')
+    return sub
+
+
+def init_gene(cfg: ViTConfig, key: jax.Array) -> Params:
+    """The full slimmable network, freshly initialised (`vit.init`)."""
+    return vit.init(cfg, key)
+
+
+def _materializer(descend_fn):
+    def materialize(trainable: Params, frozen: Any, cfg: ViTConfig) -> Params:
+        """The sub-network of `cfg` run while the slimmable network learns (identity at the
+        full width)."""
+        del frozen
+        return descend_fn(trainable, cfg)
+    return materialize
+
+
+def gene_param_count(gene: Params, *, include_head: bool = False) -> int:
+    """Every parameter of the slimmable network (all sub-networks live in it)."""
+    return common.count(gene, include_head=include_head)
+
+
+METHOD = common.register(common.Method(
+    name='scala', label='Scala', source='learned', descend=descend,
+    gene_param_count=gene_param_count, init_gene=init_gene, materialize=_materializer(descend)))
+US_NET = common.register(common.Method(
+    name='us_net', label='US-Net', source='learned', descend=descend_us_net,
+    gene_param_count=gene_param_count, init_gene=init_gene,
+    materialize=_materializer(descend_us_net)))
+MATFORMER = common.register(common.Method(
+    name='matformer', label='MatFormer', source='learned', descend=descend_matformer,
+    gene_param_count=gene_param_count, init_gene=init_gene,
+    materialize=_materializer(descend_matformer)))
