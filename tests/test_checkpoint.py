@@ -250,3 +250,27 @@ def test_checksums_on_device(tmp_path, tiny_cfg, params, monkeypatch):
         restored, meta = ck.restore(state)
     assert meta['checksums'] == checkpoint.tree_checksums(state)
     chex.assert_trees_all_equal(restored, state)
+
+
+def test_unreadable_files_give_one_short_message_and_no_orbax_noise(tmp_path, tiny_cfg, params, caplog):
+    state = _state(params, tiny_cfg)
+    with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
+        path = ck.save(1, state)
+    pristine = tmp_path / 'pristine'
+    shutil.copytree(path, pristine)
+    cases = {'state/manifest.ocdbt': lambda b: b[:20],                 # truncated
+             'state/array_metadatas/process_0': lambda b: os.urandom(len(b))}   # random bytes
+    for name, mangle in cases.items():
+        shutil.rmtree(path)
+        shutil.copytree(pristine, path)
+        f = os.path.join(path, name)
+        open(f, 'wb').write(mangle(open(f, 'rb').read()))
+        caplog.clear()
+        with caplog.at_level('WARNING'), checkpoint.RunCheckpointer(tmp_path / 'c') as ck, \
+                pytest.raises(checkpoint.CorruptCheckpointError) as e:
+            ck.restore(state)
+        message = str(e.value)
+        assert message.startswith(f"run checkpoint '{path}'") and 'truncated or corrupted' in message
+        assert len(message) < 400 and '\n' not in message, message
+        assert not any(s in message for s in ('object at 0x', '<class', 'Registry')), message
+        assert not [r for r in caplog.records if r.name == 'absl'], name   # one warning per array before

@@ -16,10 +16,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope='module')
 def run(tmp_path_factory, fast_compile):
     workdir = str(tmp_path_factory.mktemp('cli') / 'run')
+    # 4 steps against the smoke config's warmup of 5: the warmup is clipped to the run
     rc = cli.main(['train', '--config', os.path.join(ROOT, CONFIG) + ':smoke', '--config.steps=4',
-                   '--config.model.depth=1', '--config.batch_size=32', '--config.optim.warmup_steps=1', '--config.log_every=2',
+                   '--config.model.depth=1', '--config.batch_size=32', '--config.log_every=2',
                    '--config.steps_per_call=2', '--workdir', workdir, '--noprogress'])
     return rc, workdir
+
+
+def _code(argv) -> int:
+    """The exit status of cli.main(argv) in this process (argparse/absl exits included)."""
+    try:
+        return cli.main(argv)
+    except SystemExit as e:
+        return e.code
 
 
 def test_train_writes_resolved_config_metrics_and_model(run):
@@ -41,9 +50,15 @@ def test_bad_configs_fail_clearly(tmp_path, capsys):
         cli.main(['train', '--config', os.path.join(ROOT, CONFIG), '--config.model.nosuch=1',
                   '--workdir', str(tmp_path)])
     assert "the config has no field 'nosuch' to override" in capsys.readouterr().err
-    assert cli.main(['train', '--config', os.path.join(ROOT, CONFIG), '--config.steps=3',
-                     '--workdir', str(tmp_path)]) == 1
-    assert 'warmup_steps=100 exceeds total_steps=3' in capsys.readouterr().out
+    for override, message in (('--config.optim.lr=-0.001', 'lr must be a positive number, got -0.001'),
+                              ('--config.steps=-1', 'steps must be a positive integer'),
+                              ('--config.batch_size=0', 'must be a positive')):
+        code = _code(['train', '--config', os.path.join(ROOT, CONFIG), override,
+                      '--workdir', str(tmp_path / 'neg')])
+        captured = capsys.readouterr()
+        assert code and message in captured.out + captured.err, (override, captured)
+        assert 'warmup' not in captured.out + captured.err
+        assert not os.path.exists(tmp_path / 'neg')          # reported before anything is written
     assert cli.main(['train', '--config', os.path.join(ROOT, CONFIG), '--config.microbatches=3',
                      '--workdir', str(tmp_path / 'mb')]) == 1
     assert 'batch_size 128 is not a multiple of microbatches 3' in capsys.readouterr().out
@@ -84,3 +99,84 @@ def test_info(run, capsys):
     assert 'run checkpoint' in capsys.readouterr().out
     assert cli.main(['info', os.path.join(ROOT, CONFIG)]) == 0
     assert '| 64 | 4 | 4 | 128 |' in capsys.readouterr().out
+
+
+def _one_line(captured, prefix: str) -> str:
+    lines = [ln for ln in captured.err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(prefix), captured.err
+    assert 'Traceback' not in captured.out + captured.err
+    return lines[0]
+
+
+def test_expected_errors_are_one_line_and_verbose_adds_the_traceback(tmp_path, capsys, monkeypatch):
+    assert cli.main(['info', 'Q']) == 1
+    assert "unknown ViT variant 'Q'" in _one_line(capsys.readouterr(), 'jlearngene info: ')
+    assert cli.main(['info', str(tmp_path / 'nosuch.py')]) == 1
+    assert 'nosuch.py' in _one_line(capsys.readouterr(), 'jlearngene info: ')
+    assert _code(['train', '--config', str(tmp_path / 'nosuch.py'), '--workdir', str(tmp_path)]) == 2
+    assert "config file '" in _one_line(capsys.readouterr(), 'jlearngene train: ')
+    bad = tmp_path / 'random.safetensors'
+    bad.write_bytes(os.urandom(256))
+    assert cli.main(['convert', '--from-timm', str(bad), '--out', str(tmp_path / 'o')]) == 1
+    assert 'is not a readable .safetensors file' in _one_line(capsys.readouterr(), 'jlearngene convert: ')
+    assert cli.main(['info', 'Q', '--verbose']) == 1
+    err = capsys.readouterr().err
+    assert 'Traceback' in err and err.strip().splitlines()[-1].startswith('jlearngene info: unknown ViT')
+    monkeypatch.setenv(cli.TRACEBACK_ENV, '1')
+    assert cli.main(['info', 'Q']) == 1 and 'Traceback' in capsys.readouterr().err
+
+
+def test_ctrl_c_and_bugs_outside_training(capsys, monkeypatch):
+    from jlearngene.commands import info
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(info, 'main', interrupted)
+    assert cli.main(['info']) == 130
+    assert 'interrupted (Ctrl-C)' in _one_line(capsys.readouterr(), 'jlearngene info: ')
+
+    def broken(argv):
+        return {}['missing']
+    monkeypatch.setattr(info, 'main', broken)
+    assert cli.main(['info']) == 1                 # a bug keeps its traceback
+    err = capsys.readouterr().err
+    assert 'Traceback' in err and "jlearngene info: internal error: KeyError: missing" in err
+
+
+def test_config_files_are_checked_like_overrides(tmp_path, capsys):
+    bad = tmp_path / 'typo.py'
+    bad.write_text('from jlearngene.experiments.configs import digits_vit\n\n'
+                   'def get_config(arg=None):\n'
+                   '    c = digits_vit.get_config(arg)\n'
+                   '    c.checkpiont_every = 10\n'
+                   '    return c\n')
+    for spec in (str(bad), str(bad) + ':smoke'):
+        assert _code(['train', '--config', spec, '--workdir', str(tmp_path / 'w')]) == 2
+        line = _one_line(capsys.readouterr(), 'jlearngene train: ')
+        assert "unknown config key 'checkpiont_every' (did you mean 'checkpoint_every'?)" in line
+    assert not os.path.exists(tmp_path / 'w')
+    # the folder template picks the source from the command line; without a root it says so
+    assert _code(['train', '--config', 'digits_vit:folder', '--workdir', str(tmp_path / 'f')]) == 1
+    captured = capsys.readouterr()
+    assert "data config 'folder' needs 'root'" in captured.out + captured.err
+
+
+def test_readme_snippets_define_every_name_they_use():
+    """Each python block of the README, read after the ones before it (the text says where
+    one continues another), uses only names it or they define; images are NHWC."""
+    import ast
+    import builtins
+    import re
+    text = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
+    defined = set(dir(builtins))
+    for block in re.findall(r'```python\n(.*?)```', text, re.S):
+        tree = ast.parse(block)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                defined |= {(a.asname or a.name).split('.')[0] for a in node.names}
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                defined.add(node.id)
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        assert used <= defined, (sorted(used - defined), block)
+    model_block = text.split('## The model in a few lines')[1].split('```', 2)[1]
+    assert 'NHWC' in model_block

@@ -365,3 +365,33 @@ def test_from_config_digits_and_errors():
                          train=True)
     with pytest.raises(data.DataError, match='tfds_name'):
         data.from_config({'name': 'tfds'}, 'train', batch_size=8, seed=0, train=True)
+
+
+def test_config_templates_choose_the_folder_and_tfds_sources(tmp_path):
+    """`digits_vit:folder` / `digits_vit:tfds` hold the keys those sources read, so
+    `--config.data.root=...` etc. are command-line overrides; the model fits the data."""
+    import tensorflow_datasets as tfds
+
+    from jlearngene.experiments import configs
+    from jlearngene.train import tasks
+    rng = np.random.default_rng(0)
+    for split in ('train', 'test'):
+        for label in ('cat', 'dog'):
+            (tmp_path / 'img' / split / label).mkdir(parents=True)
+            Image.fromarray(rng.integers(0, 256, (12, 10, 3), np.uint8)).save(
+                tmp_path / 'img' / split / label / 'a.png')
+    c = configs.load('digits_vit:folder,smoke', {'data.root': str(tmp_path / 'img'),
+                                                  'model.num_classes': 2})
+    it, info = data.from_config(c.data, 'train', batch_size=4, seed=0, train=True, **SOLO)
+    cfg = tasks.model_config(c.model)
+    assert next(it)['image'].shape == (4, cfg.image_size, cfg.image_size, cfg.channels)
+    assert info.num_classes == cfg.num_classes == 2 and c.model.depth == 2   # smoke applies too
+    with tfds.testing.mock_data(num_examples=8, policy=tfds.testing.MockPolicy.USE_CODE):
+        t = configs.load('digits_vit:tfds', {'data.data_dir': str(tmp_path)})
+        it, info = data.from_config(t.data, 'test', batch_size=8, seed=0, train=False, **SOLO)
+        cfg = tasks.model_config(t.model)
+        assert next(it)['image'].shape == (8, cfg.image_size, cfg.image_size, cfg.channels)
+        assert info.num_classes == cfg.num_classes
+    with pytest.raises(data.DataError, match="'folder' needs 'root'.*digits_vit:folder"):
+        data.from_config(configs.load('digits_vit:folder').data, 'train', batch_size=4, seed=0,
+                         train=True, **SOLO)

@@ -81,5 +81,30 @@ def test_config_errors(params):
         optim.make_optimizer({'lrr': 1.0}, params, total_steps=3)
     with pytest.raises(ValueError, match='needs total_steps'):
         optim.make_optimizer({'lr': 1.0}, params)
-    with pytest.raises(ValueError, match='exceeds total_steps'):
-        optim.make_optimizer({'warmup_steps': 5}, params, total_steps=3)
+    for field, value, problem in (('lr', -0.001, 'a positive number'), ('lr', 0.0, 'a positive number'),
+                                  ('warmup_steps', -1, 'a non-negative integer'),
+                                  ('min_lr_ratio', 2.0, r'a fraction of lr in \[0, 1\]'),
+                                  ('b2', 1.0, r'in \[0, 1\)'),
+                                  ('weight_decay', -0.1, 'a non-negative number'),
+                                  ('lr', float('nan'), 'a positive number')):
+        with pytest.raises(ValueError, match=f'{field} must be {problem}.*, got'):
+            optim.make_optimizer({field: value}, params, total_steps=10)
+    with pytest.raises(ValueError,
+                       match=r"total_steps must be a positive integer \(the run's steps\), got -1"):
+        optim.make_optimizer({'warmup_steps': 100}, params, total_steps=-1)
+
+
+def test_warmup_longer_than_the_run_is_clipped_with_a_warning(params, caplog):
+    for schedule, longest in (('cosine', 2), ('constant', 3)):
+        with caplog.at_level('WARNING', logger='jlearngene.train.optim'):
+            c = optim.resolve({'warmup_steps': 100, 'schedule': schedule}, total_steps=3)
+        assert c['warmup_steps'] == longest
+        assert f'warmup_steps=100 is longer than the run of 3 steps; warming up over {longest}' in caplog.text
+        caplog.clear()
+    tx = optim.make_optimizer({'lr': 1.0, 'warmup_steps': 100}, params, total_steps=3)
+    state = tx.init(params)
+    lrs = []
+    for _ in range(3):
+        _, state = tx.update(jax.tree.map(jnp.ones_like, params), state, params)
+        lrs.append(float(optim.current_lr(state)))
+    assert lrs[0] == 0.0 and lrs[1] == pytest.approx(0.5) and lrs[2] == pytest.approx(1.0)

@@ -206,8 +206,10 @@ def _as_dict(cfg) -> dict[str, Any]:
     return dict(cfg)
 
 
-def source_from_config(data_config, split: str):
-    """Builds the source named by `data_config['name']` for `split` (see `from_config`)."""
+def check_config(data_config) -> dict[str, Any]:
+    """The data config as a dict, after checking its dataset name, its keys (those of its
+    source, see `from_config`) and its `augment` fields; a DataError names the problem.
+    Nothing is read."""
     cfg = _as_dict(data_config)
     name = cfg.get('name')
     if name not in _SOURCE_KEYS:
@@ -216,19 +218,30 @@ def source_from_config(data_config, split: str):
     if unknown:
         raise DataError(f'data config for {name!r} has unknown keys {sorted(unknown)}; allowed: '
                         f'{sorted(_SOURCE_KEYS[name] | _COMMON_KEYS)}')
+    if cfg.get('augment'):
+        Augment.create(cfg['augment'])
+    return cfg
+
+
+def source_from_config(data_config, split: str):
+    """Builds the source named by `data_config['name']` for `split` (see `from_config`)."""
+    cfg = check_config(data_config)
+    name = cfg['name']
     split = dict(cfg.get('splits') or {}).get(split, split)
     method = cfg.get('resize_method', 'bilinear')
     if name == 'digits':
         return sources.digits(split, image_size=cfg.get('image_size', 16), resize_method=method)
     if name == 'tfds':
         if not cfg.get('tfds_name'):
-            raise DataError("data config 'tfds' needs 'tfds_name' (e.g. 'cifar10')")
-        return sources.tfds_source(cfg['tfds_name'], split, cfg.get('data_dir'),
+            raise DataError("data config 'tfds' needs 'tfds_name' (e.g. 'cifar10'; the template: "
+                            '--config digits_vit:tfds --config.data.tfds_name=NAME)')
+        return sources.tfds_source(cfg['tfds_name'], split, cfg.get('data_dir') or None,
                                    image_key=cfg.get('image_key', 'image'),
                                    label_key=cfg.get('label_key', 'label'))
     if name == 'folder':
         if not cfg.get('root'):
-            raise DataError("data config 'folder' needs 'root' (root/<split>/<label>/*.png)")
+            raise DataError("data config 'folder' needs 'root' (root/<split>/<label>/*.png; the "
+                            'template: --config digits_vit:folder --config.data.root=DIR)')
         return sources.image_folder(cfg['root'], split, image_size=cfg.get('image_size'),
                                     channels=cfg.get('channels'), resize_method=method)
     if cfg.get('images') is None or cfg.get('labels') is None:
@@ -263,5 +276,5 @@ def from_config(data_config, split: str, *, batch_size: int, seed: int, train: b
     return it, source.info
 
 
-__all__ = ['Augment', 'DataError', 'DataInfo', 'KNOWN_DATASETS', 'eval_batches', 'from_config',
-           'source_from_config', 'train_iterator']
+__all__ = ['Augment', 'DataError', 'DataInfo', 'KNOWN_DATASETS', 'check_config', 'eval_batches',
+           'from_config', 'source_from_config', 'train_iterator']

@@ -49,6 +49,9 @@ Numerical conventions (what makes jlearngene's logits equal timm's):
 Files: `load_state_dict` reads `.safetensors` and `.npz` with numpy only, and `.pth`/`.pt`/
 `.bin` through torch when the optional extra is installed (`pip install -e ".[timm]"`);
 `save_safetensors` writes a file that `safetensors.torch.load_file` and timm read back.
+A file that cannot be read as its format (empty, truncated, random bytes, another format
+under the suffix, a valid file that holds no arrays) is a `StateDictError` naming the file
+and the reason; files are only ever opened for reading.
 """
 from __future__ import annotations
 
@@ -496,8 +499,7 @@ def load_state_dict(path: str | os.PathLike) -> StateDict:
     if low.endswith('.safetensors'):
         sd = _load_safetensors(path)
     elif low.endswith('.npz'):
-        with np.load(path, allow_pickle=False) as f:
-            sd = {k: f[k] for k in f.files}
+        sd = _load_npz(path)
     elif low.endswith(_PICKLE_SUFFIXES):
         sd = _load_torch(path)
     else:
@@ -509,13 +511,59 @@ def load_state_dict(path: str | os.PathLike) -> StateDict:
     return {k: v.astype(np.float32) if v.dtype.name == 'bfloat16' else v for k, v in sd.items()}
 
 
+def _unreadable(path: str, kind: str, e: BaseException | str) -> StateDictError:
+    reason = e if isinstance(e, str) else f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'
+    return StateDictError(f'{path!r} is not a readable {kind} file ({reason}); it is empty, '
+                          'truncated, corrupted or of another format')
+
+
+def _load_npz(path: str) -> StateDict:
+    try:
+        with open(path, 'rb') as fh:
+            magic = fh.read(4)
+        if magic[:2] != b'PK':   # a zip archive; np.load would try other formats (pickle)
+            raise _unreadable(path, '.npz', 'no zip archive header' if magic else 'the file is empty')
+        with np.load(path, allow_pickle=False) as f:
+            return {k: np.asarray(f[k]) for k in f.files}
+    except StateDictError:
+        raise
+    except ValueError as e:
+        if 'pickle' in str(e):
+            raise StateDictError(f'{path!r} holds an object (pickled) array; a state dict .npz '
+                                 'holds numeric arrays only') from None
+        raise _unreadable(path, '.npz', e) from None
+    except Exception as e:  # noqa: BLE001 - zipfile / numpy raise many kinds for bad files
+        raise _unreadable(path, '.npz', e) from None
+
+
 def _load_safetensors(path: str) -> StateDict:
+    import safetensors
     import safetensors.numpy
     try:
         return dict(safetensors.numpy.load_file(path))
     except TypeError:
         pass  # a dtype numpy lacks (bfloat16): read the file directly
+    except safetensors.SafetensorError as e:
+        raise _unreadable(path, '.safetensors', e) from None
     return _read_safetensors_raw(path)
+
+
+def _safetensors_header(path: str, fh) -> dict:
+    """The JSON header of an open .safetensors file (StateDictError if it is not one)."""
+    size = os.fstat(fh.fileno()).st_size
+    head = fh.read(8)
+    if len(head) < 8:
+        raise _unreadable(path, '.safetensors', f'{size} bytes: shorter than the 8-byte header length')
+    n = int.from_bytes(head, 'little')
+    if n > size - 8:
+        raise _unreadable(path, '.safetensors', f'header length {n} exceeds the file size {size}')
+    try:
+        header = json.loads(fh.read(n))
+    except ValueError as e:
+        raise _unreadable(path, '.safetensors', f'header is not JSON: {e}') from None
+    if not isinstance(header, dict):
+        raise _unreadable(path, '.safetensors', 'header is not a JSON object')
+    return header
 
 
 _ST_DTYPES = {'F64': '<f8', 'F32': '<f4', 'F16': '<f2', 'I64': '<i8', 'I32': '<i4', 'I16': '<i2',
@@ -526,22 +574,24 @@ def _read_safetensors_raw(path: str) -> StateDict:
     """safetensors reader for dtypes numpy has no name for (BF16 -> float32, exact)."""
     import ml_dtypes
     with open(path, 'rb') as fh:
-        n = int.from_bytes(fh.read(8), 'little')
-        header = json.loads(fh.read(n))
+        header = _safetensors_header(path, fh)
         data = fh.read()
     out = {}
     for k, info in header.items():
         if k == '__metadata__':
             continue
-        start, end = info['data_offsets']
+        try:
+            start, end = info['data_offsets']
+            dtype, shape = info['dtype'], info['shape']
+        except (KeyError, TypeError, ValueError):
+            raise _unreadable(path, '.safetensors', f'tensor {k!r} has no dtype/shape/data_offsets') from None
+        if dtype not in _ST_DTYPES and dtype != 'BF16':
+            raise StateDictError(f'{path!r}: tensor {k!r} has dtype {dtype}, which is not supported')
         buf = data[start:end]
-        if info['dtype'] == 'BF16':
-            a = np.frombuffer(buf, ml_dtypes.bfloat16).astype(np.float32)
-        elif info['dtype'] in _ST_DTYPES:
-            a = np.frombuffer(buf, _ST_DTYPES[info['dtype']]).copy()
-        else:
-            raise StateDictError(f'{path!r}: tensor {k!r} has dtype {info["dtype"]}, which is not supported')
-        out[k] = a.reshape(info['shape'])
+        a = np.frombuffer(buf, ml_dtypes.bfloat16 if dtype == 'BF16' else _ST_DTYPES[dtype])
+        if a.size != math.prod(shape):
+            raise _unreadable(path, '.safetensors', f'tensor {k!r}: {a.size} elements for shape {shape}')
+        out[k] = (a.astype(np.float32) if dtype == 'BF16' else a.copy()).reshape(shape)
     return out
 
 
@@ -551,7 +601,10 @@ def _load_torch(path: str) -> StateDict:
     except ImportError as e:
         raise ImportError(f'reading {path!r} (a torch pickle) needs torch; {TORCH_EXTRA_HINT}, '
                           'or convert the file to .safetensors') from e
-    obj = torch.load(path, map_location='cpu', weights_only=True)
+    try:
+        obj = torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as e:  # noqa: BLE001 - pickle/zip/torch raise many kinds for bad files
+        raise _unreadable(path, 'torch', e) from None
     while isinstance(obj, dict) and not any(torch.is_tensor(v) for v in obj.values()):
         inner = next((obj[k] for k in _WRAPPER_KEYS if isinstance(obj.get(k), dict)), None)
         if inner is None:
@@ -580,7 +633,10 @@ def save_safetensors(state_dict: Mapping[str, Any], path: str | os.PathLike, *,
 
 def read_safetensors_metadata(path: str | os.PathLike) -> dict[str, str]:
     """The str -> str metadata in a `.safetensors` header ({} when there is none)."""
-    with open(os.fspath(path), 'rb') as fh:
-        n = int.from_bytes(fh.read(8), 'little')
-        header = json.loads(fh.read(n))
-    return dict(header.get('__metadata__') or {})
+    path = os.fspath(path)
+    with open(path, 'rb') as fh:
+        header = _safetensors_header(path, fh)
+    meta = header.get('__metadata__') or {}
+    if not isinstance(meta, dict):
+        raise _unreadable(path, '.safetensors', '__metadata__ is not a JSON object')
+    return dict(meta)

@@ -22,12 +22,20 @@ checksum per array (`tree_checksums`): a position-weighted sum of the array's bi
 per array to the host. Loading recomputes it for the arrays it reads. Any change of a single
 byte of an array always changes its checksum (the weights are odd); other changes go
 unnoticed with probability about 2**-32. A truncated or corrupted file is reported as a
-`CheckpointError`, never loaded silently.
+`CorruptCheckpointError` (a `CheckpointError`), never loaded silently; its message names
+the file-level cause in one short sentence, and orbax's per-array warnings about the
+unreadable files are folded into it instead of being printed.
 """
 from __future__ import annotations
 
 import base64
+import contextlib
+import gc
+import logging
 import os
+import re
+import shutil
+import sys
 import zlib
 from typing import Any, Mapping
 
@@ -46,6 +54,12 @@ CHECKSUM = 'jlearngene.u32-weighted-sum/1'
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or does not fit the requested target."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint exists but cannot be read back as written: an incomplete write, a
+    truncated or changed file, or contents that fail their checksums. (A checkpoint that
+    reads fine but fits another model is a plain `CheckpointError`.)"""
 
 
 # ----------------------------------------------------------------------------------------
@@ -107,7 +121,7 @@ def _check_exists(path: str, what: str) -> None:
     if not os.path.isdir(path):
         raise CheckpointError(f'{what} {path!r} does not exist')
     if not os.path.exists(os.path.join(path, 'commit_success.txt')) or not ocp.is_orbax_checkpoint(path):
-        raise CheckpointError(f'{what} {path!r} is not a complete orbax checkpoint '
+        raise CorruptCheckpointError(f'{what} {path!r} is not a complete orbax checkpoint '
                               '(interrupted write or wrong directory)')
 
 
@@ -125,14 +139,107 @@ def _verify(tree, digest: str | None, where: str) -> None:
         return
     got = tree_digest(tree)
     if got is not None and got != digest:
-        raise CheckpointError(f'{where}: array contents do not match the stored checksum '
+        raise CorruptCheckpointError(f'{where}: array contents do not match the stored checksum '
                               f'({got} != {digest}); the checkpoint is corrupted')
 
 
-def _load_error(where: str, e: Exception) -> CheckpointError:
-    msg = str(e).split('[tensorstore_spec')[0].strip()
-    return CheckpointError(f'{where} could not be read ({type(e).__name__}: {msg[:400]}); '
-                           'it is truncated or corrupted')
+def _short(text: str, limit: int = 200) -> str:
+    """The first line of `text` without orbax's object reprs and tensorstore specs, at most
+    `limit` characters. tensorstore nests its causes as 'outer: inner: root cause', so a
+    long text keeps its last ': '-separated parts (the cause), never a word cut in two."""
+    text = text.strip().splitlines()[0] if text.strip() else ''
+    text = text.split('[tensorstore_spec')[0]
+    text = re.sub(r'<[^<>]*(object at 0x|class )[^<>]*>', '...', text).strip(' "\'')
+    if len(text) <= limit:
+        return text
+    kept: list[str] = []
+    for part in reversed(text.split(': ')):
+        if len(': '.join([part] + kept)) > limit - 4:
+            break
+        kept.insert(0, part)
+    if kept:
+        return '... ' + ': '.join(kept)
+    return text[:limit].rsplit(' ', 1)[0].rstrip(',;:') + ' ...'
+
+
+def _root_cause(e: BaseException) -> BaseException:
+    """The innermost exception of `e`'s cause/context chain (orbax wraps the file error)."""
+    seen = {id(e)}
+    while (inner := e.__cause__ or e.__context__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        e = inner
+    return e
+
+
+def _detail(messages: list[str]) -> str | None:
+    """The file-level cause in orbax's logged warnings ('Error details: ...'), if any."""
+    for m in messages:
+        for line in m.splitlines():
+            if line.startswith('Error details:'):
+                return _short(line[len('Error details:'):])
+    return None
+
+
+def _load_error(where: str, e: Exception, messages: list[str] = ()) -> CorruptCheckpointError:
+    cause = _root_cause(e)
+    detail = _detail(list(messages)) or f'{type(cause).__name__}: {_short(str(cause))}'
+    return CorruptCheckpointError(f'{where} could not be read ({detail}); it is truncated or corrupted')
+
+
+def _unreadable(where: str, messages: list[str]) -> CorruptCheckpointError:
+    """orbax logged why the metadata could not be read and returned None."""
+    detail = _detail(messages)
+    return CorruptCheckpointError(f'{where}: array metadata could not be read'
+                                  + (f' ({detail})' if detail else '') + '; it is truncated or corrupted')
+
+
+class _Collect(logging.Filter):
+    """Holds back the absl records below ERROR (orbax logs one warning per unreadable
+    array, with its full traceback) and keeps their text."""
+
+    def __init__(self):
+        super().__init__()
+        self.messages: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        self.messages.append(record.getMessage())
+        return False
+
+
+def _read_aftermath(unraisable) -> bool:
+    """Whether an unraisable exception is the debris of an orbax read that failed: its
+    abandoned coroutines (GeneratorExit) and callbacks into its closed event loop."""
+    exc, obj = unraisable.exc_value, unraisable.object
+    return (isinstance(exc, RuntimeError) and 'Event loop is closed' in str(exc)) or \
+        (isinstance(exc, (GeneratorExit, RuntimeError)) and 'orbax' in repr(getattr(obj, 'cr_code', obj)))
+
+
+@contextlib.contextmanager
+def _orbax_read():
+    """Around an orbax read: its absl warnings are collected (the caller folds them into
+    the CheckpointError it raises; after a read that succeeded they are logged at INFO);
+    after a failed read its abandoned coroutines are collected at once, and the
+    'Event loop is closed' debris they leave is not printed."""
+    collect = _Collect()
+    logger = logging.getLogger('absl')
+    logger.addFilter(collect)
+    try:
+        yield collect.messages
+    except BaseException:
+        previous = sys.unraisablehook
+        sys.unraisablehook = lambda u: None if _read_aftermath(u) else previous(u)
+        try:
+            gc.collect()
+        finally:
+            sys.unraisablehook = previous
+        raise
+    else:
+        for m in dict.fromkeys(collect.messages):
+            logging.getLogger(__name__).info('orbax: %s', _short(m, 400))
+    finally:
+        logger.removeFilter(collect)
 
 
 def config_mismatch(stored: ViTConfig, expected: ViTConfig, where: str) -> None:
@@ -201,7 +308,7 @@ def _verify_checksums(flat: Mapping[str, Any], stored: Mapping[str, int], where:
         raise CheckpointError(f'{where} stores no checksum for {missing[:6]}; it was not written '
                               'by RunCheckpointer.save')
     if bad:
-        raise CheckpointError(f'{where}: array contents do not match the stored checksums '
+        raise CorruptCheckpointError(f'{where}: array contents do not match the stored checksums '
                               f"({', '.join(bad[:6])}{' ...' if len(bad) > 6 else ''}); "
                               'the checkpoint is corrupted')
 
@@ -262,17 +369,22 @@ def model_metadata(path: str) -> dict:
     without reading any arrays."""
     path = os.path.abspath(os.fspath(path))
     _check_exists(path, 'model checkpoint')
+    where = f'model checkpoint {path!r}'
     try:
-        meta = ocp.checkpointables_metadata(path)
+        with _orbax_read() as messages:
+            meta = ocp.checkpointables_metadata(path)
+            custom = meta.custom_metadata or {}
+            if custom.get('format') is None and messages:   # the metadata file is unreadable
+                raise _unreadable(where, messages)
+            if meta.metadata.get('params', ...) is None:  # orbax logs the reason and returns None
+                raise _unreadable(where, messages)
+    except CheckpointError:
+        raise
     except Exception as e:  # noqa: BLE001 - orbax raises many kinds
-        raise _load_error(f'model checkpoint {path!r}', e) from e
-    custom = meta.custom_metadata or {}
+        raise _load_error(where, e, messages) from e
     if custom.get('format') != MODEL_FORMAT or 'params' not in meta.metadata:
         raise CheckpointError(f'{path!r} is not a jlearngene model checkpoint '
                               f"(format {custom.get('format')!r}; a run checkpoint? use RunCheckpointer)")
-    if meta.metadata['params'] is None:  # orbax logs the reason and returns None
-        raise CheckpointError(f'model checkpoint {path!r}: array metadata could not be read; '
-                              'it is truncated or corrupted')
     out = dict(custom)
     out['arrays'] = meta.metadata['params']
     return out
@@ -292,9 +404,10 @@ def load_model(path: str, *, expect_cfg: ViTConfig | None = None, sharding=None)
             raise CheckpointError(f'model checkpoint {path!r} stores no model config')
         config_mismatch(cfg, expect_cfg, f'model checkpoint {path!r}')
     try:
-        params = ocp.load_checkpointables(path, {'params': _abstract(meta['arrays'], sharding)})['params']
+        with _orbax_read() as messages:
+            params = ocp.load_checkpointables(path, {'params': _abstract(meta['arrays'], sharding)})['params']
     except Exception as e:  # noqa: BLE001
-        raise _load_error(f'model checkpoint {path!r}', e) from e
+        raise _load_error(f'model checkpoint {path!r}', e, messages) from e
     _verify(params, meta.get('digest'), f'model checkpoint {path!r}')
     return params, cfg, from_json(meta.get('extra') or {})
 
@@ -352,9 +465,14 @@ class RunCheckpointer:
         path = self._path(step)
         _check_exists(path, 'run checkpoint')
         try:
-            custom = self._ckpt.metadata(step).custom_metadata or {}
+            with _orbax_read() as messages:
+                custom = self._ckpt.metadata(step).custom_metadata or {}
+                if custom.get('format') is None and messages:   # an unreadable metadata file
+                    raise _unreadable(f'run checkpoint {path!r}', messages)
+        except CheckpointError:
+            raise
         except Exception as e:  # noqa: BLE001
-            raise _load_error(f'run checkpoint {path!r}', e) from e
+            raise _load_error(f'run checkpoint {path!r}', e, messages) from e
         fmt = custom.get('format')
         if fmt == 'jlearngene.run/1':
             raise CheckpointError(f"run checkpoint {path!r} has the format 'jlearngene.run/1' (flat "
@@ -386,12 +504,14 @@ class RunCheckpointer:
         """{path: orbax ArrayMetadata} of the stored state."""
         path = self._path(step)
         try:
-            arrays = self._ckpt.checkpointables_metadata(step).metadata['state']
+            with _orbax_read() as messages:
+                arrays = self._ckpt.checkpointables_metadata(step).metadata['state']
+                if arrays is None:  # orbax logs the reason and returns None
+                    raise _unreadable(f'run checkpoint {path!r}', messages)
+        except CheckpointError:
+            raise
         except Exception as e:  # noqa: BLE001
-            raise _load_error(f'run checkpoint {path!r}', e) from e
-        if arrays is None:  # orbax logs the reason and returns None
-            raise CheckpointError(f'run checkpoint {path!r}: array metadata could not be read; '
-                                  'it is truncated or corrupted')
+            raise _load_error(f'run checkpoint {path!r}', e, messages) from e
         return pytree.flatten(arrays)
 
     # -- save / restore ---------------------------------------------------------------
@@ -431,10 +551,10 @@ class RunCheckpointer:
             p: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=getattr(x, 'sharding', None) or default)
             for p, x in target.items()})
         try:
-            with _context(partial_load=True):
+            with _context(partial_load=True), _orbax_read() as messages:
                 loaded = ocp.load_checkpointables(path, {'state': abstract})['state']
         except Exception as e:  # noqa: BLE001
-            raise _load_error(where, e) from e
+            raise _load_error(where, e, messages) from e
         flat = pytree.flatten(loaded)
         _verify_checksums(flat, meta.get('checksums') or {}, where)
         meta = dict(meta)
@@ -476,6 +596,25 @@ class RunCheckpointer:
 
     def delete(self, step: int) -> None:
         self._ckpt.delete(int(step))
+
+    def set_aside(self, step: int) -> str:
+        """Move the checkpoint of `step` out of the run, to `<directory>.unreadable/<step>`
+        (numbered `<step>-2`, ... if that exists), where neither retention nor a later save
+        of the same step deletes it; returns its new path. For a checkpoint that cannot be
+        read: it stays on disk for inspection, and the run goes on from an older one."""
+        step = int(step)
+        aside = self.directory + '.unreadable'
+        os.makedirs(aside, exist_ok=True)
+        dest, n = os.path.join(aside, str(step)), 1
+        while os.path.exists(dest):
+            n += 1
+            dest = os.path.join(aside, f'{step}-{n}')
+        try:
+            shutil.move(self._path(step), dest)
+        except FileNotFoundError:   # another process of the run moved it first
+            dest = os.path.join(aside, str(step))
+        self._ckpt.reload()
+        return dest
 
     def close(self):
         self._ckpt.close()

@@ -15,11 +15,17 @@ Config fields (a `ConfigDict` or a plain mapping; defaults in `DEFAULTS`):
     freeze             regexes of leaves that never change (no optimiser state either)
     lr_mults           ((regex, multiplier), ...): first match wins, others get 1
 
+`resolve` checks every value (a zero or negative learning rate, a negative warmup, ...,
+is a ValueError naming the field); a warmup longer than the run is clipped to the run,
+with a warning, so a short run (`--config.steps=20`) needs no second override.
+
 The learning rate is injected (`optax.inject_hyperparams`) so `current_lr(opt_state)` can
 log it without recomputing the schedule.
 """
 from __future__ import annotations
 
+import logging
+import math
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -27,6 +33,8 @@ import jax.numpy as jnp
 import optax
 
 from jlearngene import pytree
+
+log = logging.getLogger(__name__)
 
 DEFAULTS = dict(lr=1e-3, warmup_steps=0, total_steps=None, schedule='cosine', min_lr_ratio=0.0,
                 warmup_init=0.0, weight_decay=0.05, decay=('kernel',), b1=0.9, b2=0.999, eps=1e-8,
@@ -41,25 +49,63 @@ def _as_dict(config) -> dict[str, Any]:
     return dict(config)
 
 
-def resolve(config, total_steps: int | None = None) -> dict[str, Any]:
-    """Defaults filled in; unknown fields are an error naming them."""
+def check(config) -> dict[str, Any]:
+    """`config` with the defaults filled in, after checking that every field is known and
+    every value can train (ValueError naming the field); the run length is not needed."""
     c = _as_dict(config)
     unknown = sorted(set(c) - set(DEFAULTS))
     if unknown:
         raise ValueError(f'optimizer config has unknown field(s) {unknown}; known: {sorted(DEFAULTS)}')
     out = {**DEFAULTS, **c}
+    _check_values(out)
+    return out
+
+
+def resolve(config, total_steps: int | None = None) -> dict[str, Any]:
+    """Defaults filled in and checked (`check`); a warmup longer than the run is clipped to
+    it with a warning."""
+    out = check(config)
     if out['total_steps'] is None:
         out['total_steps'] = total_steps
-    if out['schedule'] not in ('cosine', 'constant'):
-        raise ValueError(f"optimizer schedule must be 'cosine' or 'constant', got {out['schedule']!r}")
+        _check_values(out)
     if out['schedule'] == 'cosine' and not out['total_steps']:
         raise ValueError('optimizer: a cosine schedule needs total_steps')
-    if out['total_steps'] and out['warmup_steps'] > out['total_steps']:
-        raise ValueError(f"optimizer: warmup_steps={out['warmup_steps']} exceeds total_steps={out['total_steps']}")
-    for pair in out['lr_mults']:
+    total, warm = out['total_steps'], out['warmup_steps']
+    # A cosine schedule needs at least one step after the warmup.
+    longest = None if not total else total - 1 if out['schedule'] == 'cosine' else total
+    if longest is not None and warm > longest:
+        log.warning('optimizer: warmup_steps=%d is longer than the run of %d steps; warming up '
+                    'over %d steps instead (set optim.warmup_steps to choose)', warm, total, longest)
+        out['warmup_steps'] = longest
+    return out
+
+
+def _number(c: Mapping[str, Any], name: str, ok, requirement: str, *, integer: bool = False) -> None:
+    v = c[name]
+    kind = int if integer else (int, float)
+    if isinstance(v, bool) or not isinstance(v, kind) or not math.isfinite(v) or not ok(v):
+        raise ValueError(f'optimizer: {name} must be {requirement}, got {v!r}')
+
+
+def _check_values(c: Mapping[str, Any]) -> None:
+    """ValueError naming the first field whose value cannot train."""
+    _number(c, 'lr', lambda v: v > 0, 'a positive number')
+    _number(c, 'warmup_steps', lambda v: v >= 0, 'a non-negative integer', integer=True)
+    if c['total_steps'] is not None:
+        _number(c, 'total_steps', lambda v: v > 0,
+                "a positive integer (the run's steps)", integer=True)
+    for name in ('min_lr_ratio', 'warmup_init'):
+        _number(c, name, lambda v: 0 <= v <= 1, 'a fraction of lr in [0, 1]')
+    for name in ('b1', 'b2'):
+        _number(c, name, lambda v: 0 <= v < 1, 'in [0, 1)')
+    _number(c, 'eps', lambda v: v > 0, 'a positive number')
+    for name in ('weight_decay', 'clip_norm'):
+        _number(c, name, lambda v: v >= 0, 'a non-negative number (0 = off)')
+    if c['schedule'] not in ('cosine', 'constant'):
+        raise ValueError(f"optimizer schedule must be 'cosine' or 'constant', got {c['schedule']!r}")
+    for pair in c['lr_mults']:
         if len(pair) != 2:
             raise ValueError(f'optimizer lr_mults entries must be (regex, multiplier), got {pair!r}')
-    return out
 
 
 def make_schedule(c: Mapping[str, Any]) -> optax.Schedule:

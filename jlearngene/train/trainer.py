@@ -4,7 +4,8 @@ Every method plugs in through `loss_fn(trainable, batch, rng) -> (loss, metrics)
 trainer owns the rest: a jitted step with buffer donation and explicit shardings (batches
 over the 'data' mesh axis, parameters replicated or FSDP-sharded), optax, orbax
 checkpoints with exact resume, metrics (JSONL, console, TensorBoard), a progress bar,
-evaluation, a non-finite-loss guard and a checkpoint on SIGTERM agreed across processes.
+evaluation, a non-finite-loss guard and a checkpoint on SIGTERM or Ctrl-C agreed across
+processes.
 
 `fit` is the one-call entry; its pieces, usable on their own:
 
@@ -14,7 +15,7 @@ evaluation, a non-finite-loss guard and a checkpoint on SIGTERM agreed across pr
   `StepProgram` (its jitted, donated, sharded calls), `steps_in_call` (the call schedule);
 * loop: `train_loop` with its `Hooks`: `TrainLog` (host sync, non-finite guard, train
   metrics), `Evaluation` (`evaluate.evaluate` at intervals), `Checkpoints` (intervals,
-  best metric, end) and `Preemption` (SIGTERM, agreed across processes by
+  best metric, end) and `Preemption` (SIGTERM and Ctrl-C, agreed across processes by
   `agree_to_stop`).
 
 Train state: a plain dict {'params', 'opt_state', 'step' (int32), 'rng' (uint32 key data)}.
@@ -33,6 +34,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, Iterable, Mapping
@@ -58,14 +60,17 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class Preempted(SystemExit):
-    """Raised after the SIGTERM checkpoint is written (exit status 143 = 128 + SIGTERM)."""
+    """Raised after the checkpoint that a SIGTERM (preemption) or SIGINT (Ctrl-C) asked for
+    is written; the exit status is 128 + the signal number (143, 130)."""
 
-    def __init__(self, step: int, path: str):
-        super().__init__(143)
-        self.step, self.path = step, path
+    def __init__(self, step: int, path: str, signal_name: str = 'SIGTERM'):
+        super().__init__(128 + int(getattr(signal, signal_name, signal.SIGTERM)))
+        self.step, self.path, self.signal_name = step, path, signal_name
 
     def __str__(self):
-        return f'preempted (SIGTERM) at step {self.step}; checkpoint saved to {self.path}'
+        what = ('interrupted (Ctrl-C)' if self.signal_name == 'SIGINT'
+                else f'preempted ({self.signal_name})')
+        return f'{what} at step {self.step}; checkpoint saved to {self.path}'
 
 
 # ----------------------------------------------------------------------------------------
@@ -371,18 +376,57 @@ def create_state(trainable, optimizer: optax.GradientTransformation, mesh, *,
 
 
 def restore_or_start(ckpt: ckpt_lib.RunCheckpointer, state: dict, batches: _Batches, workdir: str,
-                     *, resume: bool, model_config=None) -> tuple[dict, int]:
-    """-> (state, first step). With `resume` and a checkpoint in `ckpt`, the latest one is
-    loaded into `state`'s shapes and shardings and `batches` is moved to its position
-    (refused when it does not fit); without `resume`, old checkpoints and metrics in
-    `workdir` are deleted (`_start_fresh`)."""
+                     *, resume: bool, model_config=None, config=None,
+                     say: Callable[[str], None] | None = None) -> tuple[dict, int]:
+    """-> (state, first step). With `resume` and a checkpoint in `ckpt`, the newest readable
+    one is loaded into `state`'s shapes and shardings and `batches` is moved to its
+    position (refused when it does not fit: another model or optimiser). A newer checkpoint
+    that cannot be read (`CorruptCheckpointError`) is moved aside, never deleted
+    (`RunCheckpointer.set_aside`), and `say` (default: a log warning) is told which one
+    was skipped and why; so is every field of `config` that differs from the checkpoint's
+    (e.g. `steps`, which changes the learning-rate schedule). Without `resume`, old
+    checkpoints and metrics in `workdir` are deleted (`_start_fresh`)."""
+    say = say or log.warning
     if resume and ckpt.latest_step() is not None:
-        state, meta = ckpt.restore(state, model_config=model_config)
-        batches.set_state(meta['data_state'])
-        return state, int(meta['step'])
+        unreadable = []
+        for step in reversed(ckpt.steps()):
+            try:
+                restored, meta = ckpt.restore(state, step, model_config=model_config)
+            except ckpt_lib.CorruptCheckpointError as e:
+                moved = ckpt.set_aside(step)
+                unreadable.append(f'step {step}: {e}')
+                say(f'skipping the checkpoint of step {step}, which cannot be read: {e}. '
+                    f'Moved it to {moved}; trying the previous one.')
+                continue
+            for change in _config_changes(meta.get('config'), _config_json(config)):
+                say(f'resuming with a changed config: {change}')
+            batches.set_state(meta['data_state'])
+            return restored, int(meta['step'])
+        raise ckpt_lib.CorruptCheckpointError(
+            f'no checkpoint in {ckpt.directory} can be read, so the run cannot resume '
+            f'({"; ".join(unreadable)}). They are kept in {ckpt.directory}.unreadable; running '
+            'again starts from step 0.')
     if not resume:
         _start_fresh(ckpt, workdir)
     return state, 0
+
+
+def _config_changes(old, new, prefix: str = '') -> list[str]:
+    """'key: old -> new' for every field that differs between two config dicts (the one
+    stored in a checkpoint and the one of the resumed run)."""
+    if old is None or new is None:
+        return []
+    new = ckpt_lib.to_json(new)
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k, '(absent)'), new.get(k, '(absent)')
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _config_changes(a, b, f'{prefix}{k}.')
+        elif a != b:
+            note = ' (the learning-rate schedule and the end of the run follow the new value)' \
+                if f'{prefix}{k}' == 'steps' else ''
+            out.append(f'{prefix}{k}: {a!r} -> {b!r}{note}')
+    return out
 
 
 # ----------------------------------------------------------------------------------------
@@ -546,8 +590,10 @@ def _preemption_sync_point(step: int) -> bool | None:
 
 
 class Preemption:
-    """SIGTERM handling agreed across processes (a context manager; the handler is only
-    installed, and the previous one restored on exit, in the main thread).
+    """SIGTERM (and Ctrl-C) handling agreed across processes (a context manager; the
+    handlers are only installed, and the previous ones restored on exit, in the main
+    thread). `signals` names the signals that ask for a checkpoint and a stop; a second
+    Ctrl-C raises KeyboardInterrupt at once, without saving.
 
     `requested(step, sync_point=...)` says whether the run stops after `step`:
     * one process: whenever its SIGTERM flag is set (no extra cost);
@@ -564,27 +610,39 @@ class Preemption:
 
     def __init__(self, enabled: bool = True, *, process_count: int | None = None,
                  gather: Callable[[bool], Any] | None = None,
-                 sync_point: Callable[[int], bool | None] | None = None):
+                 sync_point: Callable[[int], bool | None] | None = None,
+                 signals: tuple[str, ...] = ('SIGTERM', 'SIGINT')):
         self.flag = False
+        self.signal_name = 'SIGTERM'   # the signal that set the flag (another process: SIGTERM)
+        self.signals = tuple(signals)
         self.enabled = enabled
         self.process_count = jax.process_count() if process_count is None else process_count
         self._gather = gather or _gather_flags
         self._service = (sync_point or _preemption_sync_point) if self.process_count > 1 else None
         self._install = enabled and threading.current_thread() is threading.main_thread()
-        self._old = None
+        self._old: dict = {}
 
     def __enter__(self):
         if self._install:
-            self._old = signal.signal(signal.SIGTERM, self._handle)
+            for name in self.signals:
+                self._old[name] = signal.signal(getattr(signal, name), self._handle)
         return self
 
     def _handle(self, signum, frame):
-        del signum, frame
-        self.flag = True
+        del frame
+        name = signal.Signals(signum).name
+        if name == 'SIGINT':
+            if self.flag and self.signal_name == 'SIGINT':   # pressed again: stop now
+                raise KeyboardInterrupt
+            sys.stderr.write('\nCtrl-C: saving a checkpoint after the current step '
+                             '(press Ctrl-C again to stop without saving)\n')
+        self.flag, self.signal_name = True, name
 
     def __exit__(self, *exc):
         if self._install:
-            signal.signal(signal.SIGTERM, self._old)
+            for name, old in self._old.items():
+                signal.signal(getattr(signal, name), old)
+            self._old = {}
 
     def requested(self, step: int, *, sync_point: bool) -> bool:
         if not self.enabled:
@@ -646,7 +704,8 @@ def train_loop(state: dict, program: StepProgram, batches: _Batches, hooks: Hook
         bar.update(n)
         synced, saved, eval_rec = hooks.after_call(step, state, bar)
         if hooks.preemption.requested(step, sync_point=synced):
-            err = Preempted(step, saved or hooks.checkpoints.save(step, state, eval_rec))
+            err = Preempted(step, saved or hooks.checkpoints.save(step, state, eval_rec),
+                            hooks.preemption.signal_name)
             hooks.log.writer.event(step, str(err))
             raise err
     hooks.log.flush(step)
@@ -692,9 +751,10 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
       data: endless iterable of host batches (dicts of numpy arrays, leading batch axis,
         this process's share); a grain iterator's `get_state` makes resume exact.
       optimizer: an optax transformation (e.g. `optim.make_optimizer`).
-      workdir: metrics.jsonl, config.json, tensorboard/ and checkpoints/ go here. An existing
-        checkpoint there is resumed when `resume` (refused if it does not fit); the console
-        then shows 'resumed from <dir> at step N'.
+      workdir: metrics.jsonl, config.json, tensorboard/ and checkpoints/ go here. The newest
+        readable checkpoint there is resumed when `resume` (refused if it does not fit;
+        unreadable newer ones are moved aside, see `restore_or_start`); the console then
+        shows 'resumed from <dir> at step N', and any config field that changed.
       steps: total steps of the run (a resumed run continues up to it).
       eval_fn: `(trainable, batch) -> {name: sum over valid examples, ..., 'count': n}`
         (see `tasks.classification_eval`); reported as 'eval/<name>' = sum / count
@@ -717,13 +777,13 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
       steps_per_call: optimiser steps per compiled call (see `make_train_step`): the step
         is the same, only the host dispatches it less often. A call never runs past a log,
         eval or checkpoint step (steps up to one run one at a time, with a second compiled
-        program), and holds that many batches in memory at once; a SIGTERM is acted on
+        program), and holds that many batches in memory at once; a SIGTERM or Ctrl-C is acted on
         after the call. 'auto' (`auto_steps_per_call`): on CPU the largest K <= 8 dividing
         the intervals and `steps`, 1 on other platforms.
       resume, progress, console, tensorboard, handle_sigterm: switches for resuming from
         workdir, the tqdm bar, console lines (metrics, resume, preemption), TensorBoard
-        events and the SIGTERM checkpoint (`Preemption`: agreed across processes; it then
-        raises `Preempted`, a SystemExit with status 143).
+        events and the SIGTERM / Ctrl-C checkpoint (`Preemption`: agreed across processes;
+        it then raises `Preempted`, a SystemExit with status 143 or 130).
     """
     _check_fit_args(steps, log_every, eval_every, checkpoint_every, eval_fn, eval_data,
                     microbatches, steps_per_call)
@@ -741,7 +801,8 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
     writer = bar = None
     try:
         state, start = restore_or_start(ckpt, state, batches, workdir, resume=resume,
-                                        model_config=model_config)
+                                        model_config=model_config, config=config,
+                                        say=_console_say if console else None)
         _write_config(workdir, config)  # after the resume check: a refused run leaves it alone
         # The run's key comes from the (possibly restored) state; a host copy, since the
         # state itself is donated at every step.
@@ -777,6 +838,12 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
             writer.close()
         ckpt.close()
     return state['params'], history
+
+
+def _console_say(text: str) -> None:
+    """A run event before the metric writer exists: a console line and a log record."""
+    log.info('%s', text)
+    print(f'[{"run":>5}] {text}', file=sys.stderr, flush=True)
 
 
 def _config_json(config):

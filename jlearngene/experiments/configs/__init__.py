@@ -8,14 +8,26 @@ They ship inside the package, so an installed wheel can run them by name::
 
 `resolve(spec)` turns a bundled name into its file path (a path that exists is kept), `load`
 returns the locked ConfigDict with overrides applied, `names()` lists the bundled configs.
+
+`validate(config)` checks a config file as strictly as the locked config checks command-line
+overrides: a key that the task's bundled config (its template: `digits_vit` for
+classification, the config named by `experiment` for experiments) does not have is an
+error at any level (with the closest known key), `model`, `optim` and `data` are checked
+against the fields their consumers know, and step counts, batch sizes and learning rates
+must be positive (`ConfigError`, naming the key). `resolve` and `load` apply it, so a
+misspelt key in a config file fails before anything is read or written.
 """
 from __future__ import annotations
 
+import difflib
 import importlib.util
+import math
 import os
 from typing import Any, Mapping
 
 import ml_collections
+
+from jlearngene.models.config import ConfigError
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -41,27 +53,50 @@ def path(name: str) -> str:
 
 
 def resolve(spec: str) -> str:
-    """'NAME[:arg]' of a bundled config -> '/its/file.py[:arg]'; an existing file path (or
-    anything ending in .py, left for the loader to report) is returned unchanged."""
+    """'NAME[:arg]' of a bundled config -> '/its/file.py[:arg]'; a file path is returned
+    unchanged. Either way the config is loaded once and checked (`validate`), so a missing
+    file, an unknown argument or a misspelt key is a one-line error (ValueError) here."""
     where, arg = split(spec)
-    if os.path.exists(where) or where.endswith('.py'):
-        return spec
-    return path(where) + ('' if arg is None else ':' + arg)
+    if not (os.path.exists(where) or where.endswith('.py')):
+        where = path(where)
+    _get_config(where, arg)
+    return where + ('' if arg is None else ':' + arg)
 
 
-def load(spec: str, overrides: Mapping[str, Any] | None = None) -> ml_collections.ConfigDict:
-    """The locked ConfigDict of `spec` ('tleg:smoke', 'digits_vit', 'file.py:arg') with
-    dotted-key `overrides` ({'descend.steps': 10}) applied; a misspelt key is an error."""
-    where, arg = split(resolve(spec))
-    if not os.path.exists(where):
-        raise ValueError(f'config file {where!r} does not exist')
+def _is_bundled(where: str) -> bool:
+    return os.path.dirname(os.path.abspath(where)) == _HERE
+
+
+def _get_config(where: str, arg: str | None) -> ml_collections.ConfigDict:
+    """`get_config(arg)` of the config file `where`, checked by `validate` (bundled configs
+    are their own template: only their values are checked)."""
+    if not os.path.isfile(where):
+        raise ValueError(f'config file {where!r} does not exist' + (
+            '' if where.endswith('.py') else ' (a config file is a .py file defining get_config)'))
     module_spec = importlib.util.spec_from_file_location(
         f'_jlearngene_config_{os.path.basename(where)[:-3]}', where)
+    if module_spec is None:
+        raise ValueError(f'config file {where!r} is not a Python file (a .py defining get_config)')
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     if not hasattr(module, 'get_config'):
         raise ValueError(f'config file {where!r} defines no get_config(arg)')
     config = module.get_config(arg) if arg is not None else module.get_config()
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ValueError(f'get_config of {where!r} returned a {type(config).__name__}, '
+                         'not an ml_collections.ConfigDict')
+    validate(config, template=None if _is_bundled(where) else 'auto', where=where)
+    return config
+
+
+def load(spec: str, overrides: Mapping[str, Any] | None = None) -> ml_collections.ConfigDict:
+    """The locked ConfigDict of `spec` ('tleg:smoke', 'digits_vit', 'file.py:arg') with
+    dotted-key `overrides` ({'descend.steps': 10}) applied; a misspelt key is an error, and
+    the result passes `validate`."""
+    where, arg = split(spec)
+    if not (os.path.exists(where) or where.endswith('.py')):
+        where = path(where)
+    config = _get_config(where, arg)
     config.lock()
     for key, value in (overrides or {}).items():
         node = config
@@ -73,7 +108,130 @@ def load(spec: str, overrides: Mapping[str, Any] | None = None) -> ml_collection
         if leaf not in node:
             raise ValueError(f'the config has no field {key!r} to override')
         node[leaf] = value
+    if overrides:
+        validate(config, template=None, where=where)
     return config
+
+
+# ----------------------------------------------------------------------------------------
+# Validation.
+
+# Classification keys that tasks.run_classification reads with a default.
+_OPTIONAL_CLASSIFICATION_KEYS = ('task', 'microbatches', 'steps_per_call', 'init')
+# Sections whose sub-sections are per-name options (e.g. per method): only the sub-sections
+# the template has are checked.
+_OPEN_SECTIONS = ('method_options',)
+
+
+def _as_dict(c) -> dict:
+    return c.to_dict() if hasattr(c, 'to_dict') else dict(c)
+
+
+def _unknown(keys, known, where: str, section: str) -> None:
+    for key in sorted(set(keys) - set(known)):
+        close = difflib.get_close_matches(key, list(known), n=1)
+        hint = f' (did you mean {close[0]!r}?)' if close else ''
+        name = f'{section}.{key}' if section else key
+        raise ConfigError(f'{where}unknown config key {name!r}{hint}; known keys'
+                          f'{" of " + section if section else ""}: {", ".join(sorted(known))}')
+
+
+def template_for(config) -> ml_collections.ConfigDict | None:
+    """The bundled config a config file is checked against: `digits_vit` for the
+    classification task, the bundled config named by `experiment` for experiments (None
+    when there is none)."""
+    task = config.get('task', 'classification')
+    name = 'digits_vit' if task == 'classification' else config.get('experiment')
+    if name not in names():
+        return None
+    return _get_config(path(name), None)
+
+
+def validate(config, *, template: Any = 'auto', where: str = '') -> None:
+    """ConfigError naming the first problem of `config` (see the module docstring).
+    `template` is the config whose keys are the known ones ('auto': `template_for(config)`;
+    None: check values and the `model`/`optim`/`data` fields only); `where` (e.g. the file)
+    starts every message."""
+    from jlearngene.data import pipeline
+    from jlearngene.train import optim
+    if template == 'auto':
+        template = template_for(config)
+    where = f'{where}: ' if where else ''
+    c = _as_dict(config)
+    task = c.get('task', 'classification')
+    if task not in ('classification', 'experiment'):
+        raise ConfigError(f"{where}task must be 'classification' or 'experiment', got {task!r}")
+    if template is not None:
+        _check_keys(c, _as_dict(template), where, '')
+        if task == 'classification':
+            missing = sorted(set(_as_dict(template)) - set(c) - set(_OPTIONAL_CLASSIFICATION_KEYS))
+            if missing:
+                raise ConfigError(f'{where}the classification task needs the key(s) {missing} '
+                                  '(see the bundled digits_vit config)')
+    if isinstance(c.get('model'), Mapping):
+        from jlearngene.models import ViTConfig
+        _unknown(c['model'], set(ViTConfig.__dataclass_fields__) | {'variant'}, where, 'model')
+        if task == 'classification':
+            from jlearngene.train.tasks import model_config
+            model_config(c['model'])
+    for key in ('optim',):
+        if isinstance(c.get(key), Mapping):
+            try:
+                optim.check(c[key])
+            except ValueError as e:
+                raise ConfigError(f'{where}{e}') from None
+    if isinstance(c.get('data'), Mapping):
+        try:
+            pipeline.check_config(c['data'])
+        except ValueError as e:
+            raise ConfigError(f'{where}{e}') from None
+    _check_values(c, where, '')
+
+
+def _check_keys(c: dict, t: dict, where: str, section: str) -> None:
+    """Keys of `c` must be keys of the template `t`, recursively into the sections both
+    have (model, optim and data have their own field checks)."""
+    _unknown(c, t, where, section)
+    for k, v in c.items():
+        name = f'{section}.{k}' if section else k
+        if name in ('model', 'optim', 'data') or not (isinstance(v, Mapping)
+                                                       and isinstance(t.get(k), Mapping)):
+            continue
+        if name in _OPEN_SECTIONS:
+            for sub, sv in v.items():
+                if isinstance(sv, Mapping) and isinstance(t[k].get(sub), Mapping):
+                    _check_keys(dict(sv), dict(t[k][sub]), where, f'{name}.{sub}')
+            continue
+        _check_keys(dict(v), dict(t[k]), where, name)
+
+
+def _check_values(c: dict, where: str, section: str) -> None:
+    """Step counts and batch sizes positive (stage `steps` may be 0: `epochs` then sets the
+    budget), learning rates positive, intervals and epochs non-negative."""
+    for k, v in c.items():
+        name = f'{section}.{k}' if section else k
+        if isinstance(v, Mapping):
+            _check_values(dict(v), where, name)
+            continue
+        rule = None
+        if k == 'steps':
+            rule = ('a positive integer', lambda x: x > 0, int) if not section else \
+                ('a non-negative integer (0: the epochs set the budget)', lambda x: x >= 0, int)
+        elif k.endswith('batch_size') or k in ('log_every', 'keep_checkpoints'):
+            rule = ('a positive integer', lambda x: x > 0, int)
+        elif k.endswith(('_every', 'warmup_steps')):
+            rule = ('a non-negative integer', lambda x: x >= 0, int)
+        elif k == 'lr':
+            rule = ('a positive number', lambda x: x > 0, (int, float))
+        elif k == 'epochs':
+            rule = ('a non-negative number', lambda x: x >= 0, (int, float))
+        if rule is None:
+            continue
+        what, ok, kind = rule
+        if isinstance(v, bool) or not isinstance(v, kind) or not math.isfinite(v) or not ok(v):
+            raise ConfigError(f'{where}{name} must be {what}, got {v!r}')
+    if section and c.get('steps') == 0 and c.get('epochs', None) == 0:
+        raise ConfigError(f'{where}{section} has steps = 0 and epochs = 0: give one of them')
 
 
 def parse_arg(arg: str | None, choices: tuple[str, ...], flags: tuple[str, ...] = ()) -> tuple[str, set[str]]:

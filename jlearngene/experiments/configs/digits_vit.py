@@ -4,14 +4,29 @@ r"""Plain supervised ViT on the bundled scikit-learn digits (no download): the b
 
 Overrides use ml_collections syntax, e.g. `--config.steps=200 --config.model.depth=2`;
 `--config digits_vit:smoke` gives a seconds-long smoke run.
+
+The same run on other data sources (templates; the model's image size, channels and class
+count must fit the data, which the run checks before training):
+
+    jlearngene train --config digits_vit:folder --config.data.root=DIR \
+        --config.model.num_classes=N --workdir W      # DIR/train/<label>/*.png, DIR/test/...
+    jlearngene train --config digits_vit:tfds --config.data.tfds_name=cifar10 \
+        --config.data.data_dir=~/tensorflow_datasets --workdir W   # prepared array_record data
+
+Arguments: 'digits' (default), 'folder' or 'tfds', optionally followed by ',smoke'.
 Expected: >= 95% test accuracy in under 5 minutes on 2 CPU cores. Measured (1500 steps, quiet
 2-core machine): 98.9% test accuracy (364 images), 85 s wall including compilation, 1.1 GB
 peak RSS; 98.4% at step 1000.
 """
 import ml_collections
 
+from jlearngene.experiments.configs import parse_arg
+
+SOURCES = ('digits', 'folder', 'tfds')
+
 
 def get_config(arg=None):
+    source, flags = parse_arg(arg, SOURCES, ('smoke',))
     c = ml_collections.ConfigDict()
     c.task = 'classification'
     c.seed = 0
@@ -42,7 +57,20 @@ def get_config(arg=None):
     c.optim = ml_collections.ConfigDict(dict(
         lr=2e-3, warmup_steps=100, min_lr_ratio=0.01, weight_decay=0.05, clip_norm=1.0))
 
-    if arg == 'smoke':
+    if source == 'folder':
+        # root/<split>/<label>/*.png|jpg|jpeg, resized to image_size; channels 1 or 3
+        c.data = ml_collections.ConfigDict(dict(
+            name='folder', root='', image_size=32, channels=3,
+            augment=ml_collections.ConfigDict(dict(crop_padding=4, flip=True))))
+        c.model.update(image_size=32, channels=3)
+    elif source == 'tfds':
+        # a TFDS dataset prepared as array_record under data_dir ('' = ~/tensorflow_datasets)
+        c.data = ml_collections.ConfigDict(dict(
+            name='tfds', tfds_name='cifar10', data_dir='', image_size=32,
+            augment=ml_collections.ConfigDict(dict(crop_padding=4, flip=True))))
+        c.model.update(image_size=32, channels=3)
+
+    if 'smoke' in flags:
         c.steps, c.log_every, c.eval_every, c.checkpoint_every = 20, 5, 10, 10
         c.optim.warmup_steps = 5
         c.model.depth = 2
