@@ -63,7 +63,7 @@ def get_config(arg=None):
     c.descend = _d(steps=80, epochs=0.0, eval_every=10, lr=1e-3)
     c.selections = ('continuous', 'step', 'random', 'random_wo', 'rank')
     c.baselines = ('scratch', 'tleg', 'imwlm')
-    c.headline = _d(target=0.85, steps=500, epochs=0.0, eval_every=20)
+    c.headline = _d(target=0.8, steps=500, epochs=0.0, eval_every=20)
 
     if scale == 'smoke':
         c.batch_size = 32
