@@ -71,6 +71,6 @@ def get_config(arg=None):
         c.ancestor.update(depth=2, steps=2)
         c.cluster.update(images=32, eps_grid=(0.0, 0.5))
         c.descend.update(omegas=(1.0,), steps=2, eval_every=0)
-        c.variants = ('correct', 'phi_trainable')
+        c.variants = ('correct',)
         c.methods = ('pre_fin', 'scratch')
     return c
