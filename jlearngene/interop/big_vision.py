@@ -380,9 +380,10 @@ def to_big_vision(params: Any, cfg: ViTConfig, *, layout: str = 'big_vision',
     big_vision's / vit_jax's ViT in `layout` (see the module docstring), arrays cast to `dtype`.
 
     `save_npz` writes it; `traverse_util.unflatten_dict(ckpt, sep='/')` gives the nested params
-    that big_vision's `Model(...).apply({'params': ...})` takes (with `pool_type='tok'` or
-    'gap', `scan=` as the layout says). In the 'big_vision' layouts a non-zero class-token row
-    of `pos_embed` is folded into `cls`. ConfigError for configs those models cannot hold;
+    of big_vision's `Model` ('big_vision' layouts: `pool_type='tok'` or 'gap', `scan=` as the
+    layout says) or of vit_jax's `VisionTransformer` ('vit': `classifier='token'` or 'gap',
+    after `flax.training.checkpoints.convert_pre_linen`, as its `checkpoint.load` does). In
+    the 'big_vision' layouts a non-zero class-token row of `pos_embed` is folded into `cls`. ConfigError for configs those models cannot hold;
     StateDictError listing every parameter that does not fit `cfg`.
     """
     _check_layout(layout)
