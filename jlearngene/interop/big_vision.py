@@ -383,8 +383,9 @@ def to_big_vision(params: Any, cfg: ViTConfig, *, layout: str = 'big_vision',
     of big_vision's `Model` ('big_vision' layouts: `pool_type='tok'` or 'gap', `scan=` as the
     layout says) or of vit_jax's `VisionTransformer` ('vit': `classifier='token'` or 'gap',
     after `flax.training.checkpoints.convert_pre_linen`, as its `checkpoint.load` does). In
-    the 'big_vision' layouts a non-zero class-token row of `pos_embed` is folded into `cls`. ConfigError for configs those models cannot hold;
-    StateDictError listing every parameter that does not fit `cfg`.
+    the 'big_vision' layouts a non-zero class-token row of `pos_embed` is folded into `cls`.
+    ConfigError for configs those models cannot hold; StateDictError listing every parameter
+    that does not fit `cfg`.
     """
     _check_layout(layout)
     check_representable(cfg)
