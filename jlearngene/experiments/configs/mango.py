@@ -60,7 +60,7 @@ def get_config(arg=None):
         c.small.update(width=16, num_heads=2, mlp_dim=32, depth=1, steps=3)
         c.large.update(width=32, num_heads=4, mlp_dim=64, depth=2, steps=4, eval_every=2)
         c.operator.steps = 2
-        c.methods = ('scratch', 'bert2bert', 'mango')
+        c.methods = ('scratch', 'mango')
         c.mango_ranks = (2,)
         c.optim.warmup_steps = 0
     return c
