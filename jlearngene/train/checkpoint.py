@@ -194,26 +194,56 @@ def _unreadable(where: str, messages: list[str]) -> CorruptCheckpointError:
 
 
 class _Collect(logging.Filter):
-    """Holds back the absl records below ERROR (orbax logs one warning per unreadable
-    array, with its full traceback) and keeps their text."""
+    """Holds back the absl records of an orbax read (orbax logs one warning per unreadable
+    array, with its full traceback, and errors that paste the damaged file's bytes) and
+    keeps their text and level."""
 
     def __init__(self):
         super().__init__()
+        self.records: list[tuple[int, str]] = []
         self.messages: list[str] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR:
-            return True
-        self.messages.append(record.getMessage())
+        self.records.append((record.levelno, record.getMessage()))
+        self.messages.append(self.records[-1][1])
         return False
 
 
 def _read_aftermath(unraisable) -> bool:
-    """Whether an unraisable exception is the debris of an orbax read that failed: its
-    abandoned coroutines (GeneratorExit) and callbacks into its closed event loop."""
+    """Whether an unraisable exception is the debris of an orbax read that failed (and was
+    reported as a CheckpointError): its abandoned coroutines, and callbacks of tensorstore
+    threads into its closed event loop."""
     exc, obj = unraisable.exc_value, unraisable.object
-    return (isinstance(exc, RuntimeError) and 'Event loop is closed' in str(exc)) or \
-        (isinstance(exc, (GeneratorExit, RuntimeError)) and 'orbax' in repr(getattr(obj, 'cr_code', obj)))
+    if isinstance(exc, RuntimeError) and 'Event loop is closed' in str(exc):
+        return True
+    code = getattr(obj, 'cr_code', None)
+    return code is not None and 'orbax' in code.co_filename
+
+
+def _drop_read_aftermath() -> None:
+    """From the first failed read on, the process's unraisable-exception hook drops that
+    debris (which keeps arriving from other threads after the error) and passes anything
+    else to the hook it replaces."""
+    if getattr(sys.unraisablehook, '_jlearngene_drops_read_aftermath', False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not _read_aftermath(unraisable):
+            previous(unraisable)
+    hook._jlearngene_drops_read_aftermath = True
+    sys.unraisablehook = hook
+
+
+class _Unretrieved(logging.Filter):
+    """Drops asyncio's report of a task whose exception nobody awaited (orbax's tasks of
+    a read that failed; the failure itself is raised as a CheckpointError)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith('Task exception was never retrieved')
+
+
+_UNRETRIEVED = _Unretrieved()
 
 
 @contextlib.contextmanager
@@ -221,25 +251,25 @@ def _orbax_read():
     """Around an orbax read: its absl warnings are collected (the caller folds them into
     the CheckpointError it raises; after a read that succeeded they are logged at INFO);
     after a failed read its abandoned coroutines are collected at once, and the
-    'Event loop is closed' debris they leave is not printed."""
+    'Event loop is closed' / 'Task exception was never retrieved' debris of its tasks is
+    not printed (`_drop_read_aftermath`, `_UNRETRIEVED`)."""
     collect = _Collect()
-    logger = logging.getLogger('absl')
+    logger, tasks = logging.getLogger('absl'), logging.getLogger('asyncio')
     logger.addFilter(collect)
+    tasks.addFilter(_UNRETRIEVED)   # the failed read's tasks, garbage-collected on its loop
     try:
         yield collect.messages
     except BaseException:
-        previous = sys.unraisablehook
-        sys.unraisablehook = lambda u: None if _read_aftermath(u) else previous(u)
-        try:
-            gc.collect()
-        finally:
-            sys.unraisablehook = previous
+        _drop_read_aftermath()
+        gc.collect()   # the abandoned coroutines and tasks, now rather than at some later step
         raise
     else:
-        for m in dict.fromkeys(collect.messages):
-            logging.getLogger(__name__).info('orbax: %s', _short(m, 400))
+        for level, m in dict.fromkeys(collect.records):
+            logging.getLogger(__name__).log(logging.WARNING if level >= logging.ERROR else logging.INFO,
+                                            'orbax: %s', _short(m, 400))
     finally:
         logger.removeFilter(collect)
+        tasks.removeFilter(_UNRETRIEVED)
 
 
 def config_mismatch(stored: ViTConfig, expected: ViTConfig, where: str) -> None:
@@ -437,16 +467,19 @@ class RunCheckpointer:
             policies.append(pp.BestN(get_metric_fn=lambda m: m[best_metric], reverse=(best_mode == 'min'),
                                      n=keep_best, keep_checkpoints_without_metrics=False))
         os.makedirs(self.directory, exist_ok=True)
-        self._ckpt = ocp.training.Checkpointer(
-            self.directory, preservation_policy=pp.AnyPreservationPolicy(policies),
-            context=_context())
+        with _orbax_read():   # listing reads every step's metadata file
+            self._ckpt = ocp.training.Checkpointer(
+                self.directory, preservation_policy=pp.AnyPreservationPolicy(policies),
+                context=_context())
 
     # -- queries ----------------------------------------------------------------------
     def steps(self) -> list[int]:
-        return sorted(c.step for c in self._ckpt.checkpoints)
+        with _orbax_read():
+            return sorted(c.step for c in self._ckpt.checkpoints)
 
     def latest_step(self) -> int | None:
-        latest = self._ckpt.latest
+        with _orbax_read():
+            latest = self._ckpt.latest
         return None if latest is None else int(latest.step)
 
     def best_step(self) -> int | None:
