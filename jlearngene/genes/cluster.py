@@ -77,7 +77,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jlearngene import pytree
 from jlearngene.genes import common
 from jlearngene.genes.common import GeneError
 from jlearngene.models import layout, vit

@@ -68,9 +68,9 @@ def get_config(arg=None):
         c.model.update(width=16, num_heads=4, mlp_dim=32, patch_size=8)
         c.optim.warmup_steps = 0
         # the ancestor's train step is the ω = 1 descendants' (compile cache hits)
-        c.ancestor.update(depth=2, steps=2)
+        c.ancestor.update(depth=1, steps=2)
         c.cluster.update(images=32, eps_grid=(0.0, 0.5))
         c.descend.update(omegas=(1.0,), steps=2, eval_every=0)
         c.variants = ('correct',)
-        c.methods = ('pre_fin', 'scratch')
+        c.methods = ('scratch',)
     return c
