@@ -299,10 +299,11 @@ def plot(results: dict, workdir: str) -> list[str]:
     paths = []
     mads = {k: np.asarray(v) for k, v in results['attention_distance'].items()
             if k in ('correct', 'official')}
+    vmin = min(float(v.min()) for v in mads.values())
     vmax = max(float(v.max()) for v in mads.values())
     fig, axes = plt.subplots(1, len(mads), figsize=(4.2 * len(mads), 3.2), squeeze=False)
     for ax, (name, v) in zip(axes[0], mads.items()):
-        im = ax.imshow(v, vmin=0.0, vmax=vmax, cmap='viridis', aspect='auto')
+        im = ax.imshow(v, vmin=vmin, vmax=vmax, cmap='viridis', aspect='auto')
         ax.set_title(f'{name} normalisation')
         ax.set_xlabel('head')
         ax.set_ylabel('layer')
@@ -310,7 +311,7 @@ def plot(results: dict, workdir: str) -> list[str]:
         ax.set_yticks(range(v.shape[0]))
     fig.colorbar(im, ax=axes[0].tolist(), label='mean attention distance (px)')
     paths.append(os.path.join(workdir, 'attention_distance.png'))
-    fig.savefig(paths[-1], dpi=110)
+    fig.savefig(paths[-1], dpi=110, bbox_inches='tight')
     plt.close(fig)
 
     per_step = {id(r): r['finetune_flops'] / results['finetune_steps'] for r in results['rows']}
