@@ -61,11 +61,11 @@ def test_bad_configs_fail_clearly(tmp_path, capsys):
         assert not os.path.exists(tmp_path / 'neg')          # reported before anything is written
     assert cli.main(['train', '--config', os.path.join(ROOT, CONFIG), '--config.microbatches=3',
                      '--workdir', str(tmp_path / 'mb')]) == 1
-    assert 'batch_size 128 is not a multiple of microbatches 3' in capsys.readouterr().out
+    assert 'batch_size 128 is not a multiple of microbatches 3' in capsys.readouterr().err
     assert not os.path.exists(tmp_path / 'mb')
     assert cli.main(['train', '--config', os.path.join(ROOT, CONFIG), '--config.steps_per_call=fast',
                      '--workdir', str(tmp_path / 'spc')]) == 1
-    assert "steps_per_call must be 'auto' or a positive integer, got 'fast'" in capsys.readouterr().out
+    assert "steps_per_call must be 'auto' or a positive integer, got 'fast'" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / 'spc')
 
 
@@ -180,3 +180,31 @@ def test_readme_snippets_define_every_name_they_use():
         assert used <= defined, (sorted(used - defined), block)
     model_block = text.split('## The model in a few lines')[1].split('```', 2)[1]
     assert 'NHWC' in model_block
+
+
+def test_convert_to_timm_of_a_trained_model(run, tmp_path):
+    from jlearngene.interop import timm
+    _, workdir = run
+    out = str(tmp_path / 'trained.safetensors')
+    assert cli.main(['convert', '--to-timm', os.path.join(workdir, 'model'), '--out', out]) == 0
+    assert timm.load_state_dict(out)['blocks.0.attn.qkv.weight'].shape == (192, 64)
+
+
+def test_eval_model_needs_a_config(run, capsys):
+    _, workdir = run
+    assert _code(['eval', '--model', os.path.join(workdir, 'model')]) == 2
+    assert '--model needs --config' in _one_line(capsys.readouterr(), 'jlearngene eval: ')
+
+
+def test_overrides_are_checked_before_anything_runs(tmp_path, capsys):
+    assert _code(['train', '--config', 'digits_vit', '--config.steps=-1',
+                  '--workdir', str(tmp_path / 'w')]) == 2
+    assert 'steps must be a positive integer, got -1' in _one_line(capsys.readouterr(), 'jlearngene train: ')
+    assert not os.path.exists(tmp_path / 'w')
+
+
+def test_demo_says_where_it_writes_first(tmp_path, capsys, monkeypatch):
+    from jlearngene.commands import train
+    monkeypatch.setattr(train, 'main', lambda argv, prog: 0)
+    assert cli.main(['demo', '--workdir', str(tmp_path / 'd')]) == 0
+    assert f'(tens of MB) to {tmp_path / "d"}' in capsys.readouterr().err

@@ -46,6 +46,13 @@ def parse(prog: str, argv: list[str], define_extra=None, *, config_required: boo
     if config_required and fv.config is None:
         print(f'{prog}: --config is required', file=sys.stderr)
         raise SystemExit(2)
+    if fv.config is not None:   # the overridden values, as strictly as the file's (configs.validate)
+        from jlearngene.experiments import configs
+        try:
+            configs.validate(fv.config, template=None)
+        except ValueError as e:
+            print(f'{prog}: {e}', file=sys.stderr)
+            raise SystemExit(2) from None
     return fv
 
 

@@ -2,6 +2,8 @@
 
   jlearngene convert --from-timm deit_tiny.safetensors --out ckpt/deit_ti [--num-heads 3]
   jlearngene convert --to-timm ckpt/descendant --out descendant.safetensors
+  jlearngene convert --from-big-vision Ti_16-i21k-300ep.npz --out ckpt/vit_ti [--set gelu=exact]
+  jlearngene convert --to-big-vision ckpt/descendant --out descendant.npz [--layout big_vision_scan]
 
 `--from-timm` reads .safetensors / .npz (numpy only) or .pth (needs torch), infers the
 config from the shapes (heads: --num-heads, else width // 64) and writes a model checkpoint
@@ -9,6 +11,11 @@ config from the shapes (heads: --num-heads, else width // 64) and writes a model
 writes a .safetensors state dict for timm's `VisionTransformer` / DeiT
 `VisionTransformerDistilled`; its header metadata holds the jlearngene config and the timm
 constructor arguments, and `--from-timm` reads them back (so head count etc. survive).
+
+`--from-big-vision` reads a big_vision or original ViT / AugReg `.npz` (per-block or scanned
+blocks; the config, head count included, comes from the shapes, with Flax's tanh GELU unless
+`--set gelu=exact`). `--to-big-vision` writes a `.npz` in `--layout` ('vit', 'big_vision',
+'big_vision_scan'; default: the layout the checkpoint was read from, else 'big_vision').
 """
 from __future__ import annotations
 
@@ -17,7 +24,8 @@ import json
 import os
 import sys
 
-HELP = 'convert timm/DeiT state dicts (.safetensors/.npz/.pth) to and from model checkpoints'
+HELP = ('convert timm/DeiT state dicts (.safetensors/.npz/.pth) and big_vision / ViT .npz checkpoints '
+        'to and from model checkpoints')
 
 # Config fields that no shape reveals; taken from a file's metadata when it has them.
 _NON_SHAPE_FIELDS = ('num_heads', 'ln_eps', 'gelu', 'pool', 'pool_norm', 'class_token', 'dtype',
@@ -31,8 +39,14 @@ def _parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument('--from-timm', metavar='FILE', help='timm state dict (.safetensors, .npz, .pth)')
     src.add_argument('--to-timm', metavar='CKPT', help='jlearngene model checkpoint directory')
-    p.add_argument('--out', required=True, help='output checkpoint directory (--from-timm) or '
-                   '.safetensors file (--to-timm)')
+    src.add_argument('--from-big-vision', metavar='FILE',
+                     help='big_vision / original ViT (AugReg) checkpoint (.npz)')
+    src.add_argument('--to-big-vision', metavar='CKPT', help='jlearngene model checkpoint directory')
+    p.add_argument('--out', required=True, help='output checkpoint directory (--from-timm, '
+                   '--from-big-vision), .safetensors file (--to-timm) or .npz file (--to-big-vision)')
+    p.add_argument('--layout', choices=('vit', 'big_vision', 'big_vision_scan'),
+                   help='--to-big-vision: key layout (default: as the checkpoint was converted, '
+                   'else big_vision)')
     p.add_argument('--num-heads', type=int, help='attention heads (not visible in the shapes; '
                    'default: file metadata, else width // 64)')
     p.add_argument('--set', action='append', type=parse_override, default=[], metavar='FIELD=VALUE',
@@ -79,14 +93,55 @@ def to_timm_file(ckpt: str, out: str, *, no_embed_class: bool | None = None, ove
     params, cfg, extra = load_model(ckpt)
     if cfg is None:
         raise CheckpointError(f'model checkpoint {ckpt!r} stores no model config; cannot name timm keys')
-    if no_embed_class is None:
-        no_embed_class = bool((extra.get('source') or {}).get('no_embed_class', False))
+    if no_embed_class is None:   # as converted; a trained model's 'source' is a string
+        source = extra.get('source')
+        no_embed_class = isinstance(source, dict) and bool(source.get('no_embed_class', False))
     sd = T.to_timm(params, cfg, no_embed_class=no_embed_class)
     kwargs = T.timm_kwargs(cfg, no_embed_class=no_embed_class)
     cls = 'VisionTransformerDistilled' if cfg.distill_token else 'VisionTransformer'
     T.save_safetensors(sd, out, metadata={'jlearngene_config': json.dumps(cfg.to_dict()),
                                           'timm_class': cls, 'timm_kwargs': json.dumps(kwargs)})
     return sd, kwargs
+
+
+def from_big_vision_file(path: str, out: str, *, overrides: dict | None = None,
+                         overwrite: bool = False):
+    """Convert a big_vision / ViT `.npz` into a model checkpoint; returns (cfg, params, extra)."""
+    from jlearngene.interop import big_vision as BV
+    from jlearngene.models.config import ViTConfig
+    from jlearngene.train.checkpoint import save_model
+
+    ckpt = BV.load_npz(path)
+    cfg = BV.infer_config(ckpt)
+    if overrides:
+        cfg = ViTConfig.from_dict({**cfg.to_dict(), **overrides})
+    params, cfg = BV.from_big_vision(ckpt, cfg)
+    extra = {'source': {'format': 'big_vision', 'file': os.path.abspath(path),
+                        'layout': BV.detect_layout(ckpt)}}
+    save_model(out, params, cfg, extra=extra, overwrite=overwrite)
+    return cfg, params, extra
+
+
+def to_big_vision_file(ckpt: str, out: str, *, layout: str | None = None, overwrite: bool = False):
+    """Write a model checkpoint as a big_vision / ViT `.npz`; returns (checkpoint dict, layout)."""
+    from jlearngene.interop import big_vision as BV
+    from jlearngene.train.checkpoint import CheckpointError, load_model
+
+    if not out.endswith('.npz'):
+        raise ValueError(f'--out {out!r}: the big_vision checkpoint is written as .npz; '
+                         'give a file name ending in .npz')
+    if os.path.exists(out) and not overwrite:
+        raise FileExistsError(f'{out!r} already exists; pass --overwrite to replace it')
+    params, cfg, extra = load_model(ckpt)
+    if cfg is None:
+        raise CheckpointError(f'model checkpoint {ckpt!r} stores no model config; cannot name '
+                              'big_vision keys')
+    source = extra.get('source') or {}
+    if layout is None:
+        layout = source.get('layout', 'big_vision') if source.get('format') == 'big_vision' else 'big_vision'
+    tree = BV.to_big_vision(params, cfg, layout=layout)
+    BV.save_npz(tree, out)
+    return tree, layout
 
 
 def main(argv: list[str]) -> int:
@@ -97,25 +152,37 @@ def main(argv: list[str]) -> int:
     from jlearngene.train.checkpoint import CheckpointError
 
     try:
-        if args.from_timm:
+        if args.layout and not args.to_big_vision:
+            raise ValueError('--layout applies to --to-big-vision only')
+        if args.from_timm or args.from_big_vision:
             overrides = dict(args.set)
             if args.num_heads is not None:
+                if args.from_big_vision:
+                    raise ValueError('--num-heads: a big_vision checkpoint has the head count in its '
+                                     'attention kernels (D, H, Dh)')
                 overrides['num_heads'] = args.num_heads
-            cfg, params, extra = from_timm_file(args.from_timm, args.out, overrides=overrides,
-                                                overwrite=args.overwrite)
+            src = args.from_timm or args.from_big_vision
+            convert = from_timm_file if args.from_timm else from_big_vision_file
+            cfg, params, extra = convert(src, args.out, overrides=overrides, overwrite=args.overwrite)
             n = pytree.count_params(params)['total']
             print(f'wrote {os.path.abspath(args.out)}: ViT width={cfg.width} depth={cfg.depth} '
                   f'heads={cfg.num_heads} mlp={cfg.mlp_dim} patch={cfg.patch_size} image={cfg.image_size} '
                   f'classes={cfg.num_classes} pool={cfg.pool} distill={cfg.distill_token} '
-                  f'({n / 1e6:.2f}M params) from {args.from_timm}')
+                  f'({n / 1e6:.2f}M params) from {src}')
         else:
             if args.set or args.num_heads is not None:
-                raise ValueError('--set/--num-heads apply to --from-timm only; --to-timm uses the '
-                                 "checkpoint's config")
-            sd, kwargs = to_timm_file(args.to_timm, args.out, no_embed_class=args.no_embed_class,
-                                      overwrite=args.overwrite)
-            print(f'wrote {os.path.abspath(args.out)}: {len(sd)} tensors; rebuild in timm with '
-                  f'{kwargs} and load_state_dict(safetensors.torch.load_file(...))')
+                raise ValueError('--set/--num-heads apply to --from-timm / --from-big-vision only; '
+                                 "--to-timm / --to-big-vision use the checkpoint's config")
+            if args.to_timm:
+                sd, kwargs = to_timm_file(args.to_timm, args.out, no_embed_class=args.no_embed_class,
+                                          overwrite=args.overwrite)
+                print(f'wrote {os.path.abspath(args.out)}: {len(sd)} tensors; rebuild in timm with '
+                      f'{kwargs} and load_state_dict(safetensors.torch.load_file(...))')
+            else:
+                tree, layout = to_big_vision_file(args.to_big_vision, args.out, layout=args.layout,
+                                                  overwrite=args.overwrite)
+                print(f'wrote {os.path.abspath(args.out)}: {len(tree)} arrays in the {layout!r} layout; '
+                      "read with big_vision's utils.load_params or vit_jax's checkpoint.load")
     except (StateDictError, ConfigError, CheckpointError, FileNotFoundError, FileExistsError,
             ImportError, ValueError) as e:
         print(f'jlearngene convert: error: {e}', file=sys.stderr)

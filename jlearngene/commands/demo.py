@@ -56,5 +56,12 @@ def train_argv(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    import os
+    import sys
+
     from jlearngene.commands import train
-    return train.main(train_argv(argv), prog='jlearngene demo')
+    args = train_argv(argv)
+    workdir = os.path.abspath(args[args.index('--workdir') + 1])
+    print(f'jlearngene demo: writing checkpoints, metrics, plots and results (tens of MB) to '
+          f'{workdir}; choose the folder with --workdir DIR', file=sys.stderr)
+    return train.main(args, prog='jlearngene demo')

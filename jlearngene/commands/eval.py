@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from absl import flags
 
@@ -64,6 +65,10 @@ def main(argv: list[str]) -> int:
     fv = _config.parse('jlearngene eval', argv, _flags, config_required=False)
     if not fv.workdir and not fv.model:
         print('jlearngene eval: give --workdir (a training run) or --model with --config')
+        return 2
+    if fv.model and fv.config is None:
+        print('jlearngene eval: --model needs --config (the config names the data and the split '
+              'to evaluate on), e.g. --config digits_vit', file=sys.stderr)
         return 2
     from jlearngene.train.checkpoint import CheckpointError
     try:

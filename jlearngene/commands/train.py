@@ -8,6 +8,7 @@ package (`jlearngene.experiments.configs.names()`); FILE a path to any config fi
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from absl import flags
@@ -27,12 +28,12 @@ def _flags(fv):
 def main(argv: list[str], prog: str = 'jlearngene train') -> int:
     fv = _config.parse(prog, argv, _flags)
     if not fv.workdir:
-        print(f'{prog}: --workdir is required')
+        print(f'{prog}: --workdir is required', file=sys.stderr)
         return 2
     config = fv.config
     task = config.get('task', 'classification')
     if task not in TASKS:
-        print(f'{prog}: unknown task {task!r} (known: {", ".join(TASKS)})')
+        print(f'{prog}: unknown task {task!r} (known: {", ".join(TASKS)})', file=sys.stderr)
         return 2
     from jlearngene.train.checkpoint import CheckpointError
     from jlearngene.train.trainer import NonFiniteLossError
@@ -46,7 +47,7 @@ def main(argv: list[str], prog: str = 'jlearngene train') -> int:
         from jlearngene.train import tasks
         _, history = tasks.run_classification(config, fv.workdir, progress=fv.progress)
     except (ValueError, KeyError, CheckpointError, NonFiniteLossError) as e:
-        print(f'{prog}: {type(e).__name__}: {e}')
+        print(f'{prog}: {e}', file=sys.stderr)
         return 1
     final = history['eval'][-1] if history['eval'] else {}
     summary = '  '.join(f'{k}={v:.4f}' for k, v in final.items() if k != 'step')

@@ -64,7 +64,7 @@ import numpy as np
 from flax import traverse_util
 
 from jlearngene import pytree
-from jlearngene.interop.timm import StateDictError, _problem_message, check_params, load_state_dict
+from jlearngene.interop.timm import StateDictError, problem_message, check_params, load_state_dict
 from jlearngene.models import layout as layout_lib
 from jlearngene.models.config import ConfigError, ViTConfig
 
@@ -223,7 +223,7 @@ def infer_config(tree: Mapping[str, Any], layout: str | None = None) -> ViTConfi
     ckpt = flat_checkpoint(tree)
     cfg, problems = _infer(ckpt, layout or detect_layout(ckpt))
     if problems:
-        raise StateDictError(_problem_message('cannot infer a ViT config from the big_vision '
+        raise StateDictError(problem_message('cannot infer a ViT config from the big_vision '
                                               'checkpoint', problems))
     return cfg
 
@@ -320,7 +320,7 @@ def check_checkpoint(tree: Mapping[str, Any], cfg: ViTConfig, layout: str | None
         desc = (f'layout={layout} width={cfg.width} depth={cfg.depth} heads={cfg.num_heads} '
                 f'mlp_dim={cfg.mlp_dim} patch={cfg.patch_size} image={cfg.image_size} '
                 f'classes={cfg.num_classes} pool={cfg.pool} class_token={cfg.class_token}')
-        raise StateDictError(_problem_message(f'big_vision checkpoint does not match the ViT layout '
+        raise StateDictError(problem_message(f'big_vision checkpoint does not match the ViT layout '
                                               f'({desc})', problems))
 
 
@@ -348,7 +348,7 @@ def from_big_vision(npz_or_dict: str | os.PathLike | Mapping[str, Any],
                 k in known or k.startswith('Transformer/encoderblock')))
             if strange:
                 problems.append(_unexpected(strange))
-            raise StateDictError(_problem_message(f'cannot convert the big_vision checkpoint '
+            raise StateDictError(problem_message(f'cannot convert the big_vision checkpoint '
                                                   f'(layout {layout})', problems))
     check_checkpoint(ckpt, cfg, layout)
     return jax.tree.map(jnp.asarray, _canonical(ckpt, cfg, layout)), cfg

@@ -199,7 +199,7 @@ def infer_config(state_dict: Mapping[str, Any], **overrides: Any) -> ViTConfig:
     (any ViTConfig fields) win. Raises StateDictError listing every problem."""
     cfg, problems = _infer(state_dict, overrides)
     if problems:
-        raise StateDictError(_problem_message('cannot infer a ViT config from the timm state dict',
+        raise StateDictError(problem_message('cannot infer a ViT config from the timm state dict',
                                               problems))
     return cfg
 
@@ -276,7 +276,8 @@ def _infer(sd: Mapping[str, Any], overrides: Mapping[str, Any]) -> tuple[ViTConf
         return None, [f'inferred config is invalid: {e}']
 
 
-def _problem_message(title: str, problems: list[str]) -> str:
+def problem_message(title: str, problems: list[str]) -> str:
+    """`title (N problems):` and one indented line per problem: every mismatch in one error."""
     lines = [f'{title} ({len(problems)} problem{"s" if len(problems) != 1 else ""}):']
     lines += [f'  - {p}' for p in problems]
     return '\n'.join(lines)
@@ -317,7 +318,7 @@ def check_state_dict(state_dict: Mapping[str, Any], cfg: ViTConfig, *,
                 f'patch={cfg.patch_size} image={cfg.image_size} classes={cfg.num_classes} pool={cfg.pool} '
                 f'class_token={cfg.class_token} distill_token={cfg.distill_token} qkv_bias={cfg.qkv_bias} '
                 f'layer_scale={cfg.layer_scale}')
-        raise StateDictError(_problem_message(f'timm state dict does not match the ViT layout ({desc})',
+        raise StateDictError(problem_message(f'timm state dict does not match the ViT layout ({desc})',
                                               problems))
 
 
@@ -341,7 +342,7 @@ def from_timm(state_dict: Mapping[str, Any], **overrides: Any) -> tuple[ViTConfi
         strange = sorted(k for k in state_dict if _hint(k) or not _is_vit_key(k))
         if strange:
             problems.append(f'unexpected keys ({len(strange)}): ' + ', '.join(k + _hint(k) for k in strange))
-        raise StateDictError(_problem_message('cannot convert the timm state dict', problems))
+        raise StateDictError(problem_message('cannot convert the timm state dict', problems))
     check_state_dict(state_dict, cfg)
     sd = {k: _to_numpy(v) for k, v in state_dict.items()}
     return cfg, jax.tree.map(jnp.asarray, _canonical(sd, cfg))
@@ -417,7 +418,7 @@ def check_params(params: Any, cfg: ViTConfig) -> None:
         problems.append(f"unexpected parameters ({len(diff['unexpected'])}): " + ', '.join(diff['unexpected']))
     problems += [f'{k}: shape {got}, expected {exp}' for k, exp, got in diff['shape']]
     if problems:
-        raise StateDictError(_problem_message('parameters do not match the config', problems))
+        raise StateDictError(problem_message('parameters do not match the config', problems))
 
 
 def to_timm(params: Any, cfg: ViTConfig, *, no_embed_class: bool = False,
