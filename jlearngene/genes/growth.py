@@ -51,7 +51,6 @@ embeddings=...)` grows it. `descend_grown` and `check_growth` are shared with
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Callable, Mapping
 
 import jax

@@ -312,9 +312,9 @@ def contract(operator: Operator, m1: jax.Array, v1: jax.Array, *, layer_loop: bo
 def _top_level(operator: Operator, small: Params, want: Params) -> Params:
     """Embeddings, final norm and heads: the width axis through 'embed' (fan-out) or
     'head_in' (the heads' fan-in)."""
-    out = {}
+    out, flat = {}, pytree.flatten(small)
     for path, w in pytree.flatten(common.top_level(want)).items():
-        x = pytree.flatten(small)[path]
+        x = flat[path]
         names = layout.leaf_axes(path, np.ndim(x))
         if 'embed' in names:
             dim = names.index('embed')
