@@ -319,7 +319,7 @@ def test_errors_name_the_values(gene, fresh):
 class JitTest(chex.TestCase, parameterized.TestCase):
 
     @chex.variants(with_jit=True, without_jit=True)
-    @parameterized.parameters('random_wo')      # traced per-layer row sets
+    @parameterized.parameters(('random_wo',))   # traced per-layer row sets
     def test_descend_jit_matches_eager(self, selection):
         gene = trained_like(letra.init_gene(AUX, jax.random.key(1)), seed=2)
         tcfg = aux_cfg(width=12, num_heads=3, mlp_dim=24, depth=3)
