@@ -25,10 +25,19 @@ A method is a `Method` record (`common.Method`) with the same verbs everywhere:
   (Pre-Fin).
 
 Each method module registers its `Method`s when imported; this package imports them all, so
-`jlearngene.genes.get('tleg')` works and `names()` lists every method. Shared pieces (errors,
+`jlearngene.genes.get('tleg')` works and `names()` lists every method:
+
+* `tleg` (TLEG), `letra` (LeTra): learned inside an Aux-Net; `baselines`: Scratch,
+  Share-Init, He-LG, Auto-LG, Pre-Fin;
+* `cluster` (Cluster-Learngene): clustered attention heads of an ancestor;
+* `scala` (Scala, with US-Net and MatFormer): sub-networks of one slimmable ViT;
+* `mango` (Mango) and `growth` (Net2Net, StackBERT, bert2BERT, LiGO): a small pretrained
+  model grown into a large one; `selection` (IMwLM): weights selected from a larger model. Shared pieces (errors,
 shape checks, inheriting embeddings and heads, layer gathers) are in `common`.
 """
 from jlearngene.genes.common import GeneError, Method, get, names, register
-from jlearngene.genes import tleg, baselines  # noqa: E402  (registers the methods)
+from jlearngene.genes import (  # noqa: E402  (registers the methods)
+    baselines, cluster, growth, letra, mango, scala, selection, tleg)
 
-__all__ = ['GeneError', 'Method', 'get', 'names', 'register', 'tleg', 'baselines']
+__all__ = ['GeneError', 'Method', 'get', 'names', 'register', 'baselines', 'cluster', 'growth',
+           'letra', 'mango', 'scala', 'selection', 'tleg']
