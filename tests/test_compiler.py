@@ -13,6 +13,17 @@ pytestmark = [pytest.mark.skipif(jax.default_backend() != 'cpu', reason='CPU com
               pytest.mark.usefixtures('no_persistent_cache')]
 
 
+@pytest.fixture(autouse=True)
+def onednn_on(monkeypatch):
+    """The oneDNN options are opt-in (JLEARNGENE_CPU_ONEDNN=1); these tests opt in."""
+    monkeypatch.setenv(onednn.ENV_SWITCH, '1')
+
+
+def test_the_onednn_options_are_opt_in(monkeypatch):
+    monkeypatch.delenv(onednn.ENV_SWITCH)
+    assert compiler.options() == {}
+
+
 def _mm(a, b):
     return a @ b
 
@@ -62,6 +73,7 @@ def test_options_this_jaxlib_rejects_are_dropped(monkeypatch):
     finally:
         monkeypatch.undo()
         onednn._works.cache_clear()
+    monkeypatch.setenv(onednn.ENV_SWITCH, '1')          # undone with the rest above
     assert compiler.options() == onednn.OPTIONS
 
 

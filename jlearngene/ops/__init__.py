@@ -77,9 +77,9 @@ def registered() -> dict[str, Backend]:
     return dict(_registry)
 
 
-def env_switch_on(name: str) -> bool:
-    """An on/off environment switch, on when unset: 0/1, false/true, no/yes, off/on."""
-    value = os.environ.get(name, '1').strip().lower()
+def env_switch_on(name: str, default: bool = True) -> bool:
+    """An on/off environment switch, `default` when unset: 0/1, false/true, no/yes, off/on."""
+    value = os.environ.get(name, '1' if default else '0').strip().lower()
     if value not in ('0', '1', 'false', 'true', 'no', 'yes', 'off', 'on', ''):
         raise ValueError(f'{name}={value!r}: expected 0 or 1 (or false/true, no/yes, off/on)')
     return value not in ('0', 'false', 'no', 'off')

@@ -6,12 +6,12 @@
   backward pass's transposes written out row-major for XLA:CPU's bfloat16 dots.
 * attention with q and k of one length: the C++ kernel of `attention.py` on the fused
   (B, T, 3, H, Dh) tensor, forward and backward, where the library is `available()`, the
-  operands are float32 and Dh is a multiple of 16; other calls go to the reference.
-* compiler options: oneDNN dots (`onednn.options()`).
+  operands are float32 and Dh is a multiple of 16, opted in with
+  JLEARNGENE_CPU_ATTENTION_KERNEL=1; other calls go to the reference.
+* compiler options: oneDNN dots (`onednn.options()`), opted in with JLEARNGENE_CPU_ONEDNN=1.
 
 Switches: JLEARNGENE_CPU_KERNELS=0 (the C++ kernels; the weight gradient is then XLA's
-product), JLEARNGENE_CPU_ONEDNN=0 (the options), or JLEARNGENE_BACKENDS=reference for all of
-it. The C++ library is built at first use (`library`).
+product), or JLEARNGENE_BACKENDS=reference for all of it. The C++ library is built at first use (`library`).
 """
 from __future__ import annotations
 

@@ -5,7 +5,14 @@ than XLA:CPU's default YNNPACK kernels, they take transposed operands natively, 
 results are ordinary float32 products (no reduced-precision accumulation); measurements in
 benchmarks/README.md. XLA exposes this through experimental, per-compilation options, so
 `options()` first checks that this jaxlib accepts them and really forms oneDNN fusions, and
-returns no options otherwise. JLEARNGENE_CPU_ONEDNN=0 turns them off.
+returns no options otherwise.
+
+They are opt-in, JLEARNGENE_CPU_ONEDNN=1: XLA marks the oneDNN fusion experimental, and
+processes that ran its programs while tracing others have aborted during the trace (this
+project's test suite on 2-core AMD EPYC machines; the C++ kernels, built with
+AddressSanitizer, ran the same tests clean). Without them the CPU dots are XLA's default
+kernels: a float32 matmul peak of 130 instead of 150 GFLOP/s on that machine
+(benchmarks/README.md).
 
 jax's persistent compilation cache cannot store programs with oneDNN fusions (jaxlib 0.10:
 "ToProto is not implemented for thunk kind: onednn-fusion", a warning on every compile).
@@ -38,7 +45,7 @@ def options() -> dict[str, Any]:
     """The oneDNN options where they apply (a fresh dict), else an empty one."""
     if jax.default_backend() != 'cpu':
         return {}
-    if not ops.env_switch_on(ENV_SWITCH) or jax.config.jax_compilation_cache_dir:
+    if not ops.env_switch_on(ENV_SWITCH, default=False) or jax.config.jax_compilation_cache_dir:
         return {}
     return dict(OPTIONS) if _works() else {}
 
