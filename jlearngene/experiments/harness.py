@@ -433,5 +433,6 @@ def plot(results: dict, workdir: str) -> list[str]:
 
 def summary(results: dict, workdir: str) -> str:
     """The lines printed at the end of a run: the table and what was written."""
-    return (f"\n{results['table']}\n\nwrote {os.path.join(workdir, 'results.md')}, results.json, "
-            'accuracy_vs_steps.png and accuracy_vs_flops.png')
+    plots = sorted(f for f in os.listdir(workdir) if f.endswith('.png'))
+    return (f"\n{results['table']}\n\nwrote {os.path.join(workdir, 'results.md')}, results.json"
+            + ''.join(f', {f}' for f in plots))
