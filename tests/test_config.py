@@ -39,11 +39,12 @@ def test_attn_scale_overrides_the_head_size_default():
     from jlearngene.models import vit
     cfg = vit_config('Ti', image_size=16, patch_size=8, width=32, num_heads=2, depth=1,
                      mlp_dim=64, num_classes=3)
-    params = vit.init(cfg, jax.random.key(0))
+    params = jax.jit(vit.init, static_argnums=0)(cfg, jax.random.key(0))
     x = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
-    default = vit.apply(params, x, cfg)[0]
-    same = vit.apply(params, x, cfg.replace(attn_scale=16 ** -0.5))[0]
-    other = vit.apply(params, x, cfg.replace(attn_scale=0.01))[0]
+    logits = jax.jit(lambda p, x, c: vit.apply(p, x, c)[0], static_argnums=2)
+    default = logits(params, x, cfg)
+    same = logits(params, x, cfg.replace(attn_scale=16 ** -0.5))
+    other = logits(params, x, cfg.replace(attn_scale=0.01))
     assert jnp.allclose(default, same, atol=1e-6) and not jnp.allclose(default, other, atol=1e-4)
     with pytest.raises(ConfigError, match='attn_scale'):
         cfg.replace(attn_scale=-1.0)

@@ -152,9 +152,15 @@ def test_s_params_matches_real_gene():
 def test_s_params_through_the_registry():
     assert costs.METHODS == genes.names()
     cfg = tiny(depth=4)
+
+    def count(method):    # a method whose gene needs more than a source (a target pair) says so
+        try:
+            return costs.s_params(method, [tiny(depth=3)], source=cfg)
+        except genes.GeneError as e:
+            return str(e)
+
     for name in genes.names():
-        m = genes.get(name)
-        assert costs.s_params(m, [tiny(depth=3)], source=cfg) == costs.s_params(name, [tiny(depth=3)], source=cfg)
+        assert count(genes.get(name)) == count(name)
     # He-LG stores k layers, and its embeddings only when its descendants inherit them
     assert costs.s_params('he_lg', source=cfg, k=2) == 2 * costs.block_param_count(cfg)
     assert (costs.s_params('he_lg', source=cfg, k=2, embeddings='inherit')

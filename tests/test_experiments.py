@@ -82,8 +82,8 @@ def test_cli_config_errors_are_one_line(tmp_path, capsys):
     assert "unknown config argument 'huge'" in capsys.readouterr().err
     rc = cli.main(['train', '--config', 'tleg:smoke', "--config.methods=('tleg','nosuch')",
                    '--config.compile_cache=false', '--workdir', str(tmp_path / 'm')])
-    out = capsys.readouterr().out.strip().splitlines()
-    assert rc == 1 and out[-1].startswith("jlearngene train: GeneError: unknown method 'nosuch'")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and err[-1].startswith("jlearngene train: unknown method 'nosuch'")
 
 
 def test_demo_flags_become_config_overrides():
