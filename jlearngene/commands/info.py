@@ -1,6 +1,8 @@
 """`jlearngene info`: parameter table of named variants, of one config, of an experiment
-config file (`file.py[:arg]`), or of a checkpoint (a model artefact, a run checkpoint
-step directory, or a training workdir)."""
+config file (`file.py[:arg]`), of a checkpoint (a model artefact, a run checkpoint
+step directory, or a training workdir), or of a gene directory (`jlearngene.artefacts`:
+its method, configs, stored parameters and the widths and depths of the descendants it
+makes, tried on shapes)."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +13,7 @@ from jlearngene import pytree
 from jlearngene.commands._config import parse_override
 from jlearngene.models import VARIANTS, init, vit_config
 
-HELP = 'parameter table of variants, a config file (.py[:arg]) or a checkpoint/workdir'
+HELP = 'parameter table of variants, a config file (.py[:arg]), a checkpoint/workdir or a gene'
 
 
 def param_table(cfgs: dict) -> str:
@@ -80,10 +82,21 @@ def _checkpoint_table(path: str) -> str:
     return leaf_table(shapes, title)
 
 
+def _gene_table(path: str) -> str:
+    """A gene directory: `artefacts.describe` and its leaf table (from gene.json; the
+    safetensors header is checked against it)."""
+    from jlearngene import artefacts
+    meta = artefacts.read_meta(path)
+    artefacts.check_arrays(meta)
+    return leaf_table(artefacts.gene_shapes(meta), artefacts.describe(meta)) if meta['arrays'] \
+        else artefacts.describe(meta)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog='jlearngene info', description=__doc__)
     parser.add_argument('variant', nargs='?', help="variant name ('S', 'B/16'; all if omitted), a config "
-                        'file (file.py[:arg]), a checkpoint directory or a training workdir')
+                        'file (file.py[:arg]), a checkpoint directory, a training workdir or a gene '
+                        'directory')
     parser.add_argument('--set', action='append', type=parse_override, default=[], metavar='FIELD=VALUE',
                         help='override a config field (repeatable), e.g. --set depth=6')
     args = parser.parse_args(argv)
@@ -92,6 +105,10 @@ def main(argv: list[str]) -> int:
     target = args.variant or ''
     if target.partition(':')[0].endswith('.py'):
         print(_config_file_table(target))
+        return 0
+    if target and os.path.isdir(target) and any(
+            os.path.exists(os.path.join(target, f)) for f in ('gene.json', 'gene.safetensors')):
+        print(_gene_table(target))
         return 0
     if target and os.path.isdir(target):
         from jlearngene.train.checkpoint import CheckpointError

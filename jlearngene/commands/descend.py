@@ -1,0 +1,107 @@
+"""`jlearngene descend GENE --out DIR [--width W] [--depth L] [--heads H|h1,h2,...]`: a
+descendant of a gene directory (`jlearngene.artefacts`), written as a model artefact.
+
+  jlearngene descend genes/letra --width 12 --depth 8 --out ckpt/des --to-timm des.safetensors
+  jlearngene descend genes/cluster --heads 4,4,2,2 --out ckpt/des --option head=inherit
+  jlearngene descend genes/scala --width 96 --out ckpt/des
+
+The target is the gene's config ('target' where the gene makes one shape, else 'source')
+with the requested width, depth and heads (the MLP size scales with the width unless
+`--mlp-dim` is given; any field with `--set FIELD=VALUE`, e.g. --set num_classes=100 with
+--option head=new). Where the request leaves the head size open, the one the method accepts
+is taken (LeTra and Cluster keep the head size, Scala the head count). `--heads` takes one
+count, or one per layer for methods whose descend takes `heads=` (Cluster-Learngene).
+`--option KEY=VALUE` (repeatable; VALUE as JSON, else a string) overrides the descend
+options stored with the gene; `--seed` seeds whatever is drawn fresh.
+
+`--out DIR` is a model checkpoint: `jlearngene train --config digits_vit --config.init=DIR`
+starts from it (the run's model config must equal the printed one), `jlearngene eval`,
+`info` and `convert` read it. `--to-timm FILE` also writes a timm `.safetensors` state dict.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = 'write a descendant of any width/depth from a gene directory (model checkpoint, timm)'
+
+
+def _heads(text: str):
+    parts = [p for p in text.replace(' ', '').split(',') if p]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'--heads {text!r}: expected an integer or a comma-separated '
+                                         'list of integers (one per layer)') from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f'--heads {text!r}: head counts must be positive')
+    return values[0] if len(values) == 1 and ',' not in text else values
+
+
+def _option(text: str):
+    key, sep, value = text.partition('=')
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f'--option {text!r} is not of the form key=value')
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def _parser() -> argparse.ArgumentParser:
+    from jlearngene.commands._config import parse_override
+    p = argparse.ArgumentParser(prog='jlearngene descend', description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('gene', help='gene directory (gene.json + gene.safetensors)')
+    p.add_argument('--out', required=True, help='output model checkpoint directory')
+    p.add_argument('--width', type=int, help="descendant width (default: the gene config's)")
+    p.add_argument('--depth', type=int, help="descendant depth (default: the gene config's)")
+    p.add_argument('--heads', type=_heads, help='attention heads: one count, or one per layer '
+                   '(comma-separated) for Cluster-Learngene')
+    p.add_argument('--mlp-dim', type=int, help='MLP size (default: scaled with the width)')
+    p.add_argument('--set', action='append', type=parse_override, default=[], metavar='FIELD=VALUE',
+                   help='override any config field (repeatable), e.g. --set num_classes=100')
+    p.add_argument('--option', action='append', type=_option, default=[], metavar='KEY=VALUE',
+                   help="descend option (repeatable; JSON value), e.g. --option head=new")
+    p.add_argument('--seed', type=int, default=0, help='PRNG seed for what is drawn fresh')
+    p.add_argument('--to-timm', metavar='FILE', help='also write a timm .safetensors state dict')
+    p.add_argument('--overwrite', action='store_true', help='replace existing outputs')
+    return p
+
+
+def descend_gene_dir(gene_dir: str, *, width=None, depth=None, heads=None, mlp_dim=None,
+                     overrides=None, options=None, seed: int = 0):
+    """(params, cfg, options, meta): the descendant of the gene directory for a request
+    (`artefacts.descendant_config`), computed under `jax.jit`."""
+    import jax
+
+    from jlearngene import artefacts
+    method, gene, meta = artefacts.load_gene(gene_dir)
+    opts = {**meta.get('descend_options', {}), **dict(options or {})}
+    cfg, opts = artefacts.descendant_config(method, gene, artefacts.base_config(meta), width=width,
+                                            depth=depth, heads=heads, mlp_dim=mlp_dim,
+                                            overrides=overrides, options=opts)
+    run = jax.jit(lambda g, k: method.descend(g, cfg, key=k, **opts))
+    params = jax.device_get(run(gene, jax.random.key(seed)))
+    return params, cfg, opts, meta
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    from jlearngene import artefacts
+    params, cfg, opts, meta = descend_gene_dir(
+        args.gene, width=args.width, depth=args.depth, heads=args.heads, mlp_dim=args.mlp_dim,
+        overrides=dict(args.set), options=dict(args.option), seed=args.seed)
+    written = artefacts.write_descendant(args.out, params, cfg, meta=meta, options=opts,
+                                         seed=args.seed, overwrite=args.overwrite,
+                                         to_timm=args.to_timm)
+    label = meta.get('label', meta['method'])
+    print(f"wrote {written['out']}: {label} descendant, ViT width={cfg.width} depth={cfg.depth} "
+          f'heads={cfg.num_heads} head_dim={cfg.head_dim} mlp={cfg.mlp_dim} '
+          f'({artefacts.n_params(params) / 1e6:.3f}M params)'
+          + (f', options {json.dumps(artefacts.jsonable(opts, "options"))}' if opts else ''))
+    print(f'  train from it: jlearngene train --config ... --config.init={written["out"]} '
+          f'(model config {json.dumps(cfg.to_dict())})')
+    if written['timm']:
+        print(f"wrote {written['timm']}: timm state dict; rebuild with {written['timm_kwargs']}")
+    return 0
