@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Measure the jlearngene ViT training step on a GPU against the chip's measured matmul peak.
+# Measure the jlearngene ViT training step on a GPU against the chip's measured matmul peak,
+# at 32 px (DeiT-Ti and -S, patch 4). The 224-px run (ViT-S/16 and ViT-B/16, bfloat16 and
+# float32, against torch eager and torch.compile, the methods' overhead) is
+# benchmarks/gpu_224.py; see benchmarks/README.md.
 #
 #   bash benchmarks/gpu.sh                 # float32 rows + bfloat16 rows, results in benchmarks/results_gpu.json
 #   BATCH_SCALE=8 bash benchmarks/gpu.sh   # larger batches (default 8: Ti-12 at 1024, S-12 at 512)

@@ -11,21 +11,23 @@ and compiles through `jlearngene.compiler.jit`, whose XLA options are `compiler_
 Each call first offers the work to the enabled backends of jax's default platform, in the
 order they registered; a backend's function returns `NotImplemented` to decline (a shape,
 dtype or build it does not cover), and the reference implementation (`ops.reference`,
-plain jax: `x @ w`, `jax.nn.dot_product_attention`) computes whatever no backend takes. The
-reference is what GPUs and TPUs run.
+plain jax: `x @ w`, `jax.nn.dot_product_attention`) computes whatever no backend takes. TPUs
+run the reference; GPUs run it but for the attention calls the GPU backend takes.
 
 A backend is a module that calls `register(Backend(...))` when imported; the built-in ones
 are listed in `BUILTIN_BACKENDS` and imported with this package. `ops.cpu` is the CPU
 backend: the C++ kernels for the weight gradient and the attention core, oneDNN dots
-(compiler options) and bfloat16 operand layouts. Removing a backend is deleting its module
-and its name in `BUILTIN_BACKENDS`; nothing in the model refers to one.
+(compiler options) and bfloat16 operand layouts. `ops.gpu` is the GPU backend: cuDNN's
+fused attention for bfloat16/float16 calls that need no probabilities. Removing a backend
+is deleting its module and its name in `BUILTIN_BACKENDS`; nothing in the model refers to one.
 
 Switches, all read when a function is traced (a function jitted before keeps its choice):
   * JLEARNGENE_BACKENDS: 'all' (default), 'reference' (no backend: every platform runs the
     reference), or a comma-separated list of backend names to enable (e.g. 'cpu').
   * `with ops.use_reference(): ...` turns every backend off inside the block.
   * A backend's own finer switches (the CPU backend: JLEARNGENE_CPU_KERNELS=0 for the C++
-    kernels, JLEARNGENE_CPU_ONEDNN=0 for the oneDNN dots).
+    kernels, JLEARNGENE_CPU_ONEDNN=0 for the oneDNN dots; the GPU backend:
+    JLEARNGENE_GPU_CUDNN_ATTENTION=0).
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ from jlearngene.ops import reference
 from jlearngene.ops.reference import DENSE_PRECISIONS
 
 ENV_SWITCH = 'JLEARNGENE_BACKENDS'
-BUILTIN_BACKENDS = ('jlearngene.ops.cpu',)
+BUILTIN_BACKENDS = ('jlearngene.ops.cpu', 'jlearngene.ops.gpu')
 
 
 @dataclasses.dataclass(frozen=True)

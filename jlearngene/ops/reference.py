@@ -1,5 +1,5 @@
 """The reference implementation of `jlearngene.ops`: plain jax, what every platform runs
-where no backend takes a call (GPUs and TPUs always)."""
+where no backend takes a call (TPUs always; GPUs but for `ops.gpu`'s cuDNN attention)."""
 from __future__ import annotations
 
 import jax
