@@ -474,11 +474,12 @@ def _shape(c: Mapping[str, int]) -> str:
 
 def capabilities(method: str | Method, gene: Any, base: ViTConfig,
                  options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Which descendants the gene makes, by trying `descend` on shapes: widths (at the base
-    depth) in steps of the base head size up to twice the base width, and depths 1, half,
-    the base, twice and four times the base (at the base width). Returns {'widths': [...],
-    'depths': [...], 'tried_widths', 'tried_depths', 'width_limit', 'depth_limit'}: the
-    accepted values, what was tried, and the reason given for the first rejected value."""
+    """Which descendants the gene makes, by trying `descend` on shapes, one field at a time
+    from `base`: widths in steps of the base head size up to twice the base width; depths
+    1, half, the base, twice and four times the base; head counts 1, half, the base and
+    twice the base. Returns {'widths', 'depths', 'heads'}: the accepted values,
+    {'tried_widths', ...}: what was tried, and {'width_limit', ...}: the first rejected
+    value with the reason `descend` gave."""
     m = _method(method)
     step = base.head_dim
     n = max(1, 2 * base.width // step)
@@ -486,10 +487,13 @@ def capabilities(method: str | Method, gene: Any, base: ViTConfig,
     if len(tried_w) > 12:      # evenly thinned, the base width kept
         keep = np.unique(np.linspace(0, len(tried_w) - 1, 12).round().astype(int))
         tried_w = sorted({tried_w[i] for i in keep} | {base.width})
-    tried_d = sorted({1, max(1, base.depth // 2), base.depth, 2 * base.depth, 4 * base.depth})
-    out: dict[str, Any] = {'widths': [], 'depths': [], 'tried_widths': tried_w,
-                           'tried_depths': tried_d, 'width_limit': None, 'depth_limit': None}
-    for kind, values in (('width', tried_w), ('depth', tried_d)):
+    tried = {'width': tried_w,
+             'depth': sorted({1, max(1, base.depth // 2), base.depth, 2 * base.depth, 4 * base.depth}),
+             'heads': sorted({1, max(1, base.num_heads // 2), base.num_heads, 2 * base.num_heads})}
+    out: dict[str, Any] = {}
+    for kind, values in tried.items():
+        plural = kind if kind == 'heads' else f'{kind}s'
+        out[plural], out[f'tried_{plural}'], out[f'{kind}_limit'] = [], values, None
         for v in values:
             try:
                 descendant_config(m, gene, base, options=options, **{kind: v})
@@ -497,7 +501,7 @@ def capabilities(method: str | Method, gene: Any, base: ViTConfig,
                 if out[f'{kind}_limit'] is None:
                     out[f'{kind}_limit'] = f'{kind} {v}: {e.reasons[0]}'
                 continue
-            out[f'{kind}s'].append(v)
+            out[plural].append(v)
     return out
 
 
@@ -530,8 +534,9 @@ def describe(meta: Mapping[str, Any], *, probe: bool = True) -> str:
         lines.append(f'descendants (descend tried on shapes, other fields as the {role} config): '
                      f'widths {_ranges(cap["widths"])} of {_ranges(cap["tried_widths"])} tried at '
                      f'depth {base.depth}; depths {_ranges(cap["depths"])} of '
-                     f'{_ranges(cap["tried_depths"])} tried at width {base.width}')
-        for kind in ('width', 'depth'):
+                     f'{_ranges(cap["tried_depths"])} tried at width {base.width}; heads '
+                     f'{_ranges(cap["heads"])} of {_ranges(cap["tried_heads"])} tried')
+        for kind in ('width', 'depth', 'heads'):
             if cap[f'{kind}_limit']:
                 lines.append(f"  first rejected {cap[f'{kind}_limit'][:400]}")
     return '\n'.join(lines)
@@ -578,3 +583,53 @@ def write_descendant(out: str | os.PathLike, params: Any, cfg: ViTConfig, *, met
 def n_params(tree: Any) -> int:
     """Parameters in a tree."""
     return int(sum(math.prod(np.shape(x)) for x in jax.tree.leaves(tree)))
+
+
+# ----------------------------------------------------------------------------------------
+# Genes from runs and models.
+
+def save_run_gene(checkpoint_dir: str | os.PathLike, out: str | os.PathLike, *,
+                  overwrite: bool = False) -> str:
+    """A gene that an experiment run saved as a model checkpoint (`workdir/genes/NAME`:
+    the gene tree, its Aux-Net config, `extra['method']` and `extra['options']`) written as
+    the gene directory `out`; the checkpoint's extra goes into the provenance."""
+    from jlearngene.train import checkpoint
+    src = os.path.abspath(os.fspath(checkpoint_dir))
+    gene, cfg, extra = checkpoint.load_model(src)
+    name = extra.get('method')
+    if name is None:
+        raise GeneFileError(f"{src}: the checkpoint's metadata names no method (extra['method']); "
+                            'use jlearngene gene --method NAME --from-model for a model')
+    method = _method(name)
+    options = extra.get('options') or {}
+    return save_gene(out, method, gene, configs={} if cfg is None else {'source': cfg},
+                     gene_options=options,
+                     provenance={'from': src, 'checkpoint_extra': extra}, overwrite=overwrite)
+
+
+def save_model_gene(checkpoint_dir: str | os.PathLike, method: str | Method,
+                    out: str | os.PathLike, *, options: Mapping[str, Any] | None = None,
+                    target: ViTConfig | None = None, overwrite: bool = False) -> str:
+    """The gene of a method of source 'model' taken from a model checkpoint (e.g. one that
+    `jlearngene convert --from-timm` wrote): `method.gene_from_model(params, cfg,
+    **options)`, with `large_cfg=target` for methods that grow into one target (Mango,
+    LiGO), written as the gene directory `out`."""
+    from jlearngene.train import checkpoint
+    m = _method(method)
+    if m.gene_from_model is None:
+        raise GeneFileError(f'{m.label} (source {m.source!r}) does not take its gene from a model; '
+                            'save a learned gene with artefacts.save_gene')
+    src = os.path.abspath(os.fspath(checkpoint_dir))
+    params, cfg, _ = checkpoint.load_model(src)
+    if cfg is None:
+        raise GeneFileError(f'{src}: the model checkpoint stores no config')
+    opts = dict(options or {})
+    if target is not None:
+        if 'large_cfg' not in inspect.signature(m.gene_from_model).parameters:
+            raise GeneFileError(f'{m.label} makes descendants of any target; it takes no target config')
+        opts['large_cfg'] = target
+    gene = m.gene_from_model(params, cfg, **opts)
+    configs_ = {'source': cfg, **({'target': target} if target is not None else {})}
+    return save_gene(out, m, jax.device_get(gene), configs=configs_,
+                     gene_options={k: v for k, v in opts.items() if k != 'large_cfg'},
+                     provenance={'from': src}, overwrite=overwrite)

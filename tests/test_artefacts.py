@@ -205,7 +205,10 @@ def test_descendant_config_keeps_what_each_method_keeps(letra_dir):
 def test_capabilities_tries_widths_and_depths_on_shapes(letra_dir):
     cap = artefacts.capabilities('letra', letra_dir[1], AUX)
     assert cap['widths'] == [8, 12, 16] and cap['depths'] == [1, 2, 4, 8, 16]
+    assert cap['heads'] == [2, 4]          # the learngene's 2 to the Aux-Net's 4 heads of 4
     assert "below the learngene's 8" in cap['width_limit']
+    cap = artefacts.capabilities('cluster', make('cluster')[0], AUX)
+    assert cap['widths'] == [16] and cap['heads'] == [1, 2, 4, 8]
     cap = artefacts.capabilities('scala', make('scala')[0], AUX)
     assert cap['depths'] == [4] and 'depth is never sliced' in cap['depth_limit']
 
@@ -270,4 +273,34 @@ def test_info_describes_a_gene_directory(letra_dir, capsys):
     assert f'S-Params {s_params:,}' in out
     assert 'widths 8, 12, 16 of 4, 8, 12, 16, 20, 24, 28, 32' in out
     assert '| width/embed | (8, 8) | float32 | 64 |' in out
-    assert 'descend' in cli._usage()
+    assert 'descend' in cli._usage() and 'gene' in cli._usage()
+
+
+def test_gene_command_from_a_run_and_from_a_model(tmp_path, capsys):
+    """A run's gene saved as a model checkpoint (as the experiments save them), and a
+    source-'model' method's gene taken from a model checkpoint, become gene directories."""
+    gene, _ = make('tleg', seed=5)
+    run_gene = str(tmp_path / 'run' / 'genes' / 'tleg')
+    checkpoint.save_model(run_gene, gene, AUX, extra={'method': 'tleg', 'options': {'from_layer': 0},
+                                                      'aux_test_accuracy': 0.5})
+    out = str(tmp_path / 'tleg')
+    assert cli.main(['gene', '--from-run', run_gene, '--out', out]) == 0
+    assert "TLEG ('tleg'" in capsys.readouterr().out
+    method, loaded, meta = artefacts.load_gene(out)
+    chex.assert_trees_all_equal(loaded, gene)
+    assert artefacts.configs(meta) == {'source': AUX} and meta['gene_options'] == {'from_layer': 0}
+    assert meta['provenance']['from'] == run_gene
+    assert meta['provenance']['checkpoint_extra']['aux_test_accuracy'] == 0.5
+
+    model = str(tmp_path / 'ancestor')
+    checkpoint.save_model(model, make('pre_fin', seed=6)[0], AUX)
+    out = str(tmp_path / 'cluster')
+    assert cli.main(['gene', '--method', 'cluster', '--from-model', model, '--out', out,
+                     '--option', 'clusters=[[0, 2], [1], [3, 0, 1], [2]]']) == 0
+    _, loaded, meta = artefacts.load_gene(out)
+    assert [b['attn']['q']['kernel'].shape[1] for b in loaded['blocks']] == [2, 1, 3, 1]
+    assert meta['gene_options'] == {'clusters': [[0, 2], [1], [3, 0, 1], [2]]}
+    capsys.readouterr()
+    assert cli.main(['gene', '--method', 'tleg', '--from-model', model,
+                     '--out', str(tmp_path / 'x')]) == 1
+    assert "TLEG (source 'learned') does not take its gene from a model" in capsys.readouterr().err

@@ -3,12 +3,11 @@ Cluster-Learngene head sharing on TLEG descendants, Scala sub-networks of Mango-
 and the gene readers `linear_gene` / `whole_model`."""
 import chex
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jlearngene import genes, pytree
-from jlearngene.genes import cluster, compose, letra, mango, scala, tleg
+from jlearngene.genes import cluster, compose, scala, tleg
 from jlearngene.models import apply, init, vit_config
 
 pytestmark = pytest.mark.usefixtures('fast_compile')
@@ -20,18 +19,20 @@ LARGE = AUX.replace(depth=3)                       # Mango: SMALL -> LARGE (head
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
-def perturbed(tree, seed=1):
-    """Every leaf moved off its init constants, as after training."""
+def random_like(shapes, seed):
+    """Random values of `shapes` (a 'trained' gene or model; nothing is compiled)."""
     rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda x: jnp.asarray(np.asarray(x) + 0.1 * rng.standard_normal(np.shape(x)),
-                                              jnp.float32), tree)
+    return jax.tree.map(lambda x: (0.1 * rng.standard_normal(x.shape)).astype(x.dtype), shapes)
 
 
 def images(n=2, seed=0):
     return jax.random.normal(jax.random.key(seed), (n, 8, 8, 3))
 
 
-_init = jax.jit(init, static_argnums=0)
+def common_shapes(cfg):
+    return jax.eval_shape(lambda: init(cfg, jax.random.key(0)))
+
+
 _logits = jax.jit(lambda params, x, cfg: apply(params, x, cfg)[0], static_argnums=2)
 
 
@@ -49,12 +50,12 @@ def layer(params, l):
 
 @pytest.fixture(scope='module')
 def letra_gene():
-    return perturbed(jax.jit(letra.init_gene, static_argnums=0)(AUX, jax.random.key(0)), 1)
+    return random_like(genes.get('letra').gene_shapes(AUX), 1)
 
 
 @pytest.fixture(scope='module')
 def tleg_gene():
-    return perturbed(jax.jit(tleg.init_gene, static_argnums=0)(AUX, jax.random.key(2)), 3)
+    return random_like(genes.get('tleg').gene_shapes(AUX), 3)
 
 
 # ----------------------------------------------------------------------------------------
@@ -78,7 +79,7 @@ def test_linear_gene_recovers_a_tleg_gene_from_its_expansion(tleg_gene, depth):
 
 def test_linear_gene_is_a_least_squares_line():
     cfg = AUX.replace(depth=4)
-    params = perturbed(_init(cfg, jax.random.key(4)), 5)
+    params = random_like(common_shapes(cfg), 5)
     fit = jax.jit(compose.linear_gene, static_argnums=1)
     line = host(jax.jit(tleg.expand, static_argnums=1)(fit(params, cfg), 4)['blocks'])
     c = np.arange(4) / 4
@@ -87,7 +88,7 @@ def test_linear_gene_is_a_least_squares_line():
         # the normal equations: residuals orthogonal to 1 and to l/L
         np.testing.assert_allclose(residual.sum(0), 0, atol=1e-5)
         np.testing.assert_allclose(c @ residual, 0, atol=1e-5)
-        assert np.abs(residual).max() > 1e-3      # four perturbed layers are not on a line
+        assert np.abs(residual).max() > 1e-3      # four random layers are not on a line
     one = fit(layer_model(params, 1), cfg.replace(depth=1))
     chex.assert_trees_all_equal(one['theta_a'], jax.tree.map(np.zeros_like, host(one['theta_a'])))
     chex.assert_trees_all_equal(one['theta_b'], layer(params, 0))
@@ -98,7 +99,7 @@ def layer_model(params, n):
 
 
 def test_whole_model_checks_the_config_and_learned_methods_need_a_reader():
-    params = _init(SMALL, jax.random.key(0))
+    params = random_like(common_shapes(SMALL), 0)
     assert compose.whole_model(params, SMALL) is params
     with pytest.raises(genes.GeneError, match='depth=3'):
         compose.whole_model(params, SMALL.replace(depth=3))
@@ -201,10 +202,7 @@ def test_cluster_identity_on_a_tleg_descendant_is_that_descendant(tleg_gene):
 
 @pytest.fixture(scope='module')
 def grown():
-    small = perturbed(_init(SMALL, jax.random.key(5)), 6)
-    operator = perturbed(jax.jit(mango.init_operator, static_argnums=(0, 1, 2))(
-        SMALL, LARGE, 2, jax.random.key(8)), 9)
-    gene = genes.get('mango').gene_from_model(small, SMALL, operator=operator)
+    gene = random_like(genes.get('mango').gene_shapes(SMALL, large_cfg=LARGE, rank=2), 6)
     params = jax.jit(lambda g: compose.descendant('mango', g, LARGE, layer_loop=False)[0])(gene)
     return host(params), LARGE
 

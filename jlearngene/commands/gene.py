@@ -1,0 +1,66 @@
+"""`jlearngene gene --out GENE (--from-run CKPT | --method NAME --from-model CKPT)`: write a
+gene directory (`jlearngene.artefacts`) that `jlearngene descend` and `info` read.
+
+  jlearngene gene --from-run runs/tleg/genes/tleg --out genes/tleg
+  jlearngene gene --method cluster --from-model ckpt/deit_ti --out genes/cluster \
+      --option 'clusters=[[0, 2], [1], ...]'
+  jlearngene gene --method mango --from-model ckpt/small --out genes/mango \
+      --target-set width=384 --target-set num_heads=6 --target-set mlp_dim=1536
+
+`--from-run` reads a gene that an experiment run saved as a model checkpoint
+(`workdir/genes/NAME`: the gene, its Aux-Net config and method). `--from-model` takes the
+gene of a method of source 'model' (He-LG, Auto-LG, Pre-Fin, Cluster-Learngene, IMwLM, the
+growth methods, Mango) from a model checkpoint, e.g. one `jlearngene convert --from-timm`
+wrote; `--option KEY=VALUE` (JSON value) passes gene options, and `--target-set
+FIELD=VALUE` makes the one target config that Mango and LiGO operators are drawn for (the
+source config with those fields changed).
+"""
+from __future__ import annotations
+
+import argparse
+
+HELP = 'write a gene directory from a run\'s saved gene or from a model checkpoint'
+
+
+def _parser() -> argparse.ArgumentParser:
+    from jlearngene.commands._config import parse_override
+    from jlearngene.commands.descend import _option
+    p = argparse.ArgumentParser(prog='jlearngene gene', description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument('--from-run', metavar='CKPT', help="a run's saved gene (workdir/genes/NAME)")
+    src.add_argument('--from-model', metavar='CKPT', help='a model checkpoint (with --method)')
+    p.add_argument('--method', help="registered method name for --from-model ('cluster', 'he_lg', ...)")
+    p.add_argument('--out', required=True, help='output gene directory')
+    p.add_argument('--option', action='append', type=_option, default=[], metavar='KEY=VALUE',
+                   help='gene option for --from-model (repeatable; JSON value)')
+    p.add_argument('--target-set', action='append', type=parse_override, default=[],
+                   metavar='FIELD=VALUE', help='--from-model: the target config for Mango/LiGO')
+    p.add_argument('--overwrite', action='store_true', help='replace an existing gene directory')
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    from jlearngene import artefacts
+    if args.from_run:
+        if args.method or args.option or args.target_set:
+            raise ValueError('--method/--option/--target-set apply to --from-model only; a run '
+                             "records its gene's method and options")
+        path = artefacts.save_run_gene(args.from_run, args.out, overwrite=args.overwrite)
+    else:
+        if not args.method:
+            raise ValueError('--from-model needs --method NAME')
+        target = None
+        if args.target_set:
+            from jlearngene.train.checkpoint import model_metadata
+            from jlearngene.models.config import ViTConfig
+            cfg = model_metadata(args.from_model)['config']
+            if cfg is None:
+                raise ValueError(f'{args.from_model}: the model checkpoint stores no config')
+            target = ViTConfig.from_dict(cfg).replace(**dict(args.target_set))
+        path = artefacts.save_model_gene(args.from_model, args.method, args.out,
+                                         options=dict(args.option), target=target,
+                                         overwrite=args.overwrite)
+    print(artefacts.describe(artefacts.read_meta(path), probe=False))
+    return 0
