@@ -20,7 +20,8 @@ and is skipped (and listed as such) when the time left is below its estimate:
   parity   ViT-S/16 at batch 4, before any timing (benchmarks/gpu_parity.py): logits, loss
            and gradients on the GPU against the host CPU in strict float32 (max difference
            over the largest value <= 1e-4), and the bfloat16 step with the GPU backend
-           (cuDNN attention) against the same step through the reference ops (<= 5e-2);
+           (cuDNN attention) against the same step through the reference ops (<= 5e-2;
+           where that fails, the later parts run with JLEARNGENE_GPU_CUDNN_ATTENTION=0);
   peak     the chip's matmul peak: the best of square bfloat16 (and float32) matmuls of
            4096, 8192 and 16384, run back to back;
   jax      the training step as `trainer.fit` runs it (`compiler.jit`, state donated, no
@@ -136,7 +137,8 @@ def format_table(r: dict) -> str:
     m, a = r.get('machine', {}), r.get('args', {})
     lines = [f"# ViT-S/16 and ViT-B/16 at 224 px on {m.get('device', '?')}: jlearngene and PyTorch",
              '', f"{r.get('started', '')}; jax {m.get('jax', '?')}, torch {m.get('torch', '-')}, "
-             f"cuDNN {m.get('cudnn', '-')}; AdamW, cross-entropy, 1000 classes; "
+             f"cuDNN {m.get('cudnn', '-')} (attention {m.get('cudnn_attention', '?')}); "
+             f"AdamW, cross-entropy, 1000 classes; "
              f"{a.get('steps', '?')} timed steps per row, one synchronisation after them", '']
     peak = r.get('peak')
     if peak:
@@ -297,9 +299,13 @@ def worker_methods(a) -> None:
         f"{SHAPES[a.shape]}/{PATCH} {IMAGE} {a.batch} {PRECISIONS[a.precision]}"
     import tempfile
     import method_overhead
-    # The plain steps of cases at one shape are the same program: compile it once.
-    jax.config.update('jax_compilation_cache_dir', tempfile.mkdtemp(prefix='gpu_224_cache'))
-    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+    # The plain steps of cases at one shape are the same program: compile it once (a cache
+    # this jax does not offer only costs the repeated compile).
+    try:
+        jax.config.update('jax_compilation_cache_dir', tempfile.mkdtemp(prefix='gpu_224_cache'))
+        jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+    except (AttributeError, ValueError):
+        pass
     for name in METHODS:
         t = time.perf_counter()
         try:
@@ -347,8 +353,9 @@ def gpu_problem() -> str | None:
     if not devices:
         return (f'gpu_224: jax sees no GPU (default backend {jax.default_backend()!r}); run it '
                 'on a machine with an NVIDIA GPU and a CUDA build of jax')
-    if 'cuda' not in devices[0].client.platform_version.lower():
-        return f'gpu_224: the GPU platform is not CUDA ({devices[0].client.platform_version!r})'
+    from jlearngene.ops import gpu
+    if not gpu._cuda():
+        return f'gpu_224: the GPU ({devices[0].device_kind}) is not a CUDA device'
     return None
 
 
@@ -358,6 +365,7 @@ class Driver:
     def __init__(self, args):
         self.args = args
         self.start = time.time()
+        self.last_err = ''
         self.env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE='false',
                         PYTHONPATH=os.pathsep.join(
                             [REPO, HERE] + ([os.environ['PYTHONPATH']]
@@ -388,6 +396,7 @@ class Driver:
             out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or '')
             err, rc = 'killed: the time budget ran out', -9
         lines = [json.loads(ln) for ln in out.splitlines() if ln.startswith('{')]
+        self.last_err = err or ''
         if rc != 0:
             tail = (err or '').strip().splitlines()[-1:] or ['']
             self.r['failed'].append(f'{label}: exit {rc} {tail[0][:300]}')
@@ -428,6 +437,7 @@ class Driver:
                 self.r['parity'] = lines[-1] if lines else {'error': 'no result'}
                 if not self.r['parity'].get('ok'):
                     self.r['failed'].append('parity: outside the tolerances or not run')
+                self.cudnn_check(self.r['parity'])
             elif part == 'peak':
                 lines = self.call(self.worker('peak'), label)
                 if lines:
@@ -465,6 +475,18 @@ class Driver:
         print(format_table(self.r))
         print(f'results written to {a.out}.json and {a.out}.md')
         return 1 if self.r['failed'] else 0
+
+    def cudnn_check(self, parity: dict) -> None:
+        """Turn the cuDNN attention off for the later parts (and say so) when the parity
+        check's bfloat16 step with it failed or disagreed with the reference ops."""
+        from gpu_parity import worst
+        if 'bfloat16_backends_vs_reference' in parity:
+            bad = worst(parity['bfloat16_backends_vs_reference']) > parity['bf16_tol']
+        else:
+            bad = 'cudnn' in self.last_err.lower()
+        self.r['machine']['cudnn_attention'] = 'off: the parity check failed with it' if bad else 'on'
+        if bad:
+            self.env['JLEARNGENE_GPU_CUDNN_ATTENTION'] = '0'
 
     def aim(self) -> dict:
         group = self.r['rows'].get(f"{AIM['shape']} {AIM['precision']}", {})

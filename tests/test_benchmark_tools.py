@@ -150,6 +150,13 @@ def test_gpu_224_rows_mfu_ratios_table_and_files(tmp_path):
     assert saved['rows']['B/16 bf16']['jlearngene']['mfu_pct'] == pytest.approx(row['mfu_pct'])
     assert saved['args']['parts'] == ['jax']
     assert (tmp_path / 'r.md').read_text() == gpu_224.format_table(driver.r)
+    # A parity report whose cuDNN step disagrees with the reference turns cuDNN off after it.
+    close = {'max_rel_to_scale': 1e-3}
+    driver.cudnn_check({'bf16_tol': 0.05, 'bfloat16_backends_vs_reference': {'logits': close}})
+    assert 'JLEARNGENE_GPU_CUDNN_ATTENTION' not in driver.env
+    driver.cudnn_check({'bf16_tol': 0.05, 'bfloat16_backends_vs_reference': {'grads': {'max_rel_to_scale': 0.2}}})
+    assert driver.env['JLEARNGENE_GPU_CUDNN_ATTENTION'] == '0'
+    assert 'attention off' in gpu_224.format_table(driver.r)
 
 
 def test_gpu_224_plan_filters_and_case_shape_check():

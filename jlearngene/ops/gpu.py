@@ -58,12 +58,15 @@ def _attention(q, k, v, scale, need_probs, probs_name):
 
 @functools.cache
 def _cuda() -> bool:
-    """Whether jax has a CUDA GPU platform (False on CPU-only and ROCm builds)."""
+    """Whether jax has an NVIDIA (CUDA) GPU platform (False on CPU-only and ROCm builds)."""
     try:
         devices = jax.devices('gpu')
     except RuntimeError:
         return False
-    return bool(devices) and 'cuda' in devices[0].client.platform_version.lower()
+    if not devices:
+        return False
+    version = getattr(getattr(devices[0], 'client', None), 'platform_version', '') or ''
+    return 'cuda' in version.lower() or 'nvidia' in devices[0].device_kind.lower()
 
 
 def enabled() -> bool:
