@@ -1,11 +1,20 @@
 """Meshes and sharding rules: batches over the 'data' axis, parameters replicated or
-FSDP-sharded by logical axis (the names from `jlearngene.models.layout`).
+FSDP-sharded over it, and optionally split over a 'model' axis, all by logical axis (the
+names from `jlearngene.models.layout`).
 
-One mesh axis, 'data', serves both data parallelism and FSDP (as in big_vision's `fsdp`
-rule): with `mode='fsdp'` each parameter is split along its largest dimension whose logical
-name is in `FSDP_AXES` and whose size the device count divides; parameters with no such
-dimension, and small ones, stay replicated. Optimiser-state leaves that mirror a parameter
-(Adam moments) get that parameter's sharding.
+The 'data' axis serves both data parallelism and FSDP (as in big_vision's `fsdp` rule):
+with `mode='fsdp'` each parameter is split along its largest dimension whose logical name
+is in `FSDP_AXES` and whose size the axis divides. A mesh made with `make_mesh(model=m)`
+has a second axis, 'model' (tensor parallelism, for targets too large for FSDP alone): each
+parameter is split over it along its first dimension named in `MODEL_AXES` order ('heads'
+for attention kernels, 'mlp' for the MLP, else 'embed') that `m` divides, and FSDP then
+takes the largest of the remaining dimensions. XLA inserts the collectives the layout
+needs; the step computes the same function on any mesh. Parameters with no such dimension,
+and small ones, stay replicated. Optimiser-state leaves that mirror a parameter (Adam
+moments) get that parameter's sharding.
+
+Across processes (`jlearngene.distributed`) the mesh holds every process's devices, the
+'model' axis within each process, so each process feeds its own rows of every batch.
 """
 from __future__ import annotations
 
@@ -18,24 +27,49 @@ from jax.sharding import PartitionSpec as P
 
 from jlearngene import pytree
 
-DATA = 'data'
+DATA, MODEL = 'data', 'model'
 FSDP_AXES = ('embed', 'mlp', 'heads', 'classes', 'head_dim')
+MODEL_AXES = ('heads', 'mlp', 'embed')   # in order of preference
 MODES = ('replicate', 'fsdp')
 
 
-def make_mesh(num_devices: int | None = None, *, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A 1-D mesh with axis 'data' over `devices` (default: the first `num_devices`, or all)."""
+def make_mesh(num_devices: int | None = None, *, devices: Sequence[jax.Device] | None = None,
+              model: int = 1) -> Mesh:
+    """A mesh over `devices` (default: the first `num_devices`, or all): 1-D with axis
+    'data', or with `model` > 1 2-D ('data', 'model') of shape (n // model, model), the
+    'model' axis over neighbouring devices (within one process: `model` must divide each
+    process's device count)."""
     if devices is None:
         devices = jax.devices()
         if num_devices is not None:
             if not 0 < num_devices <= len(devices):
                 raise ValueError(f'make_mesh: asked for {num_devices} devices, {len(devices)} available')
             devices = devices[:num_devices]
-    return jax.make_mesh((len(devices),), (DATA,), axis_types=(AxisType.Auto,), devices=list(devices))
+    devices = list(devices)
+    if not isinstance(model, int) or isinstance(model, bool) or model < 1:
+        raise ValueError(f'make_mesh: model must be a positive integer, got {model!r}')
+    if model == 1:
+        return jax.make_mesh((len(devices),), (DATA,), axis_types=(AxisType.Auto,), devices=devices)
+    if len(devices) % model:
+        raise ValueError(f"make_mesh: a 'model' axis of {model} does not divide {len(devices)} devices")
+    per_process: dict[int, int] = {}
+    for d in devices:
+        per_process[d.process_index] = per_process.get(d.process_index, 0) + 1
+    if any(n % model for n in per_process.values()):
+        raise ValueError(f"make_mesh: a 'model' axis of {model} must divide each process's device "
+                         f'count ({sorted(per_process.values())}), so model groups stay within a host')
+    devices = sorted(devices, key=lambda d: (d.process_index, d.id))
+    return Mesh(np.asarray(devices, dtype=object).reshape(len(devices) // model, model),
+                (DATA, MODEL), axis_types=(AxisType.Auto, AxisType.Auto))
 
 
 def data_size(mesh: Mesh) -> int:
     return int(mesh.shape[DATA])
+
+
+def model_size(mesh: Mesh) -> int:
+    """The size of the mesh's 'model' axis (1 without one)."""
+    return int(dict(mesh.shape).get(MODEL, 1))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -61,32 +95,57 @@ def _logical_axes(params, axes) -> Any:
     return jax.tree_util.tree_map_with_path(one, params)
 
 
+def _divisible(shape, names, n: int, allowed, taken=()) -> list[int]:
+    return [i for i, s in enumerate(shape) if i not in taken and s % n == 0 and s >= n
+            and (names is None or names[i] in allowed)]
+
+
 def fsdp_spec(shape: Sequence[int], names: Sequence[str | None] | None, n: int,
               min_size: int = 2 ** 12) -> P:
     """PartitionSpec putting 'data' on the largest dimension that `n` divides, restricted to
     FSDP_AXES when logical names are known. Small leaves (< min_size elements) stay replicated."""
-    if n == 1 or int(np.prod(shape, dtype=np.int64)) < min_size:
+    return leaf_spec(shape, names, data=n, model=1, fsdp=True, min_size=min_size)
+
+
+def leaf_spec(shape: Sequence[int], names: Sequence[str | None] | None, *, data: int,
+              model: int = 1, fsdp: bool = True, min_size: int = 2 ** 12) -> P:
+    """PartitionSpec of one leaf on a ('data', 'model') mesh of those sizes: 'model' on the
+    first dimension named in MODEL_AXES order that `model` divides (without names: the
+    largest divisible dimension), then, with `fsdp`, 'data' on the largest remaining
+    dimension in FSDP_AXES that `data` divides. Small leaves (< min_size elements) stay
+    replicated."""
+    if int(np.prod(shape, dtype=np.int64)) < min_size:
         return P()
-    dims = [i for i, s in enumerate(shape) if s % n == 0 and s >= n
-            and (names is None or names[i] in FSDP_AXES)]
-    if not dims:
-        return P()
-    best = max(dims, key=lambda i: (shape[i], -i))
-    spec = [None] * len(shape)
-    spec[best] = DATA
-    return P(*spec)
+    spec: list[str | None] = [None] * len(shape)
+    if model > 1:
+        if names is None:
+            dims = _divisible(shape, None, model, ())
+            dims = [max(dims, key=lambda i: (shape[i], -i))] if dims else []
+        else:
+            dims = [i for axis in MODEL_AXES for i in _divisible(shape, names, model, (axis,))]
+        if dims:
+            spec[dims[0]] = MODEL
+    if fsdp and data > 1:
+        taken = [i for i, a in enumerate(spec) if a is not None]
+        dims = _divisible(shape, names, data, FSDP_AXES, taken)
+        if dims:
+            spec[max(dims, key=lambda i: (shape[i], -i))] = DATA
+    return P(*spec) if any(a is not None for a in spec) else P()
 
 
 def param_shardings(params, mesh: Mesh, mode: str = 'replicate', *, axes=None,
                     min_size: int = 2 ** 12) -> Any:
-    """A tree of NamedShardings for `params` (arrays or ShapeDtypeStructs).
+    """A tree of NamedShardings for `params` (arrays, tracers or ShapeDtypeStructs).
 
-    `axes` (a tree of logical-axis tuples, e.g. `jlearngene.models.axes(cfg, params)`)
-    defaults to the ViT table for known paths and a generic rule for other leaves.
+    `mode` says what happens over 'data': 'replicate' (data parallelism) or 'fsdp'; a mesh
+    with a 'model' axis splits parameters over it as well (`leaf_spec`). `axes` (a tree of
+    logical-axis tuples, e.g. `jlearngene.models.axes(cfg, params)`) defaults to the ViT
+    table for known paths and a generic rule for other leaves.
     """
     if mode not in MODES:
         raise ValueError(f'sharding mode must be one of {MODES}, got {mode!r}')
-    if mode == 'replicate':
+    m = model_size(mesh)
+    if mode == 'replicate' and m == 1:
         return jax.tree.map(lambda _: replicated(mesh), params)
     n = data_size(mesh)
     names = _logical_axes(params, axes)
@@ -94,8 +153,18 @@ def param_shardings(params, mesh: Mesh, mode: str = 'replicate', *, axes=None,
     leaves, treedef = jax.tree.flatten(params)
     if len(flat_names) != len(leaves):
         raise ValueError(f'axes tree has {len(flat_names)} leaves, params have {len(leaves)}')
-    specs = [NamedSharding(mesh, fsdp_spec(np.shape(x), nm, n, min_size)) for x, nm in zip(leaves, flat_names)]
+    specs = [NamedSharding(mesh, leaf_spec(np.shape(x), nm, data=n, model=m, fsdp=mode == 'fsdp',
+                                           min_size=min_size)) for x, nm in zip(leaves, flat_names)]
     return jax.tree.unflatten(treedef, specs)
+
+
+def constrain(params, mesh: Mesh, mode: str = 'replicate', *, axes=None,
+              min_size: int = 2 ** 12) -> Any:
+    """`params` inside a jitted function, constrained to `param_shardings`' layout: for a
+    model built in the step from what is trained (a Mango or LeTra target expanded from
+    its gene), so the large model is laid out over 'model' (and 'data') too."""
+    return jax.lax.with_sharding_constraint(
+        params, param_shardings(params, mesh, mode, axes=axes, min_size=min_size))
 
 
 def state_shardings(state, params_sharding, mesh: Mesh, params_key: str = 'params') -> Any:

@@ -2,10 +2,12 @@
 
 Training order (all on record indices, before any read): the whole source is shuffled with a
 new permutation each epoch, epochs are concatenated into one endless stream of positions
-k = 0, 1, 2, ..., and process p of P takes the positions with k % P == p. Local batch j of
-process p therefore holds global positions [j*B, (j+1)*B) (B = global batch) interleaved
-over processes: the union of all processes' batches is the batch a single process would
-see, whatever P is. Batches may straddle an epoch boundary. Per-example augmentation draws
+k = 0, 1, 2, ..., global batch j is positions [j*B, (j+1)*B) (B = global batch), and
+process p of P reads only its block of it, positions [j*B + p*b, j*B + (p+1)*b) (b = B/P).
+Laid out over the mesh in process order (`parallel.shard_batch`), the processes' batches
+form exactly the batch a single process would see, whatever P is, and the iterator state
+(the local batch count) means the same global step for any P. Batches may straddle an
+epoch boundary. Per-example augmentation draws
 from a generator seeded by (seed, epoch, position in epoch); batch-level mixing by
 (seed, step, process), so `get_state()`/`set_state()` (grain's `{'next_index': step}`)
 resume exactly.
@@ -133,10 +135,14 @@ def train_iterator(source, *, batch_size: int, seed: int, image_size=None,
     if not 0 <= seed < 2**32:
         raise DataError(f'seed must be in [0, 2**32), got {seed}')
 
-    def example(i: int, index: int):
-        position = i * count + p   # global position in the endless stream
-        epoch, pos = divmod(position, n)
-        image, label = read(index)
+    order = grain.MapDataset.range(n).shuffle(seed=_shuffle_seed(seed)).repeat()
+
+    def position(i: int) -> int:   # local element i -> its position in the endless stream
+        return (i // local) * batch_size + p * local + i % local
+
+    def example(i: int, _):
+        epoch, pos = divmod(position(i), n)
+        image, label = read(order[position(i)])
         if augment.per_example:
             rng = np.random.default_rng([seed, _STREAM_EXAMPLE, epoch, pos])
             image = aug.augment_image(image, augment, rng, resize_method)
@@ -151,8 +157,8 @@ def train_iterator(source, *, batch_size: int, seed: int, image_size=None,
             out['image'], out['label_soft'] = aug.mix_batch(image, label, k, augment, rng)
         return out
 
-    ds = grain.MapDataset.range(n).shuffle(seed=_shuffle_seed(seed)).repeat()
-    ds = ds[p::count].map_with_index(example).batch(local, drop_remainder=True)
+    ds = grain.MapDataset.range(len(order) // count).map_with_index(example)
+    ds = ds.batch(local, drop_remainder=True)
     ds = ds.map_with_index(finish)
     return iter(ds.to_iter_dataset(read_options or grain.ReadOptions(**DEFAULT_READ)))
 
@@ -165,7 +171,8 @@ def eval_batches(source, *, batch_size: int, image_size=None, mean=None, std=Non
 
     Yields `{'image', 'label', 'mask'}` with `mask` bool (b,) False on padding (zero
     images, label 0). There are ceil(len(source) / batch_size) batches on every process;
-    process p gets positions k % process_count == p of each global batch, like training.
+    process p gets its block of each global batch (positions [j*B + p*b, j*B + (p+1)*b)),
+    like training.
     """
     p, count, local, shape, k, mean, std, n, read = _prepare(
         source, batch_size, image_size, mean, std, num_classes, process_index, process_count,
@@ -182,7 +189,9 @@ def eval_batches(source, *, batch_size: int, image_size=None, mean=None, std=Non
         return {'image': (batch['image'].astype(np.float32) / 255.0 - mean) / std,
                 'label': batch['label'].astype(np.int32), 'mask': batch['mask'].astype(bool)}
 
-    ds = grain.MapDataset.range(padded)[p::count].map(example).batch(local).map(finish)
+    ds = grain.MapDataset.range(padded // count).map(
+        lambda i: example((i // local) * batch_size + p * local + i % local))
+    ds = ds.batch(local).map(finish)
     return iter(ds.to_iter_dataset(read_options or grain.ReadOptions(**DEFAULT_READ)))
 
 

@@ -6,6 +6,9 @@ events such as `[  run] step N  resumed from DIR at step N` (`MetricWriter.event
 `workdir/metrics.jsonl` gets one JSON object per line: {"step", "kind" ('train'|'eval'),
 "time", <metric>: value, ...}. TensorBoard events go to `workdir/tensorboard` when
 tensorboardX is importable (optional dependency).
+
+In a multi-process run only process 0 writes (`primary`): one metrics file, one console,
+one TensorBoard log and one progress bar, however many processes train.
 """
 from __future__ import annotations
 
@@ -30,6 +33,11 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _primary() -> bool:
+    import jax
+    return jax.process_index() == 0
+
+
 def format_line(step: int, kind: str, metrics: Mapping[str, float]) -> str:
     body = '  '.join(f'{k}={_fmt(v)}' for k, v in metrics.items())
     return f'[{kind:>5}] step {step:>7}  {body}'
@@ -37,14 +45,19 @@ def format_line(step: int, kind: str, metrics: Mapping[str, float]) -> str:
 
 class MetricWriter:
     """Writes each record to JSONL, the console (through tqdm so the bar stays intact) and
-    TensorBoard."""
+    TensorBoard. With `primary` False (default: every process but process 0) it writes
+    nothing, so the other processes of a run leave the workdir to process 0."""
 
-    def __init__(self, workdir: str, *, console: bool = True, tensorboard: bool = True):
-        os.makedirs(workdir, exist_ok=True)
+    def __init__(self, workdir: str, *, console: bool = True, tensorboard: bool = True,
+                 primary: bool | None = None):
+        self.primary = _primary() if primary is None else bool(primary)
         self.path = os.path.join(workdir, METRICS_FILE)
+        self.console = console and self.primary
+        self._file = self._tb = None
+        if not self.primary:
+            return
+        os.makedirs(workdir, exist_ok=True)
         self._file = open(self.path, 'a', encoding='utf-8')
-        self.console = console
-        self._tb = None
         if tensorboard:
             try:
                 from tensorboardX import SummaryWriter
@@ -54,6 +67,8 @@ class MetricWriter:
                 self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
 
     def write(self, step: int, metrics: Mapping[str, float], kind: str = 'train') -> None:
+        if not self.primary:
+            return
         clean = {k: float(v) for k, v in metrics.items()}
         record = {'step': int(step), 'kind': kind, 'time': time.time(),
                   **{k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}}
@@ -74,7 +89,8 @@ class MetricWriter:
             _console(f'[{"run":>5}] step {step:>7}  {text}')
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
         if self._tb is not None:
             self._tb.close()
 
@@ -109,11 +125,13 @@ def read_metrics(workdir: str, kind: str | None = None) -> list[dict]:
 
 
 class Progress:
-    """tqdm bar over steps (shows steps/s and ETA); a no-op when disabled."""
+    """tqdm bar over steps (shows steps/s and ETA); a no-op when disabled and on every
+    process but process 0 (unless `primary` says otherwise)."""
 
-    def __init__(self, total: int, initial: int = 0, enabled: bool = True):
+    def __init__(self, total: int, initial: int = 0, enabled: bool = True,
+                 primary: bool | None = None):
         self._bar = None
-        if enabled:
+        if enabled and (_primary() if primary is None else primary):
             from tqdm.auto import tqdm
             self._bar = tqdm(total=total, initial=initial, unit='step', dynamic_ncols=True,
                              smoothing=0.1, file=sys.stdout)

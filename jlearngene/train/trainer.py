@@ -24,6 +24,13 @@ uninterrupted one. Host syncs happen only every `log_every` steps (and at eval/c
 steps); the non-finite check runs there, before anything is saved, so the last checkpoint
 is always a finite one. Several steps may run in one compiled call (`steps_per_call`; on
 CPU by default), with the same steps, keys and per-step metrics as one step per call.
+
+Several processes (`jlearngene.distributed.initialize`, before `fit`) run `fit` unchanged,
+each with its own share of every batch: the mesh spans every process's devices, process 0
+alone writes metrics, console lines, config files and the progress bar, all processes
+write each orbax checkpoint together (into a directory they all see), every process's
+data-iterator position is stored, and a preemption signal on any process stops all of them
+at the same step.
 """
 from __future__ import annotations
 
@@ -274,6 +281,41 @@ class _Batches:
                 next(self)
 
 
+def _allgather_json(obj) -> list:
+    """Every process's JSON-able `obj`, in process order (one process: `[obj]`)."""
+    if jax.process_count() == 1:
+        return [obj]
+    from jax.experimental import multihost_utils
+    raw = np.frombuffer(json.dumps(ckpt_lib.to_json(obj), sort_keys=True).encode(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.int32(raw.size))).reshape(-1)
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[:raw.size] = raw
+    rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
+    return [ckpt_lib.from_json(json.loads(bytes(r[:n]).decode())) for r, n in zip(rows, sizes)]
+
+
+def gather_data_state(state):
+    """The data position to store in a checkpoint: this process's iterator state when every
+    process's is the same (grain's `{'next_index': step}`; the run can then resume with any
+    process count), else `{'kind': 'per_process', 'states': [one per process]}`."""
+    states = _allgather_json(state)
+    if all(st == states[0] for st in states[1:]):
+        return state
+    return {'kind': 'per_process', 'states': states}
+
+
+def local_data_state(stored):
+    """This process's part of a stored data position (see `gather_data_state`)."""
+    if isinstance(stored, Mapping) and stored.get('kind') == 'per_process':
+        states = stored['states']
+        if len(states) != jax.process_count():
+            raise ckpt_lib.CheckpointError(
+                f'the checkpoint holds the data positions of {len(states)} processes, which '
+                f'differ; this run has {jax.process_count()}: resume with {len(states)} processes')
+        return states[jax.process_index()]
+    return stored
+
+
 def _stack_batches(batches: list) -> dict:
     """Host batches -> one batch with a leading axis over them (for a call of several steps)."""
     keys = list(batches[0])
@@ -338,12 +380,12 @@ def _start_fresh(ckpt: ckpt_lib.RunCheckpointer, workdir: str) -> None:
         for step in old:
             ckpt.delete(step)
     path = os.path.join(workdir, metrics_lib.METRICS_FILE)
-    if os.path.exists(path):
+    if jax.process_index() == 0 and os.path.exists(path):
         os.remove(path)
 
 
 def _write_config(workdir: str, config) -> None:
-    if config is None:
+    if config is None or jax.process_index() != 0:   # one copy, by process 0
         return
     d = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
     with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
@@ -369,10 +411,19 @@ def create_state(trainable, optimizer: optax.GradientTransformation, mesh, *,
     except TypeError as e:
         raise TypeError(f'create_state needs a hashable optimizer (jit caches it): {e}') from None
     trainable_sh = parallel.param_shardings(trainable, mesh, sharding, axes=axes, min_size=fsdp_min_size)
-    trainable = jax.device_put(trainable, trainable_sh)
+    trainable = jax.device_put(jax.tree.map(_via_host, trainable, trainable_sh), trainable_sh)
     state = _init_state_jit(trainable, optimizer=optimizer, seed=seed)
     state_sh = parallel.state_shardings(state, trainable_sh, mesh)
     return jax.device_put(state, state_sh), state_sh
+
+
+def _via_host(x, sharding):
+    """A leaf on one device that goes elsewhere comes through the host: putting a numpy
+    array on a mesh copies each shard, where moving a device array compiles a slicing
+    program per shape (and cannot reach other processes' devices)."""
+    if isinstance(x, jax.Array) and len(x.sharding.device_set) == 1 and x.sharding != sharding:
+        return np.asarray(x)
+    return x
 
 
 def restore_or_start(ckpt: ckpt_lib.RunCheckpointer, state: dict, batches: _Batches, workdir: str,
@@ -400,7 +451,7 @@ def restore_or_start(ckpt: ckpt_lib.RunCheckpointer, state: dict, batches: _Batc
                 continue
             for change in _config_changes(meta.get('config'), _config_json(config)):
                 say(f'resuming with a changed config: {change}')
-            batches.set_state(meta['data_state'])
+            batches.set_state(local_data_state(meta['data_state']))
             return restored, int(meta['step'])
         raise ckpt_lib.CorruptCheckpointError(
             f'no checkpoint in {ckpt.directory} can be read, so the run cannot resume '
@@ -564,7 +615,8 @@ class Checkpoints:
 
     def save(self, step: int, state: dict, metrics: dict | None = None) -> str:
         self.log.flush(step)
-        return self.ckpt.save(step, state, data_state=self.batches.get_state(), config=self.config,
+        return self.ckpt.save(step, state, data_state=gather_data_state(self.batches.get_state()),
+                              config=self.config,
                               model_config=self.model_config, metrics=metrics)
 
 
@@ -601,7 +653,10 @@ class Preemption:
       reaches together) the flags are all-gathered and every process stops when any one
       was signalled (`agree_to_stop`), so all save the same step; where jax's preemption
       service is on, its agreed sync step (`reached_preemption_sync_point`, asked after
-      every call) stops every process as well.
+      every call) stops every process as well. While the handlers are installed they
+      receive the SIGTERMs that the service's own notifier would get (a signal has one
+      handler); on exit that notifier's handler, installed outside Python, gives way to
+      the default one.
     `process_count`, `gather` (this process's flag -> every process's flags) and
     `sync_point` (step -> the service's verdict, None without the service) default to jax's
     (`jax.process_count`, `multihost_utils.process_allgather`,
@@ -641,7 +696,9 @@ class Preemption:
     def __exit__(self, *exc):
         if self._install:
             for name, old in self._old.items():
-                signal.signal(getattr(signal, name), old)
+                # None: the handler was installed outside Python (jax's preemption notifier
+                # in a multi-process run), which Python cannot put back; the default then.
+                signal.signal(getattr(signal, name), signal.SIG_DFL if old is None else old)
             self._old = {}
 
     def requested(self, step: int, *, sync_point: bool) -> bool:
@@ -736,6 +793,7 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
         log_every: int = 50, checkpoint_every: int | None = None, keep_checkpoints: int = 2,
         best_metric: str | None = None, best_mode: str = 'max', seed: int = 0, config=None,
         model_config=None, sharding: str = 'replicate', axes=None, mesh=None,
+        model_parallel: int = 1,
         fsdp_min_size: int = 2 ** 12, microbatches: int = 1, steps_per_call: int | str = 'auto',
         resume: bool = True, progress: bool = True, console: bool = True,
         tensorboard: bool = True, handle_sigterm: bool = True):
@@ -771,7 +829,12 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
       sharding: 'replicate' or 'fsdp' (parameters split over the 'data' axis by logical axis;
         `axes` overrides the logical names, default the ViT table; leaves smaller than
         `fsdp_min_size` elements stay replicated).
-      mesh: a mesh with a 'data' axis (default: all devices).
+      mesh: a mesh with a 'data' axis and optionally a 'model' axis (default: all devices,
+        `parallel.make_mesh(model=model_parallel)`).
+      model_parallel: without `mesh`, the size of the mesh's 'model' axis: parameters are
+        then also split over it by logical axis (heads, mlp, else embed; see
+        `parallel.param_shardings`), for models too large for FSDP alone. It must divide
+        each process's device count.
       microbatches: accumulate each step's gradient over this many equal parts of the batch
         (see `make_train_step`); the batch size must be a multiple of it.
       steps_per_call: optimiser steps per compiled call (see `make_train_step`): the step
@@ -788,7 +851,7 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
     _check_fit_args(steps, log_every, eval_every, checkpoint_every, eval_fn, eval_data,
                     microbatches, steps_per_call)
     os.makedirs(workdir, exist_ok=True)
-    mesh = mesh or parallel.make_mesh()
+    mesh = mesh or parallel.make_mesh(model=model_parallel)
     try:
         hash(loss_fn), hash(optimizer)
     except TypeError as e:  # before anything is read or written
@@ -841,9 +904,11 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
 
 
 def _console_say(text: str) -> None:
-    """A run event before the metric writer exists: a console line and a log record."""
+    """A run event before the metric writer exists: a log record and, on process 0, a
+    console line."""
     log.info('%s', text)
-    print(f'[{"run":>5}] {text}', file=sys.stderr, flush=True)
+    if jax.process_index() == 0:
+        print(f'[{"run":>5}] {text}', file=sys.stderr, flush=True)
 
 
 def _config_json(config):
