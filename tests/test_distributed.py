@@ -120,7 +120,7 @@ def _train(pid: int, workdir: str, out: str, interrupt: int) -> int:
         def set_state(self, state):
             it.set_state(state)
 
-    params = init(cfg, jax.random.key(0))
+    params = jax.jit(init, static_argnums=0)(cfg, jax.random.key(0))   # one program, not one per op
     if pid == 0:
         np.savez(out[:-len('.npz')] + '.init.npz', **{k: np.asarray(v) for k, v in pytree.flatten(params).items()})
     tx = optax.adamw(3e-3)
