@@ -8,9 +8,10 @@
 * `flops_per_image(cfg, params=None)`: forward cost, counted the way fvcore counts a timm ViT
   (the convention of the DeiT/TLEG papers' "FLOPs (G)"): one per multiply-accumulate of
   every matmul (patch embedding, q/k/v/out projections D×(H·Dh) each, QKᵀ and attention·V
-  n²·H·Dh each, MLP, heads) plus 5 per LayerNorm element; softmax, GELU, adds and pooling
-  are not counted. Every size is read from the parameters' shapes, per block, so blocks
-  may differ in head count or head size (list layout). With this convention the TLEG
+  n²·H·Dh each, MLP, the pre-logits layer D×R when there is one, heads) plus 5 per
+  LayerNorm element; softmax, GELU, tanh, adds and pooling are not counted. Every size is
+  read from the parameters' shapes, per block, so blocks may differ in head count or head
+  size (list layout). With this convention the TLEG
   Table 1 FLOPs of all 24 Des-Ti/S/B models (no class token, 196 tokens) round to the
   published value.
 * `training_cost(plan)`: epochs, image passes and FLOPs of a plan of training runs
@@ -131,7 +132,7 @@ def flops_per_image(cfg: ViTConfig, params: Any = None) -> int:
         total += _block_flops(q, fc1, n)
     normed = n if (cfg.pool == 'cls' or cfg.pool_norm == 'before') else 1
     total += LN_FLOPS_PER_ELEMENT * d * normed
-    for h in common.HEAD_KEYS:
+    for h in common.HEAD_KEYS:   # the pre-logits layer and the heads: one MAC per kernel entry
         if f'{h}/kernel' in flat:
             total += int(np.prod(np.shape(flat[f'{h}/kernel'])))
     return int(total)

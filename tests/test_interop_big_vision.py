@@ -137,15 +137,16 @@ def images(n=3, seed=1):
 # ----------------------------------------------------------------------------------------
 # Parity.
 
-@pytest.mark.parametrize('layout,pool', [('vit', 'tok'), ('big_vision', 'tok'),
-                                         ('big_vision_scan', 'gap'), ('vit', 'gap')])
-def test_parity_of_logits_and_pre_logits_with_numpy_big_vision(layout, pool):
-    ck = checkpoint(layout, pool)
+@pytest.mark.parametrize('layout,pool,rep', [('vit', 'tok', 12), ('big_vision', 'tok', 0),
+                                             ('big_vision_scan', 'gap', 24), ('vit', 'gap', 0)])
+def test_parity_of_logits_and_pre_logits_with_numpy_big_vision(layout, pool, rep):
+    ck = checkpoint(layout, pool, rep=rep)
     assert BV.detect_layout(ck) == layout
     params, cfg = BV.from_big_vision(ck)
     shape = (cfg.width, cfg.depth, cfg.num_heads, cfg.head_dim, cfg.mlp_dim, cfg.patch_size, cfg.image_size,
-             cfg.channels, cfg.num_classes)
-    assert shape == (WIDTH, DEPTH, HEADS, WIDTH // HEADS, MLP, PATCH, IMAGE, CHANS, CLASSES)
+             cfg.channels, cfg.num_classes, cfg.representation_size)
+    assert shape == (WIDTH, DEPTH, HEADS, WIDTH // HEADS, MLP, PATCH, IMAGE, CHANS, CLASSES, rep or None)
+    assert ('pre_logits' in params) == bool(rep)
     pooling = ('cls', True) if pool == 'tok' else ('avg', False)
     assert (cfg.pool, cfg.class_token, cfg.gelu, cfg.ln_eps) == pooling + ('tanh', 1e-6)
     x = images()
@@ -154,14 +155,28 @@ def test_parity_of_logits_and_pre_logits_with_numpy_big_vision(layout, pool):
     assert np.abs(want['logits']).max() > 0.5   # a non-trivial function
     np.testing.assert_allclose(np.asarray(logits), want['logits'], atol=1e-5, rtol=0)
     np.testing.assert_allclose(np.asarray(aux['pre_logits']), want['pre_logits'], atol=1e-5, rtol=0)
+    assert want['pre_logits'].shape == (3, rep or WIDTH)
+    if rep:   # the tanh layer matters: without it the head input differs
+        assert np.abs(want['pre_logits'] - np.tanh(want['head_input'] @ ck['pre_logits/kernel'])).max() > 1e-3
+        assert np.abs(want['pre_logits']).max() < 1
 
 
-def test_pre_logits_layer_is_named_and_the_backbone_loads_without_it():
+def test_pre_logits_mismatches_are_named_and_the_backbone_loads_without_it():
     ck = checkpoint('vit', 'tok', rep=12)
+    cfg = BV.infer_config(ck)
+    assert cfg.representation_size == 12
     with pytest.raises(StateDictError) as e:
-        BV.from_big_vision(ck)
+        BV.from_big_vision(ck, cfg.replace(representation_size=None))
     msg = str(e.value)
-    assert 'pre_logits/kernel' in msg and 'pre_logits/bias' in msg and 'representation_size' in msg
+    assert 'unexpected keys (2): pre_logits/bias, pre_logits/kernel' in msg
+    assert 'head/kernel: shape (12, 5), expected (16, 5)' in msg
+    assert 'pre-logits layer (pre_logits/kernel of shape (16, 12))' in msg and 'representation_size=None' in msg
+    with pytest.raises(StateDictError, match=r'(?s)missing keys \(2\): pre_logits/kernel, pre_logits/bias.*'
+                                             r'representation_size=16 but the checkpoint has no pre-logits'):
+        BV.from_big_vision(checkpoint('vit', 'tok', rep=0), cfg.replace(representation_size=16))
+    bad = dict(ck, **{'pre_logits/kernel': ck['pre_logits/kernel'][0]})
+    with pytest.raises(StateDictError, match=r'pre_logits/kernel has shape \(12,\); expected \(D, R\)'):
+        BV.from_big_vision(bad)
     backbone = {k: v for k, v in ck.items() if not k.startswith(('pre_logits/', 'head/'))}
     params, cfg = BV.from_big_vision(backbone)
     assert cfg.num_classes == 0 and 'head' not in params
@@ -185,10 +200,11 @@ def assert_checkpoints_identical(a, b):
 
 
 @pytest.mark.parametrize('layout', BV.LAYOUTS)
-@pytest.mark.parametrize('pool', ['tok', 'gap'])
-def test_round_trip_checkpoint_canonical_checkpoint_is_bit_exact(layout, pool):
-    ck = checkpoint(layout, pool, seed=3)
+@pytest.mark.parametrize('pool,rep', [('tok', 0), ('gap', 0), ('tok', 12)])
+def test_round_trip_checkpoint_canonical_checkpoint_is_bit_exact(layout, pool, rep):
+    ck = checkpoint(layout, pool, rep=rep, seed=3)
     params, cfg = BV.from_big_vision(ck)
+    assert cfg.representation_size == (rep or None)
     back = BV.to_big_vision(params, cfg, layout=layout)
     assert sorted(back) == sorted(ck)
     assert_checkpoints_identical({k: ck[k] for k in back}, back)

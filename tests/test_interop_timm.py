@@ -12,7 +12,7 @@ import pytest
 
 from jlearngene import pytree
 from jlearngene.interop import timm as T
-from jlearngene.models import ConfigError, apply, init, unstack_blocks, vit_config
+from jlearngene.models import ConfigError, apply, init, init_block, unstack_blocks, vit_config
 
 
 # ----------------------------------------------------------------------------------------
@@ -228,6 +228,36 @@ def test_to_timm_lists_every_parameter_problem(tiny_cfg):
         T.to_timm(params, tiny_cfg.replace(distill_token=True, pool='avg'))
     with pytest.raises(ConfigError, match=r'num_heads=4 x head_dim=16 = 64 != width 32'):
         T.to_timm(params, tiny_cfg.replace(num_heads=4, head_dim=16))
+
+
+def test_to_timm_refuses_what_timm_vit_cannot_hold_in_one_line(tiny_cfg):
+    rep = tiny_cfg.replace(representation_size=12)
+    with pytest.raises(ConfigError) as e:
+        T.to_timm(random_params(rep), rep)
+    assert 'no representation layer' in str(e.value) and 'representation_size=12' in str(e.value)
+    assert '\n' not in str(e.value)
+    with pytest.raises(ConfigError, match='representation_size=12'):
+        T.timm_kwargs(rep)
+    scaled = tiny_cfg.replace(attn_scale=0.5)
+    with pytest.raises(ConfigError, match=r"timm's attention scale is head_dim \*\* -0.5 = 0.25; .*attn_scale=0.5"):
+        T.to_timm(random_params(scaled), scaled)
+    # blocks of different head counts (list layout): each block's shape is named
+    cfg = tiny_cfg.replace(depth=2)
+    params = unstack_blocks(random_params(cfg))
+    params['blocks'][1] = jax.tree.map(np.asarray, init_block(cfg, jax.random.key(1), num_heads=1))
+    with pytest.raises(T.StateDictError, match=r"timm's VisionTransformer has blocks of one shape; .*"
+                                               r'heads per block \[2, 1\], MLP sizes \[64, 64\]'):
+        T.to_timm(params, cfg)
+
+
+def test_old_timm_representation_layer_is_named_when_read():
+    sd = timm_state_dict()
+    sd['pre_logits.fc.weight'] = np.zeros((12, 32), np.float32)
+    sd['pre_logits.fc.bias'] = np.zeros(12, np.float32)
+    with pytest.raises(T.StateDictError) as e:
+        T.from_timm(sd, num_heads=2)
+    assert 'pre_logits.fc.weight (a representation layer' in str(e.value)
+    assert 'pre_logits.fc.bias (a representation layer' in str(e.value)
 
 
 # ----------------------------------------------------------------------------------------

@@ -178,6 +178,66 @@ def test_no_head_returns_features(tiny_cfg):
     np.testing.assert_array_equal(out, aux['pre_logits'])
 
 
+def test_pre_logits_layer():
+    """representation_size R: Dense (D -> R) + tanh between pooling and the head (original
+    ViT / big_vision); aux['pre_logits'] is its output, the head reads it."""
+    from jlearngene import costs
+    from jlearngene.models import layout
+    base = vit_config('Ti', width=16, num_heads=2, mlp_dim=32, depth=1, image_size=8, patch_size=4,
+                      num_classes=5)
+    cfg = base.replace(representation_size=12)
+    D, R, K = cfg.width, 12, cfg.num_classes
+    p = init(cfg, jax.random.key(0))
+    chex.assert_shape([p['pre_logits']['kernel'], p['pre_logits']['bias'], p['head']['kernel']],
+                      [(D, R), (R,), (R, K)])
+    plain = init(base, jax.random.key(0))   # the other draws are those of the model without it
+    assert pytree.trees_equal({k: v for k, v in p.items() if k not in ('pre_logits', 'head')},
+                              {k: v for k, v in plain.items() if k != 'head'})
+    rng = np.random.default_rng(0)
+    p['pre_logits'] = jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), jnp.float32),
+                                   p['pre_logits'])
+    x = jnp.asarray(rng.standard_normal((2, 8, 8, 3)), jnp.float32)
+    run = jax.jit(apply, static_argnums=2)
+    logits, aux = run(p, x, cfg)
+    backbone = {k: v for k, v in p.items() if k not in ('pre_logits', 'head')}
+    feats = np.asarray(run(backbone, x, base.replace(num_classes=0))[0], np.float64)
+    rep = np.tanh(feats @ np.asarray(p['pre_logits']['kernel'], np.float64) + np.asarray(p['pre_logits']['bias']))
+    np.testing.assert_allclose(aux['pre_logits'], rep, atol=1e-5, rtol=0)
+    want = rep @ np.asarray(p['head']['kernel'], np.float64) + np.asarray(p['head']['bias'])
+    np.testing.assert_allclose(logits, want, atol=1e-5, rtol=0)
+    assert np.abs(rep - feats[:, :R]).max() > 0.1
+    # Without a head the output is the representation.
+    out, aux = run({k: v for k, v in p.items() if k != 'head'}, x, cfg.replace(num_classes=0))
+    np.testing.assert_array_equal(out, aux['pre_logits'])
+    chex.assert_shape(out, (2, R))
+    # Logical axes: the heads read 'repr'; slicing the width cuts the layer's input only.
+    spec = axes(cfg, p)
+    assert spec['pre_logits']['kernel'] == ('embed', 'repr') and spec['pre_logits']['bias'] == ('repr',)
+    assert spec['head']['kernel'] == ('repr', 'classes')
+    assert layout.axis_size(p, 'head/kernel', 'repr') == R
+    narrow = layout.slice_tree(p, {'embed': 8, 'heads': 1})
+    chex.assert_shape([narrow['pre_logits']['kernel'], narrow['head']['kernel']], [(8, R), (R, K)])
+    small = layout.slice_tree(p, {'repr': 5})
+    small_cfg = layout.slice_config(cfg, {'repr': 5})
+    assert small_cfg.representation_size == 5
+    chex.assert_trees_all_equal_shapes(small, jax.eval_shape(lambda: init(small_cfg, jax.random.key(0))))
+    # Costs: the layer's D·R multiply-adds (tanh uncounted), and it goes with the head.
+    assert costs.flops_per_image(cfg) - costs.flops_per_image(base) == D * R + (R - D) * K
+    assert costs.param_count(cfg) - costs.param_count(base) == D * R + R + (R - D) * K
+    assert costs.param_count(cfg, include_head=False) == costs.param_count(base, include_head=False)
+
+
+@pytest.mark.parametrize('value', [0, -3, 1.5, True, '12'])
+def test_representation_size_is_validated(tiny_cfg, value):
+    with pytest.raises(ConfigError, match=f'representation_size={value!r}: must be a positive integer or None'):
+        tiny_cfg.replace(representation_size=value)
+
+
+def test_representation_size_with_distillation_is_refused(tiny_cfg):
+    with pytest.raises(ConfigError, match='not combinable with distill_token'):
+        tiny_cfg.replace(representation_size=8, distill_token=True)
+
+
 def test_distilled_model_averages_heads_in_eval(tiny_cfg):
     cfg = tiny_cfg.replace(distill_token=True)
     p = _randomise(init(cfg, jax.random.key(0)), jax.random.key(1))

@@ -24,7 +24,9 @@ HEADS = ('inherit', 'new')
 EMBEDDINGS = ('inherit', 'random')
 SOURCES = ('learned', 'model', 'none')
 EMBED_KEYS = ('patch_embed', 'pos_embed', 'cls_token', 'dist_token', 'norm')
-HEAD_KEYS = ('head', 'head_dist')
+# The classifier: the heads and the pre-logits layer they read (`representation_size`).
+# Descendants inherit or draw them together; counts without heads leave them all out.
+HEAD_KEYS = ('pre_logits', 'head', 'head_dist')
 
 
 class GeneError(ValueError):
@@ -186,7 +188,8 @@ def embeddings_and_heads(source: Mapping[str, Any], target_cfg: ViTConfig, *, he
     """A descendant's top-level params: patch/position embeddings, prefix tokens and final
     norm inherited from `source` (embeddings='inherit') or fresh ('random'; None: inherit
     exactly when `source` holds embeddings); the heads inherited (head='inherit', same class
-    count) or fresh ('new').
+    count) or fresh ('new'). A pre-logits layer (`representation_size`) goes with the heads:
+    inherited only together with them, so source and target must agree on having one.
 
     `fresh()` returns freshly drawn top-level params of `target_cfg`; it is called only when
     something is drawn, and None means no key was given. Every check runs on shapes first.
@@ -201,8 +204,13 @@ def embeddings_and_heads(source: Mapping[str, Any], target_cfg: ViTConfig, *, he
         (inherit if embeddings == 'inherit' else draw).append(k)
     heads = [k for k in HEAD_KEYS if k in want]
     if heads and head == 'inherit':
-        if 'head' not in source:
+        if not any(k in source for k in HEAD_KEYS):
             raise GeneError(f"{what}(head='inherit'): the {src} has no head; use head='new'")
+        if 'pre_logits' in source and 'pre_logits' not in want:
+            r = np.shape(source['pre_logits']['kernel'])[-1]
+            raise GeneError(f"{what}(head='inherit'): the {src}'s head reads a pre-logits layer "
+                            f'of size {r}, which the target config does not have; set '
+                            f"representation_size={r} or use head='new'")
         inherit += heads
     else:
         draw += heads

@@ -22,7 +22,11 @@ Layouts (`LAYOUTS`, told apart by `detect_layout`):
     whose leaves carry a leading depth axis, exactly the canonical stacked layout.
 Shared by all: `embedding/{kernel,bias}` (the patch conv, HWIO = the canonical kernel), `cls`
 (class-token pooling: big_vision `pool_type='tok'`, vit_jax `classifier='token'`),
-`Transformer/encoder_norm`, `head/{kernel,bias}` when there are classes. Attention kernels
+`Transformer/encoder_norm`, `pre_logits/{kernel,bias}` when there is a representation layer
+(vit_jax `representation_size`, big_vision `rep_size`: Dense + tanh between the pooled
+features and the head, as in the ImageNet-21k checkpoints) = the canonical `pre_logits` with
+`ViTConfig.representation_size` R, and `head/{kernel,bias}` when there are classes (the head
+kernel is (R, K) after a pre-logits layer, else (D, K)). Attention kernels
 carry explicit heads on both sides: query/key/value (D, H, Dh) with biases (H, Dh), out
 (H, Dh, D); so the head count is read from the shapes.
 
@@ -36,11 +40,10 @@ Pooling: class token ('tok'), or the mean of all tokens after `encoder_norm` (bi
 'gap', no class token) = `pool='avg', pool_norm='before'`. Not representable, with a
 ConfigError from `to_big_vision`: LayerScale, distillation tokens, no q/k/v biases, average
 pooling with a class token or with the norm after pooling (timm's `fc_norm`), num_heads ×
-head_dim != width and a non-default `attn_scale`. Not read, named in the error: a
-`pre_logits` layer (`representation_size` / `rep_size`: Dense + tanh before the head, which
-the canonical ViT does not have; drop the `pre_logits/*` and `head/*` keys to load the
-backbone, as vit_jax's `load_pretrained` drops `pre_logits` for fine-tuning), MAP pooling
-(`MAPHead_0`) and position embeddings inside `Transformer` of pre-2022 big_vision code.
+head_dim != width and a non-default `attn_scale`. Not read, named in the error: MAP pooling
+(`MAPHead_0`), register tokens and position embeddings inside `Transformer` of pre-2022
+big_vision code. To load a backbone without its classifier (what vit_jax's `load_pretrained`
+does for fine-tuning), drop the `pre_logits/*` and `head/*` keys.
 
 Numerics: Flax's `nn.gelu` is the tanh approximation by default and both codes use it, so an
 inferred config has `gelu='tanh'`; LayerNorm eps is Flax's 1e-6; attention scale Dh ** -0.5.
@@ -64,8 +67,8 @@ import numpy as np
 from flax import traverse_util
 
 from jlearngene import pytree
-from jlearngene.interop.timm import StateDictError, problem_message, check_params, load_state_dict
-from jlearngene.models import layout as layout_lib
+from jlearngene.interop.timm import (StateDictError, check_params, load_state_dict, problem_message,
+                                     stacked_for_export)
 from jlearngene.models.config import ConfigError, ViTConfig
 
 Checkpoint = dict[str, np.ndarray]
@@ -98,6 +101,7 @@ _TOP_LEAVES = {
     'patch_embed/kernel': 'embedding/kernel', 'patch_embed/bias': 'embedding/bias',
     'cls_token': 'cls',
     'norm/scale': 'Transformer/encoder_norm/scale', 'norm/bias': 'Transformer/encoder_norm/bias',
+    'pre_logits/kernel': 'pre_logits/kernel', 'pre_logits/bias': 'pre_logits/bias',
     'head/kernel': 'head/kernel', 'head/bias': 'head/bias',
 }
 _POS_KEY = {'vit': 'Transformer/posembed_input/pos_embedding', 'big_vision': 'pos_embedding',
@@ -105,8 +109,6 @@ _POS_KEY = {'vit': 'Transformer/posembed_input/pos_embedding', 'big_vision': 'po
 
 # Keys of ViT variants that the canonical ViT does not implement, with the reason.
 _UNSUPPORTED = (
-    (r'pre_logits/.*', 'a pre-logits layer (representation_size: Dense + tanh before the head); '
-                       'drop the pre_logits/* and head/* keys to load the backbone'),
     (r'MAPHead_0/.*|probe', 'attention pooling (pool_type="map")'),
     (r'Transformer/pos_embedding', 'a position embedding inside Transformer (pre-2022 big_vision); '
                                    'move it to the root key pos_embedding'),
@@ -187,8 +189,12 @@ def big_vision_shapes(cfg: ViTConfig, layout: str = 'big_vision') -> dict[str, t
         for i in range(cfg.depth):
             out.update({_block_key(layout, leaf, i): s for leaf, s in block.items()})
     out['Transformer/encoder_norm/scale'] = out['Transformer/encoder_norm/bias'] = (d,)
+    r = cfg.representation_size
+    if r is not None:
+        out['pre_logits/kernel'] = (d, r)
+        out['pre_logits/bias'] = (r,)
     if k:
-        out['head/kernel'] = (d, k)
+        out['head/kernel'] = (r or d, k)
         out['head/bias'] = (k,)
     return out
 
@@ -272,6 +278,13 @@ def _infer(ckpt: Checkpoint, layout: str) -> tuple[ViTConfig | None, list[str]]:
 
     f['class_token'] = 'cls' in ckpt
     f['pool'] = 'cls' if f['class_token'] else 'avg'
+    rep = shape.get('pre_logits/kernel')
+    if rep is not None:
+        if len(rep) != 2:
+            problems.append(f'pre_logits/kernel has shape {rep}; expected (D, R) for a '
+                            'pre-logits layer of size R')
+        else:
+            f['representation_size'] = rep[1]
     head = shape.get('head/kernel')
     f['num_classes'] = head[1] if head is not None and len(head) == 2 else 0
 
@@ -310,6 +323,13 @@ def check_checkpoint(tree: Mapping[str, Any], cfg: ViTConfig, layout: str | None
         problems.append(f'missing keys ({len(missing)}): ' + ', '.join(missing))
     if unexpected:
         problems.append(_unexpected(unexpected))
+    rep = ckpt.get('pre_logits/kernel')
+    if (rep is not None) != (cfg.representation_size is not None):
+        problems.append(
+            f'the checkpoint has a pre-logits layer (pre_logits/kernel of shape {rep.shape}) but '
+            'the config has representation_size=None' if rep is not None else
+            f'the config has representation_size={cfg.representation_size} but the checkpoint '
+            'has no pre-logits layer (pre_logits/kernel)')
     for k, s in want.items():
         if k in ckpt:
             if ckpt[k].shape != s:
@@ -319,7 +339,8 @@ def check_checkpoint(tree: Mapping[str, Any], cfg: ViTConfig, layout: str | None
     if problems:
         desc = (f'layout={layout} width={cfg.width} depth={cfg.depth} heads={cfg.num_heads} '
                 f'mlp_dim={cfg.mlp_dim} patch={cfg.patch_size} image={cfg.image_size} '
-                f'classes={cfg.num_classes} pool={cfg.pool} class_token={cfg.class_token}')
+                f'classes={cfg.num_classes} representation_size={cfg.representation_size} '
+                f'pool={cfg.pool} class_token={cfg.class_token}')
         raise StateDictError(problem_message(f'big_vision checkpoint does not match the ViT layout '
                                               f'({desc})', problems))
 
@@ -384,12 +405,13 @@ def to_big_vision(params: Any, cfg: ViTConfig, *, layout: str = 'big_vision',
     layout says) or of vit_jax's `VisionTransformer` ('vit': `classifier='token'` or 'gap',
     after `flax.training.checkpoints.convert_pre_linen`, as its `checkpoint.load` does). In
     the 'big_vision' layouts a non-zero class-token row of `pos_embed` is folded into `cls`.
-    ConfigError for configs those models cannot hold; StateDictError listing every parameter
-    that does not fit `cfg`.
+    ConfigError for configs those models cannot hold; StateDictError for blocks of different
+    shapes (list layout, e.g. per-layer head counts) and listing every parameter that does not
+    fit `cfg`.
     """
     _check_layout(layout)
     check_representable(cfg)
-    params = layout_lib.stack_blocks(params)
+    params = stacked_for_export(params, "big_vision's ViT")
     check_params(params, cfg)
     flat = {k: np.asarray(jax.device_get(v)) for k, v in pytree.flatten(params).items()}
     out: dict[str, np.ndarray] = {}

@@ -17,6 +17,10 @@ Layouts handled:
   * qkv bias or none (`qkv_bias=False`); LayerScale (`init_values`, keys `ls1.gamma`/`ls2.gamma`
     -> `blocks/ls1/scale`, `blocks/ls2/scale`);
   * DeiT distillation token (`dist_token`, `head_dist`); no head (`num_classes=0`);
+  * not representable (ConfigError from `to_timm` / `timm_kwargs`): a pre-logits layer
+    (`representation_size`; timm 1.x has no representation layer, older timm's
+    `pre_logits.fc.*` keys are named in the error when read), a non-default `attn_scale`,
+    num_heads × head_dim != width, and blocks of different shapes (a StateDictError);
   * `no_embed_class=True` (DeiT-3): timm adds `pos_embed` to the patches only, which equals
     our prefix-slot `pos_embed` with zero rows for the prefix tokens. `from_timm` inserts
     those zero rows; `to_timm(..., no_embed_class=True)` removes them again
@@ -83,6 +87,8 @@ _UNSUPPORTED = (
     (r'blocks\.\d+\.attn\.(q_bias|v_bias|relative_position.*)', 'BEiT-style attention biases'),
     (r'attn_pool\..*', 'attention pooling (global_pool="map")'),
     (r'blocks\.\d+\.mlp\.fc1_[gx]\..*|blocks\.\d+\.mlp\.w\d.*', 'a gated MLP (SwiGLU)'),
+    (r'pre_logits\.fc\..*', 'a representation layer (representation_size of timm before 1.0, '
+                            'which timm 1.x dropped); drop pre_logits.* and head.* to load the backbone'),
 )
 
 
@@ -160,6 +166,14 @@ def timm_kwargs(cfg: ViTConfig, *, no_embed_class: bool = False) -> dict[str, An
 
 
 def _check_timm_representable(cfg: ViTConfig) -> None:
+    """ConfigError (one line) for the configs that timm's ViT cannot hold."""
+    if cfg.representation_size is not None:
+        raise ConfigError(f"timm's VisionTransformer (timm 1.x) has no representation layer; this "
+                          f'config has representation_size={cfg.representation_size} (a pre_logits '
+                          'layer): export it with to_big_vision, or drop pre_logits and the head')
+    if cfg.attn_scale is not None and cfg.attn_scale != cfg.head_dim ** -0.5:
+        raise ConfigError(f"timm's attention scale is head_dim ** -0.5 = {cfg.head_dim ** -0.5!r}; "
+                          f'this config has attn_scale={cfg.attn_scale!r}')
     if cfg.attn_width != cfg.width:
         raise ConfigError(f"timm's attention has head_dim = width // num_heads; this config has "
                           f'num_heads={cfg.num_heads} x head_dim={cfg.head_dim} = {cfg.attn_width} '
@@ -421,6 +435,26 @@ def check_params(params: Any, cfg: ViTConfig) -> None:
         raise StateDictError(problem_message('parameters do not match the config', problems))
 
 
+def stacked_for_export(params: Any, fmt: str) -> Any:
+    """`params` in the stacked layout, for a format (`fmt`, in words) whose blocks all have one
+    shape; list-layout blocks that differ (per-layer head counts, e.g. Cluster-Learngene) are a
+    StateDictError naming each block's head count and MLP size."""
+    if layout.is_stacked(params):
+        return params
+    try:
+        return layout.stack_blocks(params)
+    except ValueError as e:
+        try:
+            blocks = params['blocks']
+            heads = [int(np.shape(b['attn']['q']['kernel'])[1]) for b in blocks]
+            mlps = [int(np.shape(b['mlp']['fc1']['kernel'])[1]) for b in blocks]
+            why = f'heads per block {heads}, MLP sizes {mlps}'
+        except (KeyError, TypeError, IndexError):   # not ViT blocks: the layout's own words
+            why = str(e)
+        raise StateDictError(f"{fmt} has blocks of one shape; this model's blocks differ ({why}): "
+                             'it stays in the list layout and cannot be exported') from None
+
+
 def to_timm(params: Any, cfg: ViTConfig, *, no_embed_class: bool = False,
             dtype: Any = np.float32) -> StateDict:
     """Canonical parameters (stacked or list layout) -> timm state dict of numpy arrays.
@@ -428,9 +462,12 @@ def to_timm(params: Any, cfg: ViTConfig, *, no_embed_class: bool = False,
     Rebuild the model with `timm_kwargs(cfg)` and `model.load_state_dict(...)` (after
     `torch.from_numpy`). `no_embed_class=True` writes the DeiT-3 position embedding without
     prefix rows (they must then be zero). Arrays are cast to `dtype` (default float32).
+    ConfigError for configs timm cannot hold (num_heads × head_dim != width, a non-default
+    `attn_scale`, a pre-logits layer); StateDictError for blocks of different shapes and for
+    parameters that do not fit `cfg`.
     """
     _check_timm_representable(cfg)
-    params = layout.stack_blocks(params)
+    params = stacked_for_export(params, "timm's VisionTransformer")
     check_params(params, cfg)
     p = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), params)
     d = cfg.width

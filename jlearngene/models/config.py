@@ -46,6 +46,12 @@ class ViTConfig:
         head_dim ** -0.5 of each block's heads. Scala's official sub-networks keep the full
         model's scale while head_dim shrinks.
       num_classes: classifier outputs; 0 means no head (features only).
+      representation_size: size R of a pre-logits layer between the pooled features and
+        the head, Dense (D -> R) then tanh (the original ViT's `representation_size`,
+        big_vision's `rep_size`, as in the ImageNet-21k checkpoints); None (the default)
+        means none: the head reads the pooled features. The layer belongs to the
+        classifier: methods inherit or draw it with the head. Not with `distill_token`
+        (DeiT's heads read the tokens directly).
       pool: 'cls' reads the class token, 'avg' averages the patch tokens.
       class_token: whether a class token is prepended; defaults to `pool == 'cls'`.
       distill_token: DeiT distillation token with its own head (`head_dist`).
@@ -83,6 +89,7 @@ class ViTConfig:
     head_dim: int | None = None
     attn_scale: float | None = None
     num_classes: int = 1000
+    representation_size: int | None = None
     pool: str = 'cls'
     class_token: bool | None = None
     distill_token: bool = False
@@ -171,6 +178,11 @@ def validate(cfg: ViTConfig) -> None:
         _check(_positive_int(v), name, v, 'must be a positive integer')
     _check(isinstance(cfg.num_classes, int) and cfg.num_classes >= 0, 'num_classes',
            cfg.num_classes, 'must be a non-negative integer (0 = no head)')
+    _check(cfg.representation_size is None or _positive_int(cfg.representation_size),
+           'representation_size', cfg.representation_size,
+           'must be a positive integer or None (no pre-logits layer)')
+    _check(not (cfg.representation_size is not None and cfg.distill_token), 'representation_size',
+           cfg.representation_size, 'a pre-logits layer is not combinable with distill_token=True')
     _check(cfg.image_size % cfg.patch_size == 0, 'image_size', cfg.image_size,
            f'must be divisible by patch_size={cfg.patch_size}')
     _check(cfg.pool in POOLS, 'pool', cfg.pool, f'unknown pool, expected one of {POOLS}')

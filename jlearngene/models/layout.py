@@ -47,22 +47,34 @@ _TOP_AXES = {
     'dist_token': (None, None, 'embed'),
     'pos_embed': (None, 'tokens', 'embed'),
     'norm/scale': ('embed',), 'norm/bias': ('embed',),
+    'pre_logits/kernel': ('embed', 'repr'), 'pre_logits/bias': ('repr',),
     'head/kernel': ('embed', 'classes'), 'head/bias': ('classes',),
     'head_dist/kernel': ('embed', 'classes'), 'head_dist/bias': ('classes',),
 }
+# Heads read the pre-logits layer's outputs ('repr') in a tree that has one.
+_HEAD_AXES_AFTER_PRE_LOGITS = {'head/kernel': ('repr', 'classes'),
+                               'head_dist/kernel': ('repr', 'classes')}
 _BLOCK_PATH = re.compile(r'blocks/(?:(\d+)/)?(.*)')
 LOGICAL_AXES = tuple(sorted({a for t in (_BLOCK_AXES, _TOP_AXES) for names in t.values()
                              for a in names if a is not None} | {'layers'}))
 
 
-def leaf_axes(path: str, ndim: int | None = None) -> Axes:
+def leaf_axes(path: str, ndim: int | None = None, *, pre_logits: bool = False) -> Axes:
     """Logical axes of the leaf at `path` in either layout. Block leaves in the stacked
-    layout get a leading 'layers' axis; `ndim` (when given) is checked against the table."""
+    layout get a leading 'layers' axis; `ndim` (when given) is checked against the table.
+
+    `pre_logits`: the leaf belongs to a tree with a `pre_logits` layer (`has_pre_logits`),
+    whose head kernels read its outputs: their input axis is then 'repr', not 'embed'. The
+    tree-level functions here (`axes`, `axis_size`, `slice_tree`, `kernel_matrices`) tell it
+    from the tree.
+    """
     m = _BLOCK_PATH.fullmatch(path)
     if m:
         names = _BLOCK_AXES.get(m.group(2))
         if names is not None and m.group(1) is None:
             names = ('layers',) + names
+    elif pre_logits and path in _HEAD_AXES_AFTER_PRE_LOGITS:
+        names = _HEAD_AXES_AFTER_PRE_LOGITS[path]
     else:
         names = _TOP_AXES.get(path)
     if names is None:
@@ -72,21 +84,28 @@ def leaf_axes(path: str, ndim: int | None = None) -> Axes:
     return Axes(names)
 
 
+def has_pre_logits(params: Any) -> bool:
+    """Whether a canonical tree has a pre-logits layer (`ViTConfig.representation_size`)."""
+    return isinstance(params, Mapping) and 'pre_logits' in params
+
+
 def axes(cfg: ViTConfig | None, params: Any) -> Any:
     """A tree with the structure of `params` whose leaves are `Axes` tuples.
 
     `params` may be real arrays or `jax.ShapeDtypeStruct`s (e.g. from `jax.eval_shape`).
-    `cfg` is accepted for symmetry with `init`; the names depend only on the paths.
+    `cfg` is accepted for symmetry with `init`; the names depend only on the paths (and on
+    whether the tree has a pre-logits layer, see `leaf_axes`).
     """
     del cfg
+    pre = has_pre_logits(params)
     return jax.tree_util.tree_map_with_path(
-        lambda p, x: leaf_axes(pytree.path_str(p), len(np.shape(x))), params)
+        lambda p, x: leaf_axes(pytree.path_str(p), len(np.shape(x)), pre_logits=pre), params)
 
 
 def axis_size(params: Any, path: str, axis: str) -> int:
     """Size of the named logical axis of one leaf, e.g. axis_size(p, 'blocks/attn/q/kernel', 'heads')."""
     leaf = pytree.flatten(params)[path]
-    names = leaf_axes(path, np.ndim(leaf))
+    names = leaf_axes(path, np.ndim(leaf), pre_logits=has_pre_logits(params))
     return int(np.shape(leaf)[names.index(axis)])
 
 
@@ -194,7 +213,8 @@ def slice_tree(params: Any, sizes: Mapping[str, Selection], *,
     E.g. `slice_tree(params, {'embed': 96, 'mlp': 384, 'heads': 3})` is the left sub-network
     of a width-192 model (a real tree that `apply` runs with `slice_config`'s config);
     `{'heads': [0, 2]}` keeps heads 0 and 2 of every layer; `{'layers': [0, 0, 1]}` repeats
-    layer 0. Works in both layouts ('layers' only in the stacked one) and under `jax.jit`
+    layer 0. A pre-logits layer is cut along 'embed' (its input) and 'repr'; the heads after
+    it along 'repr' and 'classes'. Works in both layouts ('layers' only in the stacked one) and under `jax.jit`
     with `sizes` static (index arrays may also be traced, without range checks).
     """
     _check_selection_axes(sizes)
@@ -202,14 +222,18 @@ def slice_tree(params: Any, sizes: Mapping[str, Selection], *,
         raise ValueError("slice_tree: 'layers' needs the stacked layout (blocks on axis 0); "
                          'select list-layout blocks by indexing the list')
 
+    pre = has_pre_logits(params)
+
     def cut(path, x):
         name = pytree.path_str(path)
-        return slice_leaf(x, leaf_axes(name, np.ndim(x)), sizes, side=side, what=f"'{name}'")
+        return slice_leaf(x, leaf_axes(name, np.ndim(x), pre_logits=pre), sizes, side=side,
+                          what=f"'{name}'")
     return jax.tree_util.tree_map_with_path(cut, params)
 
 
 _CONFIG_FIELD_OF_AXIS = {'embed': 'width', 'mlp': 'mlp_dim', 'heads': 'num_heads',
-                         'head_dim': 'head_dim', 'layers': 'depth', 'classes': 'num_classes'}
+                         'head_dim': 'head_dim', 'layers': 'depth', 'classes': 'num_classes',
+                         'repr': 'representation_size'}
 
 
 def slice_config(cfg: ViTConfig, sizes: Mapping[str, Selection]) -> ViTConfig:
@@ -235,7 +259,7 @@ def slice_config(cfg: ViTConfig, sizes: Mapping[str, Selection]) -> ViTConfig:
 _KERNEL_FAN_IN = {
     'attn/q/kernel': 1, 'attn/k/kernel': 1, 'attn/v/kernel': 1, 'attn/out/kernel': 2,
     'mlp/fc1/kernel': 1, 'mlp/fc2/kernel': 1,
-    'patch_embed/kernel': 3, 'head/kernel': 1, 'head_dist/kernel': 1,
+    'patch_embed/kernel': 3, 'pre_logits/kernel': 1, 'head/kernel': 1, 'head_dist/kernel': 1,
 }
 
 
@@ -256,9 +280,10 @@ class MatrixView:
                                        math.prod(self.shape[n_lead + n_in:])))
 
 
-def matrix_view(path: str, shape: Sequence[int]) -> MatrixView:
-    """The fan-in × fan-out view of the kernel at `path` with `shape` (either layout)."""
-    names = leaf_axes(path, len(shape))
+def matrix_view(path: str, shape: Sequence[int], *, pre_logits: bool = False) -> MatrixView:
+    """The fan-in × fan-out view of the kernel at `path` with `shape` (either layout);
+    `pre_logits` as in `leaf_axes` (it names the heads' input axis)."""
+    names = leaf_axes(path, len(shape), pre_logits=pre_logits)
     m = _BLOCK_PATH.fullmatch(path)
     key = m.group(2) if m else path
     if key not in _KERNEL_FAN_IN:

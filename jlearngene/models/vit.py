@@ -18,7 +18,8 @@ T = prefix tokens + patches, K = classes, p = patch size, C = channels):
     blocks/mlp/fc2/kernel (L, M, D)  blocks/mlp/fc2/bias (L, D)
     blocks/ls2/scale (L, D)           [if cfg.layer_scale]
     norm/{scale,bias} (D,)
-    head/{kernel (D, K), bias (K,)}   [if cfg.num_classes]
+    pre_logits/{kernel (D, R), bias (R,)}   [if cfg.representation_size = R]
+    head/{kernel (R or D, K), bias (K,)}    [if cfg.num_classes]
     head_dist/...                     [if cfg.distill_token and cfg.num_classes]
 
 In the list layout `blocks` is a list of per-block trees without the leading L axis; blocks
@@ -100,12 +101,24 @@ def init_block(cfg: ViTConfig, key: jax.Array, *, num_heads: int | None = None,
 
 
 def init_head(cfg: ViTConfig, key: jax.Array, num_classes: int | None = None) -> Params:
+    """A classifier head; it reads the pre-logits layer's R outputs when the config has one."""
     k = cfg.num_classes if num_classes is None else num_classes
-    return {'kernel': _trunc_normal(cfg, key, (cfg.width, k)), 'bias': jnp.zeros((k,), jnp.float32)}
+    fan_in = cfg.representation_size or cfg.width
+    return {'kernel': _trunc_normal(cfg, key, (fan_in, k)), 'bias': jnp.zeros((k,), jnp.float32)}
+
+
+def init_pre_logits(cfg: ViTConfig, key: jax.Array) -> Params:
+    """The pre-logits layer Dense (D -> R) of `cfg.representation_size` = R (timm-style
+    trunc-normal(0.02) kernel, zero bias)."""
+    r = cfg.representation_size
+    if r is None:
+        raise ValueError('init_pre_logits: the config has representation_size=None (no layer)')
+    return {'kernel': _trunc_normal(cfg, key, (cfg.width, r)), 'bias': jnp.zeros((r,), jnp.float32)}
 
 
 def init_embeddings(cfg: ViTConfig, key: jax.Array) -> Params:
-    """Everything outside the blocks: patch/position embeddings, prefix tokens, final norm, heads."""
+    """Everything outside the blocks: patch/position embeddings, prefix tokens, final norm,
+    pre-logits layer, heads."""
     kp, kb, kc, kd, kpos, kh, khd = jax.random.split(key, 7)
     fan_in = cfg.patch_size * cfg.patch_size * cfg.channels
     bound = fan_in ** -0.5
@@ -121,6 +134,9 @@ def init_embeddings(cfg: ViTConfig, key: jax.Array) -> Params:
         params['cls_token'] = _trunc_normal(cfg, kc, (1, 1, d))
     if cfg.distill_token:
         params['dist_token'] = _trunc_normal(cfg, kd, (1, 1, d))
+    if cfg.representation_size is not None:
+        # Its own key derived from `key`: the other draws stay those of a model without it.
+        params['pre_logits'] = init_pre_logits(cfg, jax.random.fold_in(key, 7))
     if cfg.num_classes:
         params['head'] = init_head(cfg, kh)
         if cfg.distill_token:
@@ -375,7 +391,8 @@ def _n_prefix(params: Params) -> int:
 
 
 def pool(params: Params, x: jax.Array, cfg: ViTConfig) -> jax.Array:
-    """Final LayerNorm and pooling to one feature vector per image (pre-logits)."""
+    """Final LayerNorm and pooling to one feature vector per image (the head's input, or the
+    pre-logits layer's when the model has one)."""
     n_prefix = _n_prefix(params)
     if cfg.pool == 'cls':
         return layer_norm(x[:, 0], params['norm'], cfg.ln_eps)
@@ -389,7 +406,9 @@ def apply(params: Params, images: jax.Array, cfg: ViTConfig, *, train: bool = Fa
           rng: jax.Array | None = None, capture: Sequence[str] = ()) -> tuple[jax.Array, dict]:
     """Forward pass. Returns `(logits, aux)`.
 
-    `aux['pre_logits']` is always present; `capture` may add 'blocks' (per-block token
+    `aux['pre_logits']`, always present, is what the head reads: the pooled features, or with
+    a `pre_logits` layer in `params` its output tanh(features·W + b) (big_vision's name for
+    both); without a head it is also the returned output. `capture` may add 'blocks' (per-block token
     outputs, (L, B, T, D)) and 'attn' (attention probabilities, (L, B, H, T, T)); in the
     list layout with blocks of different shapes these are lists. With a distillation
     token, `aux['logits_cls']` and `aux['logits_dist']` hold both heads; `logits` is their
@@ -407,6 +426,8 @@ def apply(params: Params, images: jax.Array, cfg: ViTConfig, *, train: bool = Fa
     n_out = _n_prefix(params) if cfg.pool == 'cls' and not capture else None
     x, aux = encode(params['blocks'], x, cfg, train=train, rng=rng, capture=capture, n_out=n_out)
     feats = pool(params, x, cfg)
+    if 'pre_logits' in params:
+        feats = jnp.tanh(_dense(feats, params['pre_logits'], precision=cfg.dense_precision))
     aux['pre_logits'] = feats
     if 'head' not in params:
         return feats, aux
