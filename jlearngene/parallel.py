@@ -85,11 +85,12 @@ def batch_sharding(mesh: Mesh, *, stacked: bool = False) -> NamedSharding:
 def _logical_axes(params, axes) -> Any:
     if axes is not None:
         return axes
-    from jlearngene.models.layout import leaf_axes  # models never import parallel
+    from jlearngene.models.layout import has_pre_logits, leaf_axes  # models never import parallel
+    pre_logits = has_pre_logits(params)
 
     def one(path, x):
         try:
-            return leaf_axes(pytree.path_str(path), np.ndim(x))
+            return leaf_axes(pytree.path_str(path), np.ndim(x), pre_logits=pre_logits)
         except (KeyError, ValueError):
             return None  # not a ViT leaf: generic rule (largest divisible dimension)
     return jax.tree_util.tree_map_with_path(one, params)

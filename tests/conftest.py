@@ -25,9 +25,27 @@ def no_persistent_cache():
     """Other tests in this process may have configured jax's persistent compilation cache,
     which turns `jlearngene.compiler`'s oneDNN options off."""
     old = jax.config.jax_compilation_cache_dir
-    jax.config.update('jax_compilation_cache_dir', None)
+    _set_compilation_cache(None)
     yield
-    jax.config.update('jax_compilation_cache_dir', old)
+    _set_compilation_cache(old)
+
+
+def _set_compilation_cache(path):
+    """Point jax's persistent compilation cache at `path` (None: off); jax reads the
+    directory once per process unless the cache is reset."""
+    from jax.experimental.compilation_cache import compilation_cache
+    jax.config.update('jax_compilation_cache_dir', path)
+    compilation_cache.reset_cache()
+
+
+@pytest.fixture(autouse=True)
+def _compilation_cache_per_test():
+    """A test that turns the persistent compilation cache on (an experiment's run does, in
+    its workdir) leaves it as it found it for the next test."""
+    before = jax.config.jax_compilation_cache_dir
+    yield
+    if jax.config.jax_compilation_cache_dir != before:
+        _set_compilation_cache(before)
 
 
 @pytest.fixture(scope='module')

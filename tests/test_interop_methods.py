@@ -15,7 +15,8 @@ from jlearngene.genes import cluster, scala
 from jlearngene.interop import big_vision as BV
 from jlearngene.interop import timm as T
 from jlearngene.interop.timm import StateDictError
-from jlearngene.models import ConfigError, apply, layout, vit_config
+from jlearngene.genes.common import GeneError
+from jlearngene.models import ConfigError, apply, init, layout, vit_config
 from test_genes import perturbed, trained_model
 
 pytestmark = pytest.mark.usefixtures('fast_compile')
@@ -194,3 +195,23 @@ def test_a_target_with_pre_logits_needs_a_source_with_one(source):
         genes.get('pre_fin').descend(gene, target, head='inherit')
     des = genes.get('pre_fin').descend(gene, target, head='new', key=jax.random.key(2))
     assert des['pre_logits']['kernel'].shape == (16, REP) and des['head']['kernel'].shape == (REP, 5)
+
+
+def test_width_changing_methods_refuse_a_pre_logits_layer():
+    """Their head resizing follows 'embed'; a pre_logits layer's 'repr' axis is not resized,
+    so they refuse such models in one GeneError instead of slicing the head wrongly."""
+    from jlearngene.genes import growth, letra, mango, scala, selection
+    rep = ANCESTOR.replace(representation_size=REP)
+    small = jax.eval_shape(lambda: init(rep, jax.random.key(0)))
+    calls = {
+        'scala.subnet': lambda: scala.subnet(small, rep, 0.5),
+        'letra': lambda: letra.init_gene(LARGE.replace(representation_size=REP), jax.random.key(0)),
+        'mango': lambda: mango.init_operator(ANCESTOR, LARGE.replace(representation_size=REP), 1,
+                                             jax.random.key(0)),
+        'net2net': lambda: growth.net2net(small, LARGE),
+        'imwlm': lambda: selection.descend(jax.eval_shape(lambda: init(
+            LARGE.replace(representation_size=REP), jax.random.key(0))), ANCESTOR),
+    }
+    for what, call in calls.items():
+        with pytest.raises(GeneError, match='pre_logits layer'):
+            call()

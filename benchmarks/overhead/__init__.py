@@ -73,12 +73,12 @@ def describe(cfg, batch: int) -> str:
     return f'width {cfg.width}, depth {cfg.depth}, batch {batch} at {cfg.image_size} px' + extra
 
 
-def train_step(loss_fn, trainable, cfg, batch: int):
+def train_step(loss_fn, trainable, cfg, batch: int, *, freeze: tuple[str, ...] = ()):
     """(jitted step, (state, batch, rng)): `trainer.make_train_step` with AdamW on
-    `trainable`, as benchmarks/run.py's step, without donation (the runner calls it again
-    with the same arguments)."""
+    `trainable` (leaves matching a `freeze` pattern stay fixed), as benchmarks/run.py's
+    step, without donation (the runner calls it again with the same arguments)."""
     opt = optim.make_optimizer(dict(lr=1e-3, schedule='constant', weight_decay=0.05,
-                                    decay=('.*',), clip_norm=0.0), trainable)
+                                    decay=('.*',), clip_norm=0.0, freeze=freeze), trainable)
     state = trainer.init_state(trainable, opt)
     rng = np.random.default_rng(0)
     data = {'image': jnp.asarray(rng.standard_normal(

@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping
 
 import jax
 
-from jlearngene import costs, data, genes
+from jlearngene import costs, data, distributed, genes
 from jlearngene.models import ViTConfig, apply, init, vit_config
 from jlearngene.train import checkpoint, losses, optim, tasks, trainer
 from jlearngene.train.evaluate import evaluate
@@ -132,9 +132,11 @@ def enable_compile_cache(path: str) -> bool:
     (returns False) when a cache directory is already set."""
     if jax.config.jax_compilation_cache_dir:
         return False
+    from jax.experimental.compilation_cache import compilation_cache
     os.makedirs(path, exist_ok=True)
     jax.config.update('jax_compilation_cache_dir', path)
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+    compilation_cache.reset_cache()   # jax reads the directory once per process
     return True
 
 
@@ -304,14 +306,17 @@ def run(config: Config, workdir: str, *, quiet: bool = False) -> dict:
 def write_results(results: dict, workdir: str, table: str,
                   plot_fn: Callable[[dict, str], Any] | None = None) -> dict:
     """Write `results.json`, `results.md` (`table`) and the plots of `plot_fn(results,
-    workdir)`; returns `results` with the table under 'table'."""
+    workdir)` (process 0 only, in a multi-process run); returns `results` with the table
+    under 'table'."""
+    results['table'] = table
+    if not distributed.is_main_process():
+        return results
     with open(os.path.join(workdir, 'results.json'), 'w', encoding='utf-8') as f:
         json.dump(checkpoint.to_json(results), f, indent=1)
     with open(os.path.join(workdir, 'results.md'), 'w', encoding='utf-8') as f:
         f.write(table + '\n')
     if plot_fn is not None:
         plot_fn(results, workdir)
-    results['table'] = table
     return results
 
 

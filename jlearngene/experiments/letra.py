@@ -30,6 +30,10 @@ from jlearngene.models import ViTConfig, apply, init
 from jlearngene.train import checkpoint, losses, tasks
 
 LABELS = {'scratch': 'Scratch', 'tleg': 'TLEG', 'imwlm': 'IMwLM'}
+# one compiled program per descendant shape and strategy (run eagerly, every operation of
+# the selection would compile on its own)
+letra_descend = jax.jit(letra.descend, static_argnames=('target_cfg', 'selection'))
+imwlm_descend = jax.jit(selection.descend, static_argnames=('target_cfg',))
 
 
 def descendant_config(config, width: int, depth: int, num_classes: int) -> ViTConfig:
@@ -148,15 +152,15 @@ def run(config, workdir: str, quiet: bool = False) -> dict:
         key = jax.random.key(seed + 100 + 10 * width + depth)
         inits: list[tuple[str, str, Any]] = []
         for strategy in config['selections']:
-            inits.append(('letra', strategy, letra.descend(genes['letra'], d_cfg, selection=strategy,
-                                                            key=key)))
+            inits.append(('letra', strategy, letra_descend(genes['letra'], d_cfg, selection=strategy,
+                                                          key=key)))
         for name in config['baselines']:
             if name == 'scratch':
                 inits.append((name, '', init(d_cfg, key)))
             elif name == 'tleg' and width == aux_cfg.width:
                 inits.append((name, '', tleg.descend(genes['tleg'], d_cfg, head='inherit')))
             elif name == 'imwlm':
-                inits.append((name, '', selection.descend(imwlm_gene, d_cfg, key=key)))
+                inits.append((name, '', imwlm_descend(imwlm_gene, d_cfg, key=key)))
         done: list[tuple[Any, dict]] = []
         for method, strategy, params0 in inits:
             label = f'LeTra ({strategy})' if method == 'letra' else LABELS[method]
@@ -207,7 +211,7 @@ def headline(config, results: dict, gene, dset, tune, say) -> dict:
                    == (width, depth, 'letra', 'continuous'))
         letra_steps = steps_to(results['curves'][row['run']], target)
         if letra_steps is None:
-            params0 = letra.descend(gene, d_cfg)
+            params0 = letra_descend(gene, d_cfg)
             acc0 = harness.accuracy(params0, d_cfg, dset)
             curve = [(0, acc0)] + tune(f'target_w{width}_d{depth}_letra', d_cfg, params0, max_steps, every)
             letra_steps = steps_to(curve, target)

@@ -163,6 +163,18 @@ def check_fits(got: Any, want: Any, what: str, cfg: ViTConfig, *, source: str = 
                             f'has none{hint}')
 
 
+def check_no_pre_logits(source: ViTConfig | Mapping[str, Any], what: str) -> None:
+    """Width-changing methods resize the head's input along 'embed'; a `pre_logits` layer
+    (ViTConfig.representation_size) puts the head on its own 'repr' axis, which they do not
+    resize. GeneError for a config or params tree that has one."""
+    has = (source.representation_size if isinstance(source, ViTConfig)
+           else 'pre_logits' in source)
+    if has:
+        raise GeneError(f'{what}: models with a pre_logits layer (representation_size) are not '
+                        'supported by width-changing methods; load the backbone without '
+                        'pre_logits/* and head/* (head=\'new\')')
+
+
 def check_model(params: Params, cfg: ViTConfig, what: str) -> Params:
     """`params` in the stacked layout, checked to be a whole model of config `cfg`."""
     params = stacked(params, what)

@@ -94,6 +94,8 @@ def check_growth(small: Params, large_cfg: ViTConfig, what: str, *,
     into them: the same leaves, each logical axis in `grows` at least as large, every other
     axis equal. GeneError names the first leaf and axis that fail (`hint` is added to
     errors about axes that may not change)."""
+    common.check_no_pre_logits(small, what)
+    common.check_no_pre_logits(large_cfg, what)
     want = common.target_shapes(large_cfg)
     fs, fw = pytree.flatten(small), pytree.flatten(want)
     for path in fw:

@@ -200,6 +200,7 @@ def learngene_config(cfg: ViTConfig, *, heads: int | None = None, depth: int | N
 
 
 def _check_supported(cfg: ViTConfig, what: str) -> None:
+    common.check_no_pre_logits(cfg, what)
     if cfg.layer_scale or cfg.distill_token:
         raise GeneError(f'{what}: LeTra has no transformation for LayerScale or a distillation '
                         f'token (layer_scale={cfg.layer_scale}, distill_token={cfg.distill_token})')
@@ -218,6 +219,8 @@ def _pair_coefficients(key, n_sets):
     return jnp.concatenate([jnp.ones_like(u), u], axis=1) / (1.0 + u)
 
 
+@functools.partial(jax.jit, static_argnames=('cfg', 'learngene_heads', 'learngene_depth',
+                                              'learngene_width', 'learngene_mlp_dim'))
 def init_gene(cfg: ViTConfig, key: jax.Array, *, learngene_heads: int | None = None,
               learngene_depth: int | None = None, learngene_width: int | None = None,
               learngene_mlp_dim: int | None = None) -> Gene:

@@ -211,6 +211,7 @@ def init_operator(small_cfg: ViTConfig, large_cfg: ViTConfig, rank: int, key: ja
     initialised with a Net2Net/StackBERT r = 0 slot plus N(0, noise²) elsewhere (module
     docstring). Width and depth may both grow; GeneError for shrinking or impossible pairs.
     """
+    common.check_no_pre_logits(large_cfg, 'mango.init_operator')
     if not (isinstance(rank, (int, np.integer)) and rank >= 1):
         raise GeneError(f'mango: rank={rank!r} must be a positive integer')
     small = common.target_shapes(small_cfg)
@@ -330,6 +331,7 @@ def grow(operator: Operator, small_params: Params, large_cfg: ViTConfig, *,
     small model's by the operator: blocks by the staged ring contraction (`contract`),
     embeddings and heads by the operator's 'embed' / 'head_in' matrices. Jittable with
     `large_cfg` (and the options) static; differentiable in the operator."""
+    common.check_no_pre_logits(large_cfg, 'mango.grow')
     small = common.stacked(small_params, 'mango.grow')
     want, _, _ = _check_pair(small, large_cfg, 'mango.grow')
     common.check_fits(operator, operator_shapes(small, want, rank_of(operator)), 'mango.grow',

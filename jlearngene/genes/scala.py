@@ -183,6 +183,7 @@ def subnet(params: Params, cfg: ViTConfig, ratio: float, *, rule: str = 'clean',
     right otherwise); `side='left'|'right'` overrides it for every parameter (US-Net:
     'left'). Jittable with `cfg`, `ratio` and the options static.
     """
+    common.check_no_pre_logits(cfg, 'scala.subnet')
     common.check_choice('subnet', 'rule', rule, RULES)
     params = common.stacked(params, 'scala.subnet')
     n = sizes(cfg, ratio)

@@ -58,6 +58,8 @@ def descend(gene: Params, target_cfg: ViTConfig, *, key: jax.Array | None = None
     (`head='new'` draws a head for other class counts). `embeddings='random'` draws the
     patch/position embeddings and final norm fresh. `key` is needed for anything drawn.
     """
+    common.check_no_pre_logits(gene, 'imwlm.descend')
+    common.check_no_pre_logits(target_cfg, 'imwlm.descend')
     common.check_choice('imwlm', 'layers', layers, LAYERS)
     common.check_choice('imwlm', 'heads', heads, HEADS)
     gene = common.stacked(gene, 'imwlm')

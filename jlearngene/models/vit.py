@@ -144,8 +144,12 @@ def init_embeddings(cfg: ViTConfig, key: jax.Array) -> Params:
     return params
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def init(cfg: ViTConfig, key: jax.Array) -> Params:
-    """Random parameters in the stacked layout (blocks on a leading `layers` axis)."""
+    """Random parameters in the stacked layout (blocks on a leading `layers` axis).
+
+    One compiled program per config (run eagerly, the draws would compile a program per
+    operation and shape: most of the time a small model's initialisation takes)."""
     k_emb, k_blocks = jax.random.split(key)
     params = init_embeddings(cfg, k_emb)
     params['blocks'] = jax.vmap(lambda k: init_block(cfg, k))(jax.random.split(k_blocks, cfg.depth))

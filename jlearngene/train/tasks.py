@@ -124,7 +124,8 @@ def run_classification(config, workdir: str, *, progress: bool = True):
         eval_data=eval_data_fn(config), eval_every=config.eval_every, log_every=config.log_every,
         checkpoint_every=config.checkpoint_every, keep_checkpoints=config.keep_checkpoints,
         best_metric=config.best_metric or None, seed=config.seed, config=config, model_config=cfg,
-        sharding=config.sharding, microbatches=microbatches, steps_per_call=steps_per_call,
+        sharding=config.sharding, model_parallel=config.get('model_parallel', 1),
+        microbatches=microbatches, steps_per_call=steps_per_call,
         progress=progress)
     final = history['eval'][-1] if history['eval'] else {}
     checkpoint.save_model(os.path.join(workdir, 'model'), params, cfg, overwrite=True,

@@ -234,6 +234,31 @@ def _check_values(c: dict, where: str, section: str) -> None:
         raise ConfigError(f'{where}{section} has steps = 0 and epochs = 0: give one of them')
 
 
+def section(**fields) -> ml_collections.ConfigDict:
+    """A config section: a ConfigDict of the keyword fields."""
+    return ml_collections.ConfigDict(fields)
+
+
+def experiment_base(experiment: str, scale: str, *, eval_batch_size: int = 128) -> ml_collections.ConfigDict:
+    """What every bundled experiment config starts from: the method part to run
+    (`jlearngene.experiments.<experiment>`), the scale `parse_arg` picked, seed 0, batches
+    of 64, the embedded digits at 16 px with 1-px crop padding, AdamW at lr 2e-3 with 20
+    warm-up steps, weight decay 0.05 and clipping at 1, and jax's persistent compilation
+    cache in workdir/jax_cache. Each config then sets its model and stages and changes
+    whatever its scale needs."""
+    c = ml_collections.ConfigDict()
+    c.task = 'experiment'
+    c.experiment = experiment
+    c.scale = scale
+    c.seed = 0
+    c.batch_size = 64
+    c.eval_batch_size = eval_batch_size
+    c.compile_cache = True
+    c.data = section(name='digits', image_size=16, augment=section(crop_padding=1))
+    c.optim = section(lr=2e-3, warmup_steps=20, weight_decay=0.05, clip_norm=1.0)
+    return c
+
+
 def parse_arg(arg: str | None, choices: tuple[str, ...], flags: tuple[str, ...] = ()) -> tuple[str, set[str]]:
     """A config's `arg` 'choice[,flag...]' (e.g. 'digits,quick') -> (choice, {flags}); the
     first of `choices` when `arg` is empty. Unknown items are a one-line error."""

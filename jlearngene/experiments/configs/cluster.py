@@ -21,33 +21,19 @@ digits 5–9 against Pre-Fin, Scratch, He-LG and Auto-LG at the same budget.
 
 Budgets: `steps` (> 0) or else `epochs`, per stage.
 """
-import ml_collections
 
-from jlearngene.experiments.configs import parse_arg
+from jlearngene.experiments.configs import experiment_base, parse_arg, section as _d
 
 ARGS = ('digits', 'smoke')
 
 
-def _d(**kw):
-    return ml_collections.ConfigDict(kw)
-
-
 def get_config(arg=None):
     scale, _ = parse_arg(arg, ARGS)
-    c = ml_collections.ConfigDict()
-    c.task = 'experiment'
-    c.experiment = 'cluster'       # the method part: jlearngene.experiments.cluster
-    c.scale = scale
-    c.seed = 0
-    c.batch_size = 64
-    c.eval_batch_size = 128
-    c.compile_cache = True         # jax's persistent cache in workdir/jax_cache
-    c.data = _d(name='digits', image_size=16, augment=_d(crop_padding=1))
+    c = experiment_base('cluster', scale)
     # the two tasks: class subsets of the dataset, relabelled 0..k-1
     c.tasks = _d(ancestor=(0, 1, 2, 3, 4), descendant=(5, 6, 7, 8, 9))
     c.model = _d(variant='Ti', width=64, num_heads=8, mlp_dim=128, patch_size=4,
                  image_size=16, channels=1, pool='cls')
-    c.optim = _d(lr=2e-3, warmup_steps=20, weight_decay=0.05, clip_norm=1.0)
     c.ancestor = _d(depth=4, steps=400, epochs=0.0)
     # mean attention distance over the first `images` ancestor-task training images;
     # density clusters (DBSCAN, min_heads = MinHds) for every radius of `eps_grid`, the

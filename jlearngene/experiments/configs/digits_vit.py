@@ -38,6 +38,7 @@ def get_config(arg=None):
     c.keep_checkpoints = 2
     c.best_metric = 'eval/accuracy'
     c.sharding = 'replicate'
+    c.model_parallel = 1   # devices of the mesh's 'model' axis (heads/MLP/embed split; parallel.py)
     c.microbatches = 1     # gradient accumulation: parts per batch (see trainer.make_train_step)
     c.steps_per_call = 'auto'   # optimiser steps per compiled call, or an integer (trainer.fit)
     c.init = ''            # optional model artefact (checkpoint.save_model) to start from

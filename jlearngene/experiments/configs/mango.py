@@ -21,31 +21,17 @@ of 300, three operators of 100) and 400 small-model steps.
 3. Every large model trains `large.steps` = 300 steps, evaluated every 25.
 Budgets: `steps` (> 0) or else `epochs`, per stage.
 """
-import ml_collections
 
-from jlearngene.experiments.configs import parse_arg
+from jlearngene.experiments.configs import experiment_base, parse_arg, section as _d
 
 ARGS = ('digits', 'smoke')
 
 
-def _d(**kw):
-    return ml_collections.ConfigDict(kw)
-
-
 def get_config(arg=None):
     scale, _ = parse_arg(arg, ARGS)
-    c = ml_collections.ConfigDict()
-    c.task = 'experiment'
-    c.experiment = 'mango'         # the method part: jlearngene.experiments.mango
-    c.scale = scale
-    c.seed = 0
-    c.batch_size = 64
-    c.eval_batch_size = 128
-    c.compile_cache = True
-    c.data = _d(name='digits', image_size=16, augment=_d(crop_padding=1))
+    c = experiment_base('mango', scale)
     # geometry shared by both models; each section below sets its own shape
     c.model = _d(variant='Ti', patch_size=4, image_size=16, channels=1, pool='avg')
-    c.optim = _d(lr=2e-3, warmup_steps=20, weight_decay=0.05, clip_norm=1.0)
     c.small = _d(width=32, num_heads=2, mlp_dim=64, depth=3, steps=400, epochs=0.0)
     c.large = _d(width=64, num_heads=4, mlp_dim=128, depth=6, steps=300, epochs=0.0,
                  eval_every=25, lr=1e-3)

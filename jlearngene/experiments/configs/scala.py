@@ -13,32 +13,18 @@ network), `--config.methods="('scala','separate')"`.
 Scala: `train.warmup_steps` full-only steps at `warmup_lr_factor` × lr, then `train.steps`
 four-width steps. The other methods get the steps of equal training FLOPs.
 """
-import ml_collections
 
-from jlearngene.experiments.configs import parse_arg
+from jlearngene.experiments.configs import experiment_base, parse_arg, section as _d
 
 ARGS = ('digits', 'smoke')
 
 
-def _d(**kw):
-    return ml_collections.ConfigDict(kw)
-
-
 def get_config(arg=None):
     scale, _ = parse_arg(arg, ARGS, ())
-    c = ml_collections.ConfigDict()
-    c.task = 'experiment'
-    c.experiment = 'scala'         # the method part: jlearngene.experiments.scala
-    c.scale = scale
-    c.seed = 0
-    c.batch_size = 64
-    c.eval_batch_size = 256
-    c.compile_cache = True
-    c.data = _d(name='digits', image_size=16, augment=_d(crop_padding=1))
+    c = experiment_base('scala', scale, eval_batch_size=256)
     c.model = _d(variant='Ti', width=64, num_heads=4, mlp_dim=128, patch_size=4,
                  image_size=16, channels=1, pool='cls')
     c.depth = 4
-    c.optim = _d(lr=2e-3, warmup_steps=20, weight_decay=0.05, clip_norm=1.0)
     # rule: 'clean' | 'official' (genes/scala.py); isolated=False slices every width on the left
     c.slim = _d(smallest=0.25, granularity=0.125, rule='clean', ce_weight=1.0,
                 transfer='progressive', isolated=True, matformer=(0.25, 0.5, 0.75, 1.0))

@@ -25,31 +25,17 @@ Table 1, official fc_norm pooling order for descendants) on a tfds dataset prepa
 `data.data_dir` (nothing is downloaded): for accelerators, not for a CPU.
 Budgets: `steps` (> 0) or else `epochs`, per stage.
 """
-import ml_collections
 
-from jlearngene.experiments.configs import parse_arg
+from jlearngene.experiments.configs import experiment_base, parse_arg, section as _d
 
 ARGS = ('digits', 'smoke', 'paper')
 
 
-def _d(**kw):
-    return ml_collections.ConfigDict(kw)
-
-
 def get_config(arg=None):
     scale, flags = parse_arg(arg, ARGS, ('quick',))
-    c = ml_collections.ConfigDict()
-    c.task = 'experiment'
-    c.experiment = 'tleg'          # the method part: jlearngene.experiments.tleg
-    c.scale = scale
-    c.seed = 0
-    c.batch_size = 64
-    c.eval_batch_size = 128
-    c.compile_cache = True         # jax's persistent cache in workdir/jax_cache
-    c.data = _d(name='digits', image_size=16, augment=_d(crop_padding=1))
+    c = experiment_base('tleg', scale)
     c.model = _d(variant='Ti', width=64, num_heads=4, mlp_dim=128, patch_size=4,
                  image_size=16, channels=1, pool='avg')
-    c.optim = _d(lr=2e-3, warmup_steps=20, weight_decay=0.05, clip_norm=1.0)
     # teacher.checkpoint: a jlearngene model artefact to distil from instead of training one
     c.teacher = _d(depth=6, steps=400, epochs=0.0, checkpoint='')
     # the Aux-Net through which every learned gene trains, by soft KD from the teacher
