@@ -176,6 +176,8 @@ def test_readme_snippets_define_every_name_they_use():
                 defined |= {(a.asname or a.name).split('.')[0] for a in node.names}
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 defined.add(node.id)
+            elif isinstance(node, ast.arg):          # lambda and function parameters
+                defined.add(node.arg)
         used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         assert used <= defined, (sorted(used - defined), block)
     model_block = text.split('## The model in a few lines')[1].split('```', 2)[1]

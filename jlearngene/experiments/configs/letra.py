@@ -46,10 +46,10 @@ def get_config(arg=None):
     # (width, depth) of every descendant; heads = width / head_dim, MLP = mlp_ratio × width
     c.descendants = ((32, 4), (40, 3), (40, 6), (48, 4), (48, 8), (56, 5), (64, 4), (64, 8))
     c.mlp_ratio = 2
-    c.descend = _d(steps=40, epochs=0.0, eval_every=10, lr=1e-3)
+    c.descend = _d(steps=40, epochs=0.0, eval_every=20, lr=1e-3)
     c.selections = ('continuous', 'step', 'random', 'random_wo', 'rank')
     c.baselines = ('scratch', 'tleg', 'imwlm')
-    c.headline = _d(target=0.6, steps=300, epochs=0.0, eval_every=20)
+    c.headline = _d(target=0.6, steps=250, epochs=0.0, eval_every=25)
 
     if scale == 'smoke':
         c.batch_size = 32
