@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Mapping
 
+from jlearngene import distributed
+
 METRICS_FILE = 'metrics.jsonl'
 
 log = logging.getLogger(__name__)
@@ -31,11 +33,6 @@ def _fmt(v) -> str:
             return f'{v:.3e}'
         return f'{v:.4f}'
     return str(v)
-
-
-def _primary() -> bool:
-    import jax
-    return jax.process_index() == 0
 
 
 def format_line(step: int, kind: str, metrics: Mapping[str, float]) -> str:
@@ -50,7 +47,7 @@ class MetricWriter:
 
     def __init__(self, workdir: str, *, console: bool = True, tensorboard: bool = True,
                  primary: bool | None = None):
-        self.primary = _primary() if primary is None else bool(primary)
+        self.primary = distributed.is_main_process() if primary is None else bool(primary)
         self.path = os.path.join(workdir, METRICS_FILE)
         self.console = console and self.primary
         self._file = self._tb = None
@@ -131,7 +128,7 @@ class Progress:
     def __init__(self, total: int, initial: int = 0, enabled: bool = True,
                  primary: bool | None = None):
         self._bar = None
-        if enabled and (_primary() if primary is None else primary):
+        if enabled and (distributed.is_main_process() if primary is None else primary):
             from tqdm.auto import tqdm
             self._bar = tqdm(total=total, initial=initial, unit='step', dynamic_ncols=True,
                              smoothing=0.1, file=sys.stdout)

@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jlearngene import compiler, parallel
+from jlearngene import compiler, distributed, parallel
 from jlearngene.train import checkpoint as ckpt_lib
 from jlearngene.train import metrics as metrics_lib
 from jlearngene.train.evaluate import evaluate
@@ -380,12 +380,12 @@ def _start_fresh(ckpt: ckpt_lib.RunCheckpointer, workdir: str) -> None:
         for step in old:
             ckpt.delete(step)
     path = os.path.join(workdir, metrics_lib.METRICS_FILE)
-    if jax.process_index() == 0 and os.path.exists(path):
+    if distributed.is_main_process() and os.path.exists(path):
         os.remove(path)
 
 
 def _write_config(workdir: str, config) -> None:
-    if config is None or jax.process_index() != 0:   # one copy, by process 0
+    if config is None or not distributed.is_main_process():   # one copy, by process 0
         return
     d = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
     with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
@@ -907,7 +907,7 @@ def _console_say(text: str) -> None:
     """A run event before the metric writer exists: a log record and, on process 0, a
     console line."""
     log.info('%s', text)
-    if jax.process_index() == 0:
+    if distributed.is_main_process():
         print(f'[{"run":>5}] {text}', file=sys.stderr, flush=True)
 
 
