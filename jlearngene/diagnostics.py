@@ -1,0 +1,413 @@
+"""Diagnostics a learngene study reads off trained models: layer-position linearity, mean
+attention distance per head, and linear CKA between two models' layers.
+
+Compute functions take arrays or params and return numpy arrays (or a small dict of them);
+`plot_*` functions take those results and return a matplotlib `Figure` (written to `path`
+when given). They build figures with `matplotlib.figure.Figure`, never `pyplot`, so they
+change no global backend and work the same in scripts, tests and notebooks::
+
+    from jlearngene import diagnostics as dg
+
+    lin = dg.layer_linearity(params, kinds='mlp/fc1/kernel')     # PCA of the layers + score
+    dg.plot_layer_linearity(lin, path='linearity.png')
+
+    mad = dg.model_attention_distance(params, cfg, images)      # (layers, heads), pixels
+    dg.plot_attention_distance(mad, path='mad.png')
+
+    a = dg.block_representations(child, child_cfg, images)      # (layers, tokens, width)
+    b = dg.block_representations(ancestor, ancestor_cfg, images)
+    dg.plot_cka(dg.cka_matrix(a, b), path='cka.png')
+
+Definitions:
+
+* **Layer-position linearity** (the observation behind TLEG: trained layers lie near a line
+  θ_l ≈ θ_B + l·θ_A in parameter space). Each block's chosen parameters, flattened, are one
+  row of X (L, P). `layer_pca` centres the rows over layers and returns the layers'
+  coordinates on the principal components (the PCA of the L points) with each component's
+  share of the across-layer variance. `linearity_score(X)` is the share of that variance
+  explained by the best affine function of the layer index, R² = 1 − Σ‖x_l − (b + l·a)‖² /
+  Σ‖x_l − x̄‖² (least squares over a and b): 1 when the layers are exactly TLEG's linear
+  expansion, about 1/(L−1) for layers drawn independently (one direction of the L−1 that L
+  centred points span). `layer_linearity` also reports `pc1_r2`, the R² of the same fit on
+  the PC-1 coordinate alone.
+* **Mean attention distance** (Dosovitskiy et al. 2021, Fig. 7; Raghu et al. 2021): for
+  layer l, head h and image b, with A the post-softmax attention over the N patch tokens
+  (prefix tokens' rows and columns dropped), MAD = (1/N) Σ_ij A_ij · δ_ij, δ_ij the pixel
+  distance between the centres of patches i and j; then the mean over images. This is the
+  definition `genes.cluster.mean_attention_distance` clusters heads by (rows not
+  renormalised after dropping the prefix; `renormalise=True` makes them distributions again).
+* **Linear CKA** (Kornblith et al. 2019): for representations X (n, d1) and Y (n, d2) of the
+  same n examples, both centred over examples, CKA = ‖YᵀX‖²_F / (‖XᵀX‖_F · ‖YᵀY‖_F).
+  Invariant to isotropic scaling and orthogonal transforms of either side, 1 for identical
+  inputs, about d/n for independent ones. Token representations: every patch token of every
+  image is one example (`block_representations`).
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jlearngene import pytree
+from jlearngene.models import vit
+from jlearngene.models.config import ViTConfig
+
+Params = dict[str, Any]
+
+__all__ = ['attention_distance', 'attention_maps', 'block_representations', 'cka', 'cka_matrix',
+           'grid_distances', 'layer_linearity', 'layer_matrix', 'layer_pca', 'linearity_score',
+           'model_attention_distance', 'plot_attention_distance', 'plot_cka',
+           'plot_layer_linearity']
+
+
+# ----------------------------------------------------------------------------------------
+# Layer-position linearity.
+
+def _block_trees(params: Params) -> list[dict[str, Any]]:
+    """Each block's {path: array} (paths relative to the block), in either layout."""
+    if not isinstance(params, Mapping) or 'blocks' not in params:
+        raise ValueError('layer_matrix: params have no blocks (expected a ViT tree with params["blocks"])')
+    blocks = params['blocks']
+    if isinstance(blocks, Mapping):
+        flat = pytree.flatten(blocks)
+        depths = {np.shape(v)[0] for v in flat.values()}
+        if len(depths) != 1:
+            raise ValueError(f'layer_matrix: stacked blocks disagree on depth: {sorted(depths)}')
+        return [{k: v[i] for k, v in flat.items()} for i in range(depths.pop())]
+    return [pytree.flatten(b) for b in blocks]
+
+
+def layer_matrix(params: Params, kinds: str | Sequence[str] = '.*kernel') -> np.ndarray:
+    """(L, P) float64: row l is block l's parameters whose block-relative path matches one
+    of `kinds` (regexes, `re.fullmatch`: 'attn/q/kernel', 'mlp/fc1/kernel', 'norm1/.*';
+    default every kernel), flattened and concatenated in tree order."""
+    kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+    rx = [re.compile(k) for k in kinds]
+    blocks = _block_trees(params)
+    if len(blocks) < 2:
+        raise ValueError(f'layer_matrix: {len(blocks)} block(s); linearity needs at least 2 layers')
+    paths = [p for p in blocks[0] if any(r.fullmatch(p) for r in rx)]
+    if not paths:
+        raise ValueError(f'layer_matrix: no block parameter matches {list(kinds)}; '
+                         f'block paths are {sorted(blocks[0])}')
+    rows = []
+    for i, b in enumerate(blocks):
+        shapes = [np.shape(b.get(p)) for p in paths]
+        if any(p not in b for p in paths) or shapes != [np.shape(blocks[0][p]) for p in paths]:
+            raise ValueError(f'layer_matrix: block {i} differs in shape from block 0 in {list(kinds)} '
+                             '(layers of different shapes have no common parameter space)')
+        rows.append(np.concatenate([np.asarray(b[p], np.float64).ravel() for p in paths]))
+    return np.stack(rows)
+
+
+def _as_layers(x, what: str) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    if x.ndim != 2 or x.shape[0] < 2:
+        raise ValueError(f'{what}: expected a (layers >= 2, features) array, got shape {x.shape}')
+    if not np.isfinite(x).all():
+        raise ValueError(f'{what}: the layer matrix has non-finite entries')
+    return x
+
+
+def layer_pca(x, n_components: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """PCA of the L layers (rows of `x`, (L, P)): `(coords (L, k), explained (k,))`, the
+    centred layers' coordinates on the first k principal components and each component's
+    share of the across-layer variance. Signs follow the layer order (coordinate of the last
+    layer ≥ that of the first), so plots of different models read the same way."""
+    x = _as_layers(x, 'layer_pca')
+    k = int(n_components)
+    if not 1 <= k <= x.shape[0]:
+        raise ValueError(f'layer_pca: n_components={n_components} must be in 1..{x.shape[0]} (the layers)')
+    xc = x - x.mean(axis=0)
+    u, s, _ = np.linalg.svd(xc, full_matrices=False)
+    total = float((s ** 2).sum())
+    if total == 0.0:
+        raise ValueError('layer_pca: every layer is identical (no across-layer variance)')
+    coords = u[:, :k] * s[:k]
+    coords *= np.where(coords[-1] < coords[0], -1.0, 1.0)
+    return coords, s[:k] ** 2 / total
+
+
+def linearity_score(x) -> float:
+    """R² of the best affine fit x_l ≈ b + l·a to the layers (rows of `x`, (L, P)): the share
+    of the across-layer variance on a straight line traversed at a constant speed in the
+    layer index (TLEG's expansion). 1 for a linear stack; ≈ 1/(L−1) for independent layers."""
+    x = _as_layers(x, 'linearity_score')
+    xc = x - x.mean(axis=0)
+    total = float((xc ** 2).sum())
+    if total == 0.0:
+        raise ValueError('linearity_score: every layer is identical (no across-layer variance)')
+    t = np.arange(x.shape[0], dtype=np.float64)
+    t -= t.mean()
+    proj = t @ xc                                  # least-squares slope · Σt²
+    return float((proj ** 2).sum() / (t @ t) / total)
+
+
+def layer_linearity(params: Params, kinds: str | Sequence[str] = '.*kernel', *,
+                    n_components: int = 2) -> dict[str, Any]:
+    """Layer-position linearity of a model: {'coords' (L, k), 'explained' (k,), 'score'
+    (`linearity_score`), 'pc1_r2' (R² of a line through the PC-1 coordinates against the
+    layer index), 'kinds'}. `kinds` as `layer_matrix`."""
+    x = layer_matrix(params, kinds)
+    coords, explained = layer_pca(x, min(n_components, x.shape[0]))
+    return {'coords': coords, 'explained': explained, 'score': linearity_score(x),
+            'pc1_r2': linearity_score(coords[:, :1]),
+            'kinds': (kinds,) if isinstance(kinds, str) else tuple(kinds)}
+
+
+# ----------------------------------------------------------------------------------------
+# Mean attention distance.
+
+def grid_distances(grid: int | Sequence[int], patch_size: int) -> np.ndarray:
+    """(N, N) pixel distances between the centres of a (rows, cols) patch grid's patches
+    (row-major order, N = rows·cols): patch_size × their Euclidean grid distance."""
+    gh, gw = (grid, grid) if isinstance(grid, (int, np.integer)) else tuple(grid)
+    if min(gh, gw) < 1 or patch_size <= 0:
+        raise ValueError(f'grid_distances: grid {(gh, gw)} and patch_size {patch_size} must be positive')
+    rc = np.stack(np.divmod(np.arange(gh * gw), gw), axis=1).astype(np.float64)
+    return patch_size * np.sqrt(((rc[:, None] - rc[None]) ** 2).sum(-1))
+
+
+def attention_distance(probs, grid: int | Sequence[int], patch_size: int, *, n_prefix: int = 0,
+                       renormalise: bool = False) -> np.ndarray:
+    """Mean attention distance in pixels from attention probabilities.
+
+    probs: (L, B, H, T, T) (what `apply(..., capture=('attn',))` returns in `aux['attn']`),
+      (B, H, T, T) for one layer, or a list of per-layer (B, H_l, T, T) arrays (list layout
+      with per-layer head counts); T = n_prefix + rows·cols tokens.
+    grid: the patch grid, `g` or `(rows, cols)`; patch_size in pixels.
+    Returns (L, H) (or (H,) for one layer; a list of (H_l,) arrays for a list input): the mean
+    over images of (1/N) Σ_ij A_ij δ_ij over the patch tokens.
+    """
+    gh, gw = (grid, grid) if isinstance(grid, (int, np.integer)) else tuple(grid)
+    n = gh * gw
+    dist = jnp.asarray(grid_distances((gh, gw), patch_size), jnp.float32)
+
+    def one(p, where):
+        p = jnp.asarray(p)
+        if p.ndim != 4 or p.shape[-1] != p.shape[-2]:
+            raise ValueError(f'attention_distance: {where} has shape {p.shape}; expected '
+                             '(batch, heads, tokens, tokens)')
+        if p.shape[-1] != n_prefix + n:
+            raise ValueError(f'attention_distance: {where} has {p.shape[-1]} tokens but the '
+                             f'{gh}x{gw} patch grid and {n_prefix} prefix token(s) give {n_prefix + n}')
+        a = p[:, :, n_prefix:, n_prefix:].astype(jnp.float32)
+        if renormalise:
+            a = a / jnp.maximum(a.sum(-1, keepdims=True), jnp.finfo(jnp.float32).tiny)
+        d = jnp.einsum('bhij,ij->bh', a, dist, precision='highest') / n
+        return np.asarray(d.mean(axis=0), np.float64)
+
+    if isinstance(probs, (list, tuple)):
+        return [one(p, f'layer {i}') for i, p in enumerate(probs)]
+    probs = jnp.asarray(probs)
+    if probs.ndim == 4:
+        return one(probs, 'the attention')
+    if probs.ndim != 5:
+        raise ValueError(f'attention_distance: attention of shape {probs.shape}; expected '
+                         '(layers, batch, heads, tokens, tokens) or (batch, heads, tokens, tokens)')
+    return np.stack([one(probs[i], f'layer {i}') for i in range(probs.shape[0])])
+
+
+def _n_prefix(params: Params) -> int:
+    return sum(k in params for k in ('cls_token', 'dist_token'))
+
+
+_apply = jax.jit(vit.apply, static_argnames=('cfg', 'capture'))
+
+
+def attention_maps(params: Params, cfg: ViTConfig, images) -> Any:
+    """Attention probabilities of every block on `images` (model inputs, NHWC):
+    `apply(..., capture=('attn',))`'s (L, B, H, T, T), or a list for per-layer head counts."""
+    return _apply(params, jnp.asarray(images, jnp.float32), cfg=cfg, capture=('attn',))[1]['attn']
+
+
+def model_attention_distance(params: Params, cfg: ViTConfig, images, *,
+                             renormalise: bool = False) -> np.ndarray:
+    """(L, H) mean attention distance of a model on `images` (model inputs, one batch);
+    the grid and patch size come from `cfg`. A list of (H_l,) arrays for per-layer heads."""
+    g = cfg.image_size // cfg.patch_size
+    return attention_distance(attention_maps(params, cfg, images), (g, g), cfg.patch_size,
+                              n_prefix=_n_prefix(params), renormalise=renormalise)
+
+
+# ----------------------------------------------------------------------------------------
+# Linear CKA.
+
+def _as_examples(x, what: str) -> jax.Array:
+    x = jnp.asarray(x, jnp.float32)
+    if x.ndim < 2:
+        raise ValueError(f'{what}: expected (examples, features) or (batch, tokens, features), got shape {x.shape}')
+    return x.reshape(-1, x.shape[-1])
+
+
+@jax.jit
+def _normalised(x):
+    """x centred over examples and scaled to unit Frobenius norm (CKA is scale-free, and the
+    products below stay far from overflow), with flags: all finite, not constant."""
+    x = x - x.mean(axis=0, keepdims=True)
+    norm = jnp.linalg.norm(x)
+    return x / jnp.where(norm > 0, norm, 1.0), jnp.isfinite(norm), norm > 0
+
+
+def _centred(x, what: str):
+    x, finite, varies = _normalised(x)
+    if not bool(finite):
+        raise ValueError(f'{what}: the representation has non-finite entries')
+    if not bool(varies):
+        raise ValueError(f'{what}: the representation is constant over the examples (CKA is undefined)')
+    return x
+
+
+def cka(x, y) -> float:
+    """Linear CKA of two representations of the same examples: x (n, d1), y (n, d2), or
+    (batch, tokens, d) arrays (every token an example). Centred over examples first."""
+    x, y = _as_examples(x, 'cka: x'), _as_examples(y, 'cka: y')
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f'cka: x has {x.shape[0]} examples and y {y.shape[0]}; both must '
+                         'represent the same examples')
+    return float(_cka(_centred(x, 'cka: x'), _centred(y, 'cka: y')))
+
+
+@jax.jit
+def _cka(x, y):
+    """Linear CKA of centred x (n, d1), y (n, d2), in the feature form (d×d products)."""
+    hp = jax.lax.Precision.HIGHEST
+    cross = jnp.sum(jnp.matmul(y.T, x, precision=hp) ** 2)
+    nx = jnp.linalg.norm(jnp.matmul(x.T, x, precision=hp))
+    ny = jnp.linalg.norm(jnp.matmul(y.T, y, precision=hp))
+    return cross / (nx * ny)
+
+
+def cka_matrix(a, b) -> np.ndarray:
+    """(La, Lb) linear CKA between every layer of `a` and every layer of `b`: each a stack
+    (L, n, d) / (L, B, T, d) or a list of per-layer arrays (widths may differ between and
+    within the models; the example count n must be the same everywhere)."""
+    la = [_as_examples(x, f'cka_matrix: a[{i}]') for i, x in enumerate(a)]
+    lb = [_as_examples(y, f'cka_matrix: b[{j}]') for j, y in enumerate(b)]
+    if not la or not lb:
+        raise ValueError('cka_matrix: both models need at least one layer')
+    counts = {x.shape[0] for x in la + lb}
+    if len(counts) != 1:
+        raise ValueError(f'cka_matrix: the layers hold different example counts {sorted(counts)}; '
+                         'run both models on the same images')
+    la = [_centred(x, f'cka_matrix: a[{i}]') for i, x in enumerate(la)]
+    lb = [_centred(y, f'cka_matrix: b[{j}]') for j, y in enumerate(lb)]
+    return np.array([[float(_cka(x, y)) for y in lb] for x in la], np.float64)
+
+
+def block_representations(params: Params, cfg: ViTConfig, images, *,
+                          tokens: str = 'patches') -> Any:
+    """Every block's output tokens on `images` (model inputs), as CKA examples:
+    (L, B·N, D) with `tokens='patches'` (prefix tokens dropped, so models with and without a
+    class token compare) or `'all'` (every token). A list for blocks of different widths."""
+    if tokens not in ('patches', 'all'):
+        raise ValueError(f"block_representations: tokens={tokens!r}; expected 'patches' or 'all'")
+    out = _apply(params, jnp.asarray(images, jnp.float32), cfg=cfg, capture=('blocks',))[1]['blocks']
+    start = _n_prefix(params) if tokens == 'patches' else 0
+    if isinstance(out, (list, tuple)):
+        return [h[:, start:].reshape(-1, h.shape[-1]) for h in out]
+    return out[:, :, start:].reshape(out.shape[0], -1, out.shape[-1])
+
+
+# ----------------------------------------------------------------------------------------
+# Plots.
+
+def _figure(figsize):
+    from matplotlib.figure import Figure
+    return Figure(figsize=figsize, layout='constrained')
+
+
+def _save(fig, path: str | os.PathLike | None):
+    if path is not None:
+        fig.savefig(os.fspath(path), dpi=100)
+    return fig
+
+
+def plot_layer_linearity(result: Mapping[str, Any], *, path: str | os.PathLike | None = None,
+                         title: str | None = None):
+    """Two panels from `layer_linearity`'s result: the PC-1 (and PC-2) coordinates against
+    depth with the fitted line of PC-1, and the layers' path in the PC-1/PC-2 plane."""
+    coords = np.asarray(result['coords'], np.float64)
+    explained = np.asarray(result['explained'], np.float64)
+    if coords.ndim != 2 or coords.shape[1] != explained.shape[0]:
+        raise ValueError(f'plot_layer_linearity: coords {coords.shape} and explained '
+                         f'{explained.shape} disagree')
+    layers = np.arange(coords.shape[0])
+    fig = _figure((10, 4))
+    ax_d, ax_p = fig.subplots(1, 2)
+    for k in range(coords.shape[1]):
+        ax_d.plot(layers, coords[:, k], marker='o', label=f'PC-{k + 1} ({100 * explained[k]:.0f} %)')
+    slope, icpt = np.polyfit(layers, coords[:, 0], 1)
+    ax_d.plot(layers, icpt + slope * layers, 'k--', lw=1, label='line through PC-1')
+    ax_d.set_xlabel('layer')
+    ax_d.set_ylabel('coordinate')
+    ax_d.legend(fontsize=8)
+    ax_d.grid(alpha=0.3)
+    y = coords[:, 1] if coords.shape[1] > 1 else np.zeros_like(layers, np.float64)
+    sc = ax_p.scatter(coords[:, 0], y, c=layers, cmap='viridis', zorder=3)
+    ax_p.plot(coords[:, 0], y, color='0.6', lw=1, zorder=2)
+    for i in layers:
+        ax_p.annotate(str(i), (coords[i, 0], y[i]), textcoords='offset points', xytext=(4, 4), fontsize=8)
+    ax_p.set_xlabel('PC-1')
+    ax_p.set_ylabel('PC-2' if coords.shape[1] > 1 else '')
+    fig.colorbar(sc, ax=ax_p, label='layer')
+    score = result.get('score')
+    kinds = ', '.join(result.get('kinds', ()))
+    head = title or 'layer-position linearity'
+    fig.suptitle(f'{head}: {kinds}' + (f'  (linearity R² = {score:.3f})' if score is not None else ''))
+    return _save(fig, path)
+
+
+def plot_attention_distance(dist, *, path: str | os.PathLike | None = None,
+                            title: str = 'mean attention distance (px)'):
+    """Heatmap (layer × head) of `attention_distance`'s (L, H) result; a list of per-layer
+    arrays (different head counts) leaves the missing heads blank."""
+    if isinstance(dist, (list, tuple)):
+        rows = [np.asarray(d, np.float64).ravel() for d in dist]
+        m = np.full((len(rows), max(len(r) for r in rows)), np.nan)
+        for i, r in enumerate(rows):
+            m[i, :len(r)] = r
+    else:
+        m = np.asarray(dist, np.float64)
+    if m.ndim != 2:
+        raise ValueError(f'plot_attention_distance: expected (layers, heads), got shape {m.shape}')
+    fig = _figure((1.2 + 0.5 * m.shape[1], 1.2 + 0.4 * m.shape[0]))
+    ax = fig.subplots()
+    im = ax.imshow(m, cmap='viridis', aspect='auto', origin='lower')
+    if m.size <= 256:
+        for (i, j), v in np.ndenumerate(m):
+            if np.isfinite(v):
+                ax.text(j, i, f'{v:.1f}', ha='center', va='center', fontsize=7, color='w')
+    ax.set_xlabel('head')
+    ax.set_ylabel('layer')
+    ax.set_xticks(range(m.shape[1]))
+    ax.set_yticks(range(m.shape[0]))
+    fig.colorbar(im, ax=ax, label='pixels')
+    ax.set_title(title)
+    return _save(fig, path)
+
+
+def plot_cka(matrix, *, path: str | os.PathLike | None = None, xlabel: str = 'ancestor layer',
+             ylabel: str = 'descendant layer', title: str = 'linear CKA'):
+    """Heatmap of `cka_matrix`'s (La, Lb) result, values in [0, 1]."""
+    m = np.asarray(matrix, np.float64)
+    if m.ndim != 2:
+        raise ValueError(f'plot_cka: expected a (layers_a, layers_b) matrix, got shape {m.shape}')
+    fig = _figure((1.5 + 0.45 * m.shape[1], 1.2 + 0.4 * m.shape[0]))
+    ax = fig.subplots()
+    im = ax.imshow(m, cmap='magma', vmin=0.0, vmax=1.0, origin='lower', aspect='auto')
+    if m.size <= 256:
+        for (i, j), v in np.ndenumerate(m):
+            ax.text(j, i, f'{v:.2f}', ha='center', va='center', fontsize=7,
+                    color='k' if v > 0.6 else 'w')
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_xticks(range(m.shape[1]))
+    ax.set_yticks(range(m.shape[0]))
+    fig.colorbar(im, ax=ax)
+    ax.set_title(title)
+    return _save(fig, path)
