@@ -338,23 +338,36 @@ def upstream_runs(method: genes.Method) -> list[str]:
 
 def _learn_gene(method, options, teacher, t_cfg, aux_cfg, dset, config, workdir):
     """Train `method`'s gene through the Aux-Net by soft distillation from the teacher."""
+    gene0 = method.init_gene(aux_cfg, jax.random.key(config['seed'] + 1), **options)
+    return distil(f'aux_{method.name}', lambda g: method.materialize(g, None, aux_cfg), gene0,
+                  teacher, t_cfg, aux_cfg, dset, config, workdir)
+
+
+def distil(name: str, materialize: Callable, gene0, teacher, t_cfg: ViTConfig,
+           aux_cfg: ViTConfig, dset: Data, config: Config, workdir: str, *,
+           decay: tuple[str, ...] | None = None):
+    """Train the gene `gene0` through the Aux-Net `materialize(gene)` (config `aux_cfg`) by
+    soft distillation from `teacher` (`config.aux`: steps or epochs, tau, alpha); only the
+    gene trains, `decay` (path regexes) limits weight decay to those leaves. Returns (gene,
+    the Aux-Net's test accuracy, seconds, steps)."""
     ac, seed = config['aux'], config['seed']
     steps = budget(ac, dset.num_examples, config['batch_size'], 'aux')
 
     def kd_loss(gene, batch, rng):
-        student, _ = apply(method.materialize(gene, None, aux_cfg), batch['image'], aux_cfg,
-                           train=True, rng=rng)
+        student, _ = apply(materialize(gene), batch['image'], aux_cfg, train=True, rng=rng)
         target = apply(teacher, batch['image'], t_cfg)[0]
         loss = losses.soft_distillation(student, target, batch['label'], tau=ac['tau'], alpha=ac['alpha'])
         return loss, {'accuracy': losses.accuracy(student, batch['label'])}
 
     def aux_eval(gene, batch):
-        return eval_fn(aux_cfg)(method.materialize(gene, None, aux_cfg), batch)
+        return eval_fn(aux_cfg)(materialize(gene), batch)
 
-    gene0 = method.init_gene(aux_cfg, jax.random.key(seed + 1), **options)
-    gene, curve, secs = fit(f'aux_{method.name}', kd_loss, gene0, aux_eval, dset, steps=steps,
-                             lr=config['optim']['lr'], config=config, workdir=workdir,
-                             seed=seed + 1, eval_every=None)
+    optim_cfg = dict(plain(config['optim']))
+    if decay is not None:
+        optim_cfg['decay'] = decay
+    gene, curve, secs = fit(name, kd_loss, gene0, aux_eval, dset, steps=steps,
+                             lr=config['optim']['lr'], config={'optim': optim_cfg},
+                             workdir=workdir, seed=seed + 1, eval_every=None)
     return gene, curve[-1][1], secs, steps
 
 
