@@ -20,7 +20,7 @@ import os
 import sys
 import traceback
 
-COMMANDS = ('demo', 'train', 'eval', 'plot', 'info', 'convert', 'gene', 'descend')
+COMMANDS = ('demo', 'train', 'compare', 'eval', 'plot', 'info', 'convert', 'gene', 'descend')
 TRACEBACK_ENV = 'JLEARNGENE_TRACEBACK'
 VERBOSE_FLAG = '--verbose'
 

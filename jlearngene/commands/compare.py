@@ -1,0 +1,27 @@
+"""`jlearngene compare [--config compare[:digits|smoke|paper]] [--workdir DIR] [--config.x=y ...]`:
+every method and baseline on one task at one budget (`jlearngene.experiments.compare`).
+
+It is `jlearngene train --config compare --workdir DIR`: the bundled config
+jlearngene/experiments/configs/compare.py (or the one given with --config) runs through the
+experiment harness and the results table is printed at the end.
+"""
+from __future__ import annotations
+
+HELP = 'every method and baseline on one task and budget: one table, cost and break-even plots'
+
+
+def train_argv(argv: list[str]) -> list[str]:
+    """The `jlearngene train` arguments for `argv`: `--config compare` and `--workdir
+    workdirs/compare` unless given."""
+    argv = list(argv)
+    has = lambda flag: any(a == flag or a.startswith(flag + '=') for a in argv)   # noqa: E731
+    if not has('--config'):
+        argv = ['--config', 'compare'] + argv
+    if not has('--workdir'):
+        argv += ['--workdir', 'workdirs/compare']
+    return argv
+
+
+def main(argv: list[str]) -> int:
+    from jlearngene.commands import train
+    return train.main(train_argv(argv), prog='jlearngene compare')
