@@ -375,7 +375,7 @@ def plot_attention_distance(dist, *, path: str | os.PathLike | None = None,
         m = np.asarray(dist, np.float64)
     if m.ndim != 2:
         raise ValueError(f'plot_attention_distance: expected (layers, heads), got shape {m.shape}')
-    fig = _figure((1.2 + 0.5 * m.shape[1], 1.2 + 0.4 * m.shape[0]))
+    fig = _figure((max(4.5, 1.2 + 0.5 * m.shape[1]), max(3.0, 1.2 + 0.4 * m.shape[0])))
     ax = fig.subplots()
     im = ax.imshow(m, cmap='viridis', aspect='auto', origin='lower')
     if m.size <= 256:
@@ -387,7 +387,7 @@ def plot_attention_distance(dist, *, path: str | os.PathLike | None = None,
     ax.set_xticks(range(m.shape[1]))
     ax.set_yticks(range(m.shape[0]))
     fig.colorbar(im, ax=ax, label='pixels')
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     return _save(fig, path)
 
 
@@ -397,7 +397,7 @@ def plot_cka(matrix, *, path: str | os.PathLike | None = None, xlabel: str = 'an
     m = np.asarray(matrix, np.float64)
     if m.ndim != 2:
         raise ValueError(f'plot_cka: expected a (layers_a, layers_b) matrix, got shape {m.shape}')
-    fig = _figure((1.5 + 0.45 * m.shape[1], 1.2 + 0.4 * m.shape[0]))
+    fig = _figure((max(4.5, 1.5 + 0.45 * m.shape[1]), max(3.0, 1.2 + 0.4 * m.shape[0])))
     ax = fig.subplots()
     im = ax.imshow(m, cmap='magma', vmin=0.0, vmax=1.0, origin='lower', aspect='auto')
     if m.size <= 256:
