@@ -109,3 +109,15 @@ def test_warmup_longer_than_the_run_is_clipped_with_a_warning(caplog):
         _, state = update(params, state, params)
         lrs.append(float(optim.current_lr(state)))
     assert lrs[0] == 0.0 and lrs[1] == pytest.approx(0.5) and lrs[2] == pytest.approx(1.0)
+
+
+def test_equal_configs_share_one_transformation(params):
+    """Runs with equal optimiser configs on one tree structure get one transformation object
+    (the trainer's compiled steps are cached by it); any difference gives another."""
+    cfg = dict(lr=1e-3, warmup_steps=2, weight_decay=0.05, freeze=('pos_embed',))
+    tx = optim.make_optimizer(cfg, params, total_steps=10)
+    assert optim.make_optimizer(dict(cfg), params, total_steps=10) is tx
+    assert optim.make_optimizer(cfg, params, total_steps=11) is not tx
+    assert optim.make_optimizer(dict(cfg, lr=2e-3), params, total_steps=10) is not tx
+    fewer = {k: v for k, v in params.items() if k != 'head'}
+    assert optim.make_optimizer(cfg, fewer, total_steps=10) is not tx

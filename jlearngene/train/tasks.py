@@ -8,6 +8,7 @@ real examples).
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -18,8 +19,10 @@ from jlearngene.models import ViTConfig, apply
 from jlearngene.train import losses
 
 
+@functools.lru_cache(maxsize=64)
 def classification_loss(cfg: ViTConfig, *, label_smoothing: float = 0.0) -> Callable:
-    """Cross-entropy on batch['label_soft'] when present (mixup/cutmix), else batch['label']."""
+    """Cross-entropy on batch['label_soft'] when present (mixup/cutmix), else batch['label'].
+    One function object per (config, smoothing), so runs at one shape share a compiled step."""
     def loss_fn(params, batch, rng):
         logits, _ = apply(params, batch['image'], cfg, train=True, rng=rng)
         targets = batch['label_soft'] if 'label_soft' in batch else batch['label']
