@@ -579,7 +579,8 @@ def plot(results: dict, workdir: str) -> list[str]:
             start = s['upstream_flops'] / s['descendants'] + r['extra_flops']
             pts = [((start + st * r['finetune_flops'] / steps) / 1e9, a) for st, a in r['curve']]
             pts = [p for p in pts if p[0] > 0]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker='o', ms=2.5, label=r['label'])
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker='o', ms=2.5, label=r['label'],
+                    color=f"C{results['methods'].index(r['method']) % 10}")   # one colour per method
         ax.set_xscale('log')
         ax.set_title(f'width {shape[0]}, depth {shape[1]}', fontsize=9)
         ax.set_xlabel('GFLOPs per descendant (amortised)', fontsize=8)
