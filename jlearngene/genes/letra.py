@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jlearngene import pytree
+from jlearngene import compiler, pytree
 from jlearngene.genes import common
 from jlearngene.genes.common import GeneError
 from jlearngene.models import vit
@@ -219,9 +219,7 @@ def _pair_coefficients(key, n_sets):
     return jnp.concatenate([jnp.ones_like(u), u], axis=1) / (1.0 + u)
 
 
-@functools.partial(jax.jit, static_argnames=('cfg', 'learngene_heads', 'learngene_depth',
-                                              'learngene_width', 'learngene_mlp_dim'))
-def init_gene(cfg: ViTConfig, key: jax.Array, *, learngene_heads: int | None = None,
+def _init_gene(cfg: ViTConfig, key: jax.Array, *, learngene_heads: int | None = None,
               learngene_depth: int | None = None, learngene_width: int | None = None,
               learngene_mlp_dim: int | None = None) -> Gene:
     """A fresh gene for an Aux-Net of config `cfg`, initialised as the official code: the
@@ -254,6 +252,12 @@ def init_gene(cfg: ViTConfig, key: jax.Array, *, learngene_heads: int | None = N
             depth.setdefault(module, {})[kind] = _pair_coefficients(jax.random.fold_in(k_d, i), n_sets)
     pos = vit.init_embeddings(cfg, k_pos)['pos_embed']
     return {'learngene': learngene, 'width': width, 'depth': depth, 'pos_embed': pos}
+
+
+init_gene = compiler.run_once_jit(
+    _init_gene, lambda cfg, key, **_: vit.block_elements(cfg),
+    static_argnames=('cfg', 'learngene_heads', 'learngene_depth', 'learngene_width',
+                     'learngene_mlp_dim'))
 
 
 # ----------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jlearngene import ops
+from jlearngene import compiler, ops
 from jlearngene.models.config import ViTConfig
 
 Params = dict[str, Any]
@@ -144,16 +144,24 @@ def init_embeddings(cfg: ViTConfig, key: jax.Array) -> Params:
     return params
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def init(cfg: ViTConfig, key: jax.Array) -> Params:
+def _init(cfg: ViTConfig, key: jax.Array) -> Params:
     """Random parameters in the stacked layout (blocks on a leading `layers` axis).
 
     One compiled program per config (run eagerly, the draws would compile a program per
-    operation and shape: most of the time a small model's initialisation takes)."""
+    operation and shape: most of the time a small model's initialisation takes); small
+    models compile quickly on CPU (`compiler.run_once_jit`)."""
     k_emb, k_blocks = jax.random.split(key)
     params = init_embeddings(cfg, k_emb)
     params['blocks'] = jax.vmap(lambda k: init_block(cfg, k))(jax.random.split(k_blocks, cfg.depth))
     return params
+
+
+def block_elements(cfg: ViTConfig) -> int:
+    """The blocks' kernel values of `cfg` (the size of an initialisation, roughly)."""
+    return cfg.depth * cfg.width * (4 * cfg.attn_width + 2 * cfg.mlp_dim)
+
+
+init = compiler.run_once_jit(_init, lambda cfg, key: block_elements(cfg), static_argnums=0)
 
 
 # ----------------------------------------------------------------------------------------
