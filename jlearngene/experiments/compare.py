@@ -40,12 +40,12 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from jlearngene import costs, genes
+from jlearngene import compiler, costs, genes
 from jlearngene.experiments import cluster as cluster_exp
 from jlearngene.experiments import harness
 from jlearngene.experiments import mango as mango_exp
 from jlearngene.genes import cluster, letra, scala
-from jlearngene.models import ViTConfig, init
+from jlearngene.models import ViTConfig, init, vit
 from jlearngene.train import slimmable, tasks
 
 TEACHER_GENES = ('cluster', 'he_lg', 'auto_lg', 'pre_fin', 'imwlm')   # gene from the teacher
@@ -276,15 +276,12 @@ def summarise(rows: list[dict], upstream: dict[str, float], methods: Sequence[st
 # The run.
 
 @functools.lru_cache(maxsize=None)
-def _loss(cfg: ViTConfig):
-    return tasks.classification_loss(cfg)
-
-
-@functools.lru_cache(maxsize=None)
 def _jit_descend(method: str, cfg: ViTConfig, options: tuple):
-    """The method's descend for `cfg`, compiled once (eagerly, every op compiles alone)."""
+    """The method's descend for `cfg`, compiled once (eagerly, every op compiles alone) and
+    quickly (`compiler.run_once_jit`)."""
     fn = functools.partial(genes.get(method).descend, target_cfg=cfg, **dict(options))
-    return jax.jit(lambda gene, key: fn(gene, key=key))
+    return compiler.run_once_jit(lambda gene, key: fn(gene, key=key),
+                                 lambda gene, key: vit.block_elements(cfg))
 
 
 def _stored(method: str, genes_used: dict) -> int:
@@ -333,7 +330,7 @@ def run(config, workdir: str, quiet: bool = False) -> dict:
     teacher = None
     if needed & {'teacher'}:
         steps = harness.budget(config['teacher'], n, bs, 'teacher')
-        teacher, info['teacher_accuracy'] = fit('teacher', _loss(ref), init(ref, jax.random.key(seed)),
+        teacher, info['teacher_accuracy'] = fit('teacher', tasks.classification_loss(ref), init(ref, jax.random.key(seed)),
                                                 steps, harness.eval_fn(ref))
         runs.append(costs.Run('teacher', ref, steps * bs / n, n))
     learned = {}
@@ -356,7 +353,7 @@ def run(config, workdir: str, quiet: bool = False) -> dict:
     small = None
     if needed & {'small'}:
         steps = harness.budget(config['small'], n, bs, 'small')
-        small, info['small_accuracy'] = fit('small', _loss(small_cfg),
+        small, info['small_accuracy'] = fit('small', tasks.classification_loss(small_cfg),
                                             init(small_cfg, jax.random.key(seed + 2)), steps,
                                             harness.eval_fn(small_cfg))
         runs.append(costs.Run('small', small_cfg, steps * bs / n, n))
@@ -382,7 +379,7 @@ def run(config, workdir: str, quiet: bool = False) -> dict:
             stored[method][_gene_key(method, d_cfg, config, ref)] = (gene, head)
             acc0 = harness.accuracy(params0, d_cfg, dset)
             name = f'w{width}_d{depth}_{method}'
-            _, curve, secs = harness.fit(name, _loss(d_cfg), params0, harness.eval_fn(d_cfg), dset,
+            _, curve, secs = harness.fit(name, tasks.classification_loss(d_cfg), params0, harness.eval_fn(d_cfg), dset,
                                          steps=d_steps, lr=dc['lr'], config=config,
                                          workdir=workdir, seed=seed + 7,
                                          eval_every=harness.get(dc, 'eval_every', 0))

@@ -23,17 +23,19 @@ from typing import Any
 
 import jax
 
-from jlearngene import costs, pytree
+from jlearngene import compiler, costs, pytree
 from jlearngene.experiments import harness
 from jlearngene.genes import letra, selection, tleg
-from jlearngene.models import ViTConfig, apply, init
+from jlearngene.models import ViTConfig, apply, init, vit
 from jlearngene.train import checkpoint, losses, tasks
 
 LABELS = {'scratch': 'Scratch', 'tleg': 'TLEG', 'imwlm': 'IMwLM'}
 # one compiled program per descendant shape and strategy (run eagerly, every operation of
-# the selection would compile on its own)
-letra_descend = jax.jit(letra.descend, static_argnames=('target_cfg', 'selection'))
-imwlm_descend = jax.jit(selection.descend, static_argnames=('target_cfg',))
+# the selection would compile on its own), compiled quickly (`compiler.run_once_jit`)
+_size = lambda gene, target_cfg, **_: vit.block_elements(target_cfg)   # noqa: E731
+letra_descend = compiler.run_once_jit(letra.descend, _size, static_argnames=('target_cfg', 'selection'))
+imwlm_descend = compiler.run_once_jit(selection.descend, _size, static_argnames=('target_cfg',))
+tleg_descend = compiler.run_once_jit(tleg.descend, _size, static_argnames=('target_cfg', 'head'))
 
 
 def descendant_config(config, width: int, depth: int, num_classes: int) -> ViTConfig:
@@ -158,7 +160,7 @@ def run(config, workdir: str, quiet: bool = False) -> dict:
             if name == 'scratch':
                 inits.append((name, '', init(d_cfg, key)))
             elif name == 'tleg' and width == aux_cfg.width:
-                inits.append((name, '', tleg.descend(genes['tleg'], d_cfg, head='inherit')))
+                inits.append((name, '', tleg_descend(genes['tleg'], d_cfg, head='inherit')))
             elif name == 'imwlm':
                 inits.append((name, '', imwlm_descend(imwlm_gene, d_cfg, key=key)))
         done: list[tuple[Any, dict]] = []
