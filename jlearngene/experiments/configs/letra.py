@@ -1,7 +1,7 @@
 r"""LeTra end to end: teacher -> learngene inside a wider, deeper Aux-Net -> descendants that
 vary in width and depth, compared with Scratch, TLEG and IMwLM at the same fine-tuning budget.
 
-    jlearngene train --config letra:digits --workdir DIR        # default: ~11 minutes on 2 cores
+    jlearngene train --config letra:digits --workdir DIR        # default: ~9.5 minutes on 2 cores
     jlearngene train --config letra:smoke --workdir DIR         # seconds: the tests' miniature
     jlearngene train --config letra:paper --workdir DIR \
         --config.data.data_dir=~/tensorflow_datasets --config.teacher.checkpoint=CKPT
