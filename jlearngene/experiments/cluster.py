@@ -128,10 +128,7 @@ def _row(label, method, schedule, params0, d_cfg, s_params, i_params, acc0, curv
 
 def run(config, workdir: str, quiet: bool = False) -> dict:
     """The experiment (see the module docstring); returns the results with the tables."""
-    os.makedirs(workdir, exist_ok=True)
-    if harness.get(config, 'compile_cache', True):
-        harness.enable_compile_cache(os.path.join(workdir, 'jax_cache'))
-    t_start = time.perf_counter()
+    t_start = harness.prepare(config, workdir)
     variants = tuple(config['variants'])
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:

@@ -126,6 +126,15 @@ def budget(section: Config, num_examples: int, batch: int, name: str) -> int:
     raise ValueError(f'config section {name!r} needs steps > 0 or epochs > 0')
 
 
+def prepare(config: Config, workdir: str) -> float:
+    """Create `workdir`, persist compiled programs in workdir/jax_cache unless
+    `config.compile_cache` is False, and return the run's start time (`time.perf_counter`)."""
+    os.makedirs(workdir, exist_ok=True)
+    if get(config, 'compile_cache', True):
+        enable_compile_cache(os.path.join(workdir, 'jax_cache'))
+    return time.perf_counter()
+
+
 def enable_compile_cache(path: str) -> bool:
     """Persist compiled programs under `path`: the descendants of one depth share their train
     and eval programs across methods, so most compiles become cache reads. Has no effect
@@ -212,10 +221,7 @@ def run(config: Config, workdir: str, *, quiet: bool = False) -> dict:
     if exp.run is not None:
         return exp.run(config, workdir, quiet)
     methods = [genes.get(name) for name in config['methods']]    # unknown names fail here
-    os.makedirs(workdir, exist_ok=True)
-    if get(config, 'compile_cache', True):
-        enable_compile_cache(os.path.join(workdir, 'jax_cache'))
-    t_start = time.perf_counter()
+    t_start = prepare(config, workdir)
     dset = Data(config)
     K, bs, seed, n = dset.num_classes, config['batch_size'], config['seed'], dset.num_examples
     timings: dict[str, float] = {}

@@ -78,10 +78,7 @@ def steps_to(curve: list[tuple[int, float]], target: float) -> int | None:
 
 
 def run(config, workdir: str, quiet: bool = False) -> dict:
-    os.makedirs(workdir, exist_ok=True)
-    if harness.get(config, 'compile_cache', True):
-        harness.enable_compile_cache(os.path.join(workdir, 'jax_cache'))
-    t_start = time.perf_counter()
+    t_start = harness.prepare(config, workdir)
     dset = harness.Data(config)
     K, bs, seed, n = dset.num_classes, config['batch_size'], config['seed'], dset.num_examples
     say = lambda msg: harness.say(msg, quiet)   # noqa: E731

@@ -147,10 +147,7 @@ def run(config, workdir: str, quiet: bool = False) -> dict:
     """Run the growth comparison `config` describes; returns the results dict (also written
     to `workdir`) with its Markdown table under 'table'."""
     plan = entries(config)
-    os.makedirs(workdir, exist_ok=True)
-    if harness.get(config, 'compile_cache', True):
-        harness.enable_compile_cache(os.path.join(workdir, 'jax_cache'))
-    t_start = time.perf_counter()
+    t_start = harness.prepare(config, workdir)
     dset = harness.Data(config)
     n, bs, seed = dset.num_examples, config['batch_size'], config['seed']
     small_cfg, large_cfg = model_configs(config, dset.num_classes)

@@ -259,6 +259,19 @@ def experiment_base(experiment: str, scale: str, *, eval_batch_size: int = 128) 
     return c
 
 
+def imagenet_data(**augment) -> ml_collections.ConfigDict:
+    """The `paper` configs' data section: ImageNet-1k from a prepared tfds directory (set
+    `data.data_dir`; nothing is downloaded) at 224 px, ImageNet mean/std, DeiT's augmentation
+    (random resized crops, flips, mixup 0.8, cutmix 1.0, label smoothing 0.1; `augment`
+    changes fields), evaluated on the validation split."""
+    aug = section(rrc_scale=(0.08, 1.0), flip=True, mixup_alpha=0.8, cutmix_alpha=1.0,
+                  label_smoothing=0.1)
+    aug.update(augment)
+    return section(name='tfds', tfds_name='imagenet2012', data_dir='', image_size=224,
+                   mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), augment=aug,
+                   splits=section(test='validation'))
+
+
 def parse_arg(arg: str | None, choices: tuple[str, ...], flags: tuple[str, ...] = ()) -> tuple[str, set[str]]:
     """A config's `arg` 'choice[,flag...]' (e.g. 'digits,quick') -> (choice, {flags}); the
     first of `choices` when `arg` is empty. Unknown items are a one-line error."""

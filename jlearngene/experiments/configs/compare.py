@@ -31,7 +31,7 @@ Arguments: 'digits' (default; results in experiments/compare/README.md), 'smoke'
 table entry. Budgets: `steps` (> 0) or else `epochs`, per stage.
 """
 
-from jlearngene.experiments.configs import experiment_base, parse_arg, section as _d
+from jlearngene.experiments.configs import experiment_base, imagenet_data, parse_arg, section as _d
 
 ARGS = ('digits', 'smoke', 'paper')
 
@@ -89,11 +89,7 @@ def get_config(arg=None):
         c.break_even.max_descendants = 5
     elif scale == 'paper':
         c.batch_size = c.eval_batch_size = 512
-        c.data = _d(name='tfds', tfds_name='imagenet2012', data_dir='', image_size=224,
-                    mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225),
-                    augment=_d(rrc_scale=(0.08, 1.0), flip=True, mixup_alpha=0.8,
-                               cutmix_alpha=1.0, label_smoothing=0.1),
-                    splits=_d(test='validation'))
+        c.data = imagenet_data()
         # DeiT-B teacher / Aux-Net / slimmable network; DeiT-S as the small model to grow
         c.model = _d(variant='B', patch_size=16, image_size=224, channels=3, pool='avg',
                      ln_eps=1e-6, drop_path=0.1)
