@@ -5,7 +5,8 @@ pieces (`PART = harness.Part(run=run)`):
 
 1. the teacher (cross-entropy; IMwLM's larger model too);
 2. a LeTra gene and a TLEG gene, each trained through an Aux-Net of the model section's shape
-   by soft distillation from the teacher (only the gene trains; LeTra with `letra.DECAY`);
+   by soft distillation from the teacher (`harness.distil`: only the gene trains; LeTra
+   with `letra.DECAY`);
 3. every descendant `(width, depth)` of `config.descendants`, initialised by LeTra with each
    of `config.selections` (a strategy whose initial weights equal an earlier one's shares its
    run), Scratch, IMwLM and, at the Aux-Net's width, TLEG; all fine-tuned for the same steps;
@@ -26,8 +27,8 @@ import jax
 from jlearngene import compiler, costs, pytree
 from jlearngene.experiments import harness
 from jlearngene.genes import letra, selection, tleg
-from jlearngene.models import ViTConfig, apply, init, vit
-from jlearngene.train import checkpoint, losses, tasks
+from jlearngene.models import ViTConfig, init, vit
+from jlearngene.train import checkpoint, tasks
 
 LABELS = {'scratch': 'Scratch', 'tleg': 'TLEG', 'imwlm': 'IMwLM'}
 # one compiled program per descendant shape and strategy (run eagerly, every operation of
@@ -46,30 +47,6 @@ def descendant_config(config, width: int, depth: int, num_classes: int) -> ViTCo
         raise ValueError(f'descendant width {width} is not whole heads of {base.head_dim}')
     return base.replace(width=width, num_heads=width // base.head_dim, head_dim=base.head_dim,
                         mlp_dim=int(config['mlp_ratio']) * width)
-
-
-def _kd_fit(name, materialize, gene0, teacher, t_cfg, aux_cfg, dset, config, workdir, decay):
-    """Train a gene through the Aux-Net `materialize(gene)` by soft KD from the teacher."""
-    ac = config['aux']
-    steps = harness.budget(ac, dset.num_examples, config['batch_size'], 'aux')
-
-    def kd_loss(gene, batch, rng):
-        student, _ = apply(materialize(gene), batch['image'], aux_cfg, train=True, rng=rng)
-        target = apply(teacher, batch['image'], t_cfg)[0]
-        loss = losses.soft_distillation(student, target, batch['label'], tau=ac['tau'],
-                                        alpha=ac['alpha'])
-        return loss, {'accuracy': losses.accuracy(student, batch['label'])}
-
-    def aux_eval(gene, batch):
-        return harness.eval_fn(aux_cfg)(materialize(gene), batch)
-
-    optim = dict(harness.plain(config['optim']))
-    if decay is not None:
-        optim['decay'] = decay
-    gene, curve, secs = harness.fit(name, kd_loss, gene0, aux_eval, dset, steps=steps,
-                                    lr=config['optim']['lr'], config={'optim': optim},
-                                    workdir=workdir, seed=config['seed'] + 1, eval_every=None)
-    return gene, curve[-1][1], secs, steps
 
 
 def steps_to(curve: list[tuple[int, float]], target: float) -> int | None:
@@ -116,8 +93,9 @@ def run(config, workdir: str, quiet: bool = False) -> dict:
         makers['tleg'] = (lambda g: tleg.materialize(g, None, aux_cfg),
                           tleg.init_gene(aux_cfg, jax.random.key(seed + 1)), None)
     for name, (materialize, gene0, decay) in makers.items():
-        genes[name], aux_acc[name], secs, steps = _kd_fit(
-            f'aux_{name}', materialize, gene0, teacher, t_cfg, aux_cfg, dset, config, workdir, decay)
+        genes[name], aux_acc[name], secs, steps = harness.distil(
+            f'aux_{name}', materialize, gene0, teacher, t_cfg, aux_cfg, dset, config, workdir,
+            decay=decay)
         timings[f'aux_{name}'] = secs
         upstream.append(costs.Run(f'aux_{name}', aux_cfg, steps * bs / n, n, teacher=t_cfg))
         checkpoint.save_model(os.path.join(workdir, 'genes', name), genes[name], aux_cfg,
