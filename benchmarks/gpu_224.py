@@ -354,7 +354,7 @@ def gpu_problem() -> str | None:
         return (f'gpu_224: jax sees no GPU (default backend {jax.default_backend()!r}); run it '
                 'on a machine with an NVIDIA GPU and a CUDA build of jax')
     from jlearngene.ops import gpu
-    if not gpu._cuda():
+    if not gpu.cuda_available():
         return f'gpu_224: the GPU ({devices[0].device_kind}) is not a CUDA device'
     return None
 

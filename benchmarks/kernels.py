@@ -10,9 +10,7 @@ q/k/v, output, fc1 and fc2 projections, and the batched attention products), tim
   xla        jax.jit(x @ w) as compiled by default (YNNPACK dots on XLA:CPU);
   xla-eigen  the same with YNNPACK fusions switched off for this compilation
              (`xla_cpu_experimental_ynn_fusion_type=''`: Eigen dots);
-  xla-onednn the same with `jlearngene.ops.cpu.onednn.OPTIONS` (oneDNN dots), what
-             the trainer compiles with on CPU;
-  torch      torch.mm / torch.bmm into a preallocated output (MKL/oneDNN on CPU), if installed;
+  torch      torch.mm / torch.bmm into a preallocated output (torch's CPU BLAS), if installed;
 
 each for `--rounds` calls after two warm-up calls (median), and prints GFLOP/s per shape and the
 step's total matmul time at each rate (the patch embedding and head, under 1 % of the
@@ -82,11 +80,9 @@ def main(argv=None) -> int:
     if jax.default_backend() != 'cpu':
         torch = None   # a CPU torch column against accelerator XLA would compare nothing
     rng = np.random.default_rng(0)
-    from jlearngene.ops.cpu import onednn
     xla_opts = {'xla': None}
     if jax.default_backend() == 'cpu':
-        xla_opts.update({'xla-eigen': {'xla_cpu_experimental_ynn_fusion_type': ''},
-                         'xla-onednn': onednn.OPTIONS})
+        xla_opts['xla-eigen'] = {'xla_cpu_experimental_ynn_fusion_type': ''}
     names = list(xla_opts) + (['torch'] if torch is not None else [])
     totals = dict.fromkeys(names, 0.0)
     print(f"{'matmul':24s} {'shape':>22s} {'x/step':>6s} " + ' '.join(f'{n:>10s}' for n in names)

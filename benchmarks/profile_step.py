@@ -3,7 +3,6 @@
 
     python benchmarks/profile_step.py                       # Ti-12, batch 128 (the benchmark shape)
     python benchmarks/profile_step.py --variant S --batch 64 --top 40
-    JLEARNGENE_CPU_ONEDNN=0 python benchmarks/profile_step.py   # XLA's default CPU kernels
 
 Compiles the same step as `run.py` (b), runs a few warm-up steps, records one step with
 `jax.profiler.trace(create_perfetto_trace=True)` and reads the trace back. Each moment of
@@ -11,9 +10,8 @@ the step's wall time is shared equally among the XLA operations running at that 
 (XLA:CPU runs independent operations concurrently), so the per-operation times add up to
 the step's wall time. Operations are grouped by what their HLO does:
 
-  matmul        fusions and ops that contain a dot (oneDNN, YNNPACK, Eigen, cuBLAS ...) and
-                the C++ kernels of `jlearngene.ops.cpu` (weight gradients; attention, whose
-                softmax is counted here too)
+  matmul        fusions and ops that contain a dot or a convolution (YNNPACK, Eigen,
+                cuBLAS ...)
   zero-fill     broadcasts of a constant: the buffers of the layer scan's saved residuals
   scan stacks   dynamic-update-slice / dynamic-slice: residuals copied into / out of them
   transpose     transposes and copies (layout changes)
@@ -21,8 +19,8 @@ the step's wall time. Operations are grouped by what their HLO does:
 
 and the top operations are listed with their output shape and the jax operation they come
 from. `--steps-per-call K` profiles a call of K steps (as `trainer.fit` runs them) and
-divides every time by K. The step compiles with `jlearngene.compiler.options()`, as the
-trainer's does; `--compiler-option k=v` (repeatable) adds XLA debug options to this
+divides every time by K. The step compiles as the trainer's does (`jlearngene.compiler.jit`,
+XLA's default options); `--compiler-option k=v` (repeatable) adds XLA debug options to this
 compilation only.
 """
 from __future__ import annotations
@@ -37,8 +35,7 @@ import re
 import sys
 import tempfile
 
-from jlearngene.commands._config import parse_override
-from jlearngene.ops.cpu import library as cpu_kernels
+from jlearngene.commands.config_args import parse_override
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -47,11 +44,12 @@ _RUNTIME_EVENTS = ('Thunk', 'Slinky', 'PjRt', 'TfrtCpu', 'Execute')
 _CONTROL_FLOW = ('while', 'call', 'conditional')
 
 
-def hlo_ops(hlo_text: str) -> dict[str, dict]:
-    """Op name -> {'shape', 'source', 'category'} for the instructions of an HLO module text."""
+def hlo_ops(compiled) -> dict[str, dict]:
+    """Op name -> {'shape', 'source', 'category'} for the instructions of a compiled program
+    (a `jax.stages.Compiled`, read through its optimised HLO text)."""
     computations: dict[str, str] = {}
     name, body = None, []
-    for line in hlo_text.splitlines():
+    for line in compiled.as_text().splitlines():
         m = re.match(r'^(?:ENTRY )?%(\S+) ', line)
         if m and line.rstrip().endswith('{'):
             name, body = m.group(1), []
@@ -70,9 +68,7 @@ def hlo_ops(hlo_text: str) -> dict[str, dict]:
             called = re.search(r'calls=%([\w.\-]+)', rest)
             inner = computations.get(called.group(1), '') if called else ''
             source = re.search(r'op_name="([^"]*)"', rest)
-            target = re.search(r'custom_call_target="([^"]*)"', rest)
-            if (kind in ('dot', 'convolution') or ' dot(' in inner or ' convolution(' in inner
-                    or (target and target.group(1) in cpu_kernels.TARGETS)):
+            if kind in ('dot', 'convolution') or ' dot(' in inner or ' convolution(' in inner:
                 cat = 'matmul'
             elif 'dynamic-update-slice' in op or 'dynamic-slice' in op:
                 cat = 'scan stacks'
@@ -145,7 +141,7 @@ def main(argv=None) -> int:
                                  steps_per_call=a.steps_per_call, warmup=a.warmup,
                                  compiler_options=dict(a.compiler_option), dtype=a.dtype,
                                  microbatches=a.microbatches, dense_precision=a.dense_precision)
-    ops = hlo_ops(compiled.as_text())
+    ops = hlo_ops(compiled)
     trace_dir = a.trace_dir or tempfile.mkdtemp(prefix='jlearngene_trace_')
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
         run()

@@ -95,27 +95,21 @@ def _median_time(fn, steps: int, warmup: int) -> tuple[float, list[float]]:
 
 def worker_peak(a) -> dict:
     """Median GFLOP/s of square float32 (or --dtype) matmuls, compiled with XLA's default
-    kernels and with `jlearngene.compiler.options()` (oneDNN on CPU); the best is the peak."""
+    options (as the training step is); the best size is the peak."""
     import jax
     import jax.numpy as jnp
-    from jlearngene import compiler
     dtype = jnp.dtype(a.dtype)
     out = {}
-    kernels = {'xla-default': {}}
-    if options := compiler.options():
-        kernels['jlearngene'] = options
+    # Accumulate in float32, as the model's reduced-precision matmuls do (XLA:CPU runs
+    # bfloat16 x bfloat16 -> float32 dots on AMX where the CPU has it).
+    f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
     for n in a.sizes:
         k1, k2 = jax.random.split(jax.random.key(0))
         x = jax.random.normal(k1, (n, n), dtype)
         y = jax.random.normal(k2, (n, n), dtype)
-        for name, opts in kernels.items():
-            # Accumulate in float32, as the model's reduced-precision matmuls do (XLA:CPU
-            # runs bfloat16 x bfloat16 -> float32 dots on AMX where the CPU has it).
-            f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32),
-                        compiler_options=opts or None)
-            f(x, y).block_until_ready()
-            med, _ = _median_time(lambda: f(x, y).block_until_ready(), a.steps, 1)
-            out[f'{name} {n}'] = 2 * n ** 3 / med / 1e9
+        f(x, y).block_until_ready()
+        med, _ = _median_time(lambda: f(x, y).block_until_ready(), a.steps, 1)
+        out[str(n)] = 2 * n ** 3 / med / 1e9
     return {'gflops_by_size': out, 'peak_gflops': max(out.values()), 'dtype': a.dtype,
             'backend': jax.default_backend(), 'device': str(jax.devices()[0])}
 
@@ -362,7 +356,7 @@ def _torch_available(path: str, device: str = 'cpu') -> tuple[bool, str]:
     return (rc == 0), ('' if rc == 0 else f'torch is not importable or has no {device!r} device')
 
 
-def _extra_row(extra: str, dtype: str) -> tuple[list[str], str] | None:
+def extra_row(extra: str, dtype: str) -> tuple[list[str], str] | None:
     """The step's extra flags and the row label's suffix of an `--extra-rows` entry (None: unknown)."""
     if extra == 'single':
         return ['--steps-per-call', '1'], '1 step/call'
@@ -420,7 +414,7 @@ def main(argv=None) -> int:
     if not os.path.isabs(args.torch_ref):
         args.torch_ref = os.path.normpath(os.path.join(REPO, args.torch_ref))
     skip = set(filter(None, args.skip.split(',')))
-    extra_rows = {e: _extra_row(e, args.dtype) for e in filter(None, args.extra_rows.split(','))}
+    extra_rows = {e: extra_row(e, args.dtype) for e in filter(None, args.extra_rows.split(','))}
     if None in extra_rows.values():
         p.error(f'--extra-rows {args.extra_rows!r}: unknown entry '
                 f'{[e for e, v in extra_rows.items() if v is None]} '
@@ -435,8 +429,7 @@ def main(argv=None) -> int:
     results = {'machine': {'platform': platform.platform(), 'cpu': _cpu_model(),
                            'cpu_count': os.cpu_count(),
                            'python': sys.version.split()[0], 'threads': args.threads or os.cpu_count(),
-                           'started': time.strftime('%Y-%m-%d %H:%M:%S'),
-                           'cpu_kernels': _cpu_kernels_state()},
+                           'started': time.strftime('%Y-%m-%d %H:%M:%S')},
                'args': vars(args), 'flop_count': 'matmul FLOPs (2/MAC) of the forward pass x 3'}
     if args.no_torch or 'torch' in skip:
         torch_ok, why = False, 'skipped'
@@ -547,28 +540,24 @@ def main(argv=None) -> int:
     return 0
 
 
-def _cpu_kernels_state() -> str:
-    """'on (avx2)' etc. when the CPU steps run the compiled weight-gradient kernel
-    (`jlearngene.ops.cpu`), else 'off' (no AVX-512 or AVX2, no compiler, a failed build,
-    JLEARNGENE_CPU_KERNELS=0 or JLEARNGENE_BACKENDS=reference)."""
-    from jlearngene import ops
-    from jlearngene.ops.cpu import library
-    on = library.available() and 'cpu' in [b.name for b in ops.active_backends('cpu')]
-    return f'on ({library.instruction_set()})' if on else 'off'
-
-
 def _cpu_model() -> str:
     """The CPU's model name (platform.processor() is often empty on Linux)."""
-    from jlearngene.ops.cpu import library
-    return library.cpuinfo('model name') or platform.processor() or 'unknown CPU'
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                name, sep, value = line.partition(':')
+                if sep and name.strip() == 'model name':
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or 'unknown CPU'
 
 
 def format_table(r: dict) -> str:
     lines = []
     m = r['machine']
     lines.append(f"machine: {m['platform']}, {m.get('cpu', 'unknown CPU')}, {m['cpu_count']} CPUs, "
-                 f"threads {m['threads']}"
-                 + (f", jlearngene CPU kernels {m['cpu_kernels']}" if 'cpu_kernels' in m else ''))
+                 f"threads {m['threads']}")
     if 'peak' in r:
         pk = r['peak']
         sizes = ', '.join(f'{n}: {g:.0f}' for n, g in pk['gflops_by_size'].items())

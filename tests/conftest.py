@@ -1,6 +1,14 @@
-"""Test setup: 8 fake CPU devices (before any backend starts) and tiny configs."""
+"""Test setup: 8 fake CPU devices (before any backend starts), fast compilation, tiny
+configs, and a guard that fails any test during which asyncio reports an error (the
+"Task exception was never retrieved" debris of an abandoned read)."""
+import gc
+import logging
 import os
 
+# Tiny programs: XLA's optimisation passes cost more than they save. The whole run (and the
+# subprocesses it starts, through the environment) compiles fast; a test that needs the
+# optimised pipeline opts in with the `optimized_compile` fixture.
+os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
 os.environ.setdefault('XLA_FLAGS', '')
 if '--xla_force_host_platform_device_count' not in os.environ['XLA_FLAGS']:
     os.environ['XLA_FLAGS'] += ' --xla_force_host_platform_device_count=8'
@@ -13,21 +21,50 @@ jax.config.update('jax_num_cpu_devices', 8)
 from jlearngene.models import vit_config  # noqa: E402
 
 
+class _AsyncioErrors(logging.Handler):
+    """Keeps the asyncio logger's ERROR records (unretrieved task exceptions, failed
+    callbacks), which would otherwise be printed during or after the run."""
+
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.records: list[str] = []
+
+    def emit(self, record):
+        self.records.append(record.getMessage())
+
+    def check(self, when: str) -> None:
+        records, self.records = self.records, []
+        assert not records, f'asyncio reported errors {when}: {records}'
+
+
+_ASYNCIO_ERRORS = _AsyncioErrors()
+logging.getLogger('asyncio').addHandler(_ASYNCIO_ERRORS)
+
+
+@pytest.fixture(autouse=True)
+def _no_asyncio_errors():
+    """A test fails if asyncio reports an error during it. Its abandoned tasks are mostly
+    young objects, collected at its end (a young-generation collection, cheap) so that the
+    report is its own; the rest are collected when the session ends (`_no_asyncio_errors_at_exit`)."""
+    _ASYNCIO_ERRORS.records.clear()
+    yield
+    gc.collect(1)
+    _ASYNCIO_ERRORS.check('during this test')
+
+
+@pytest.fixture(scope='session', autouse=True)
+def _no_asyncio_errors_at_exit():
+    """After the last test: a full collection, and an error if asyncio reports one."""
+    yield
+    gc.collect()
+    _ASYNCIO_ERRORS.check('at the end of the session')
+
+
 @pytest.fixture
 def tiny_cfg():
     """Width 32, 2 heads, depth 3, 16 px images in 4 px patches, 10 classes."""
     return vit_config('Ti', width=32, num_heads=2, mlp_dim=64, depth=3, image_size=16,
                       patch_size=4, num_classes=10)
-
-
-@pytest.fixture
-def no_persistent_cache():
-    """Other tests in this process may have configured jax's persistent compilation cache,
-    which turns `jlearngene.compiler`'s oneDNN options off."""
-    old = jax.config.jax_compilation_cache_dir
-    _set_compilation_cache(None)
-    yield
-    _set_compilation_cache(old)
 
 
 def _set_compilation_cache(path):
@@ -48,23 +85,11 @@ def _compilation_cache_per_test():
         _set_compilation_cache(before)
 
 
-@pytest.fixture(scope='module')
-def fast_compile():
-    """Tiny programs: XLA optimisation passes cost more than they save. Opt in per module
-    with `pytestmark = pytest.mark.usefixtures('fast_compile')`."""
+@pytest.fixture
+def optimized_compile():
+    """XLA's full optimisation pipeline for one test (the run's default is fast compilation):
+    for tests of what the optimised program does (precision, fusion-dependent speed paths)."""
     old = jax.config.values['jax_disable_most_optimizations']
-    jax.config.update('jax_disable_most_optimizations', True)
+    jax.config.update('jax_disable_most_optimizations', False)
     yield
     jax.config.update('jax_disable_most_optimizations', old)
-
-
-@pytest.fixture(params=['on', 'reference'])
-def backends(request):
-    """Runs a test twice: with the `jlearngene.ops` backends on ('on') and with the reference
-    implementation only ('reference')."""
-    from jlearngene import ops
-    if request.param == 'reference':
-        with ops.use_reference():
-            yield request.param
-    else:
-        yield request.param

@@ -3,6 +3,7 @@ target configs from requests, and the `descend` / `info` commands with the train
 and timm export."""
 import json
 import os
+import re
 
 import chex
 import jax
@@ -16,7 +17,6 @@ from jlearngene.interop import timm
 from jlearngene.models import vit_config
 from jlearngene.train import checkpoint, tasks
 
-pytestmark = pytest.mark.usefixtures('fast_compile')
 
 AUX = vit_config('Ti', width=16, num_heads=4, mlp_dim=32, depth=4, image_size=8, patch_size=4,
                  num_classes=5, pool='avg')
@@ -111,24 +111,24 @@ def test_cluster_gene_keeps_its_per_layer_structure(tmp_path):
 # Bad files: one line naming the file and the problem.
 
 BAD = [
-    ('missing_json', dict(drop='gene.json'), r'gene\.json: missing; .* is not a gene directory'),
+    ('missing_json', dict(drop='gene.json'), r'gene\.json: missing'),
     ('missing_arrays', dict(drop='gene.safetensors'), r'gene\.safetensors: missing'),
     ('truncated', dict(truncate='gene.safetensors'),
-     r'gene\.safetensors: not a readable safetensors file .*truncated'),
+     r'gene\.safetensors'),
     ('newer', dict(edit=lambda m: m.update(format_version=2)),
-     r'gene\.json: format_version 2 .* is newer than this jlearngene .* upgrade jlearngene'),
+     r'gene\.json.*format_version 2'),
     ('format', dict(edit=lambda m: m.update(format='jlearngene.model/1')),
-     r"gene\.json: format 'jlearngene.model/1' is not 'jlearngene.gene'"),
+     r"gene\.json.*'jlearngene\.model/1'"),
     ('unknown_method', dict(edit=lambda m: m.update(method='mini_init')),
-     r"gene\.json: method 'mini_init' is not a registered method \(known: tleg, "),
+     r"gene\.json.*'mini_init'"),
     ('wrong_method', dict(edit=lambda m: m.update(method='tleg')),
-     r"gene\.json: method 'tleg' does not fit the arrays it lists \(not a TLEG gene"),
+     r"gene\.json.*'tleg'"),
     ('future_config', dict(edit=lambda m: m['configs']['source'].update(hyper_heads=3)),
-     r"gene\.json: configs\['source'\] is not a ViT config .*hyper_heads"),
+     r"gene\.json.*configs\['source'\].*hyper_heads"),
     ('shape', dict(edit=lambda m: m['arrays']['pos_embed'].update(shape=[1, 5, 16])),
-     r"gene\.safetensors: array 'pos_embed' has shape \(1, 4, 16\) but gene\.json says \(1, 5, 16\)"),
+     r"'pos_embed'.*\(1, 4, 16\).*\(1, 5, 16\)"),
     ('tree', dict(edit=lambda m: m['tree'].pop('pos_embed')),
-     r"gene\.json: its tree and its arrays list different keys \(e\.g\. 'pos_embed'\)"),
+     r"gene\.json.*'pos_embed'"),
 ]
 
 
@@ -146,9 +146,9 @@ def test_bad_gene_files_are_one_line_errors(letra_dir, tmp_path, case, change, m
 def test_not_json_and_no_directory(letra_dir, tmp_path):
     bad = corrupt_copy(letra_dir[0], str(tmp_path / 'bad'))
     open(os.path.join(bad, 'gene.json'), 'w').write('{"format": ')
-    with pytest.raises(GeneFileError, match=r'gene\.json: not valid JSON'):
+    with pytest.raises(GeneFileError, match=r'gene\.json'):
         artefacts.load_gene(bad)
-    with pytest.raises(GeneFileError, match='no such gene directory'):
+    with pytest.raises(GeneFileError, match=re.escape(str(tmp_path / 'nothing'))):
         artefacts.load_gene(tmp_path / 'nothing')
 
 
@@ -167,17 +167,17 @@ def test_a_version_bump_still_reads_old_files(letra_dir, tmp_path):
 def test_save_never_replaces_a_directory_unasked(letra_dir, tmp_path):
     _, gene = letra_dir
     path = artefacts.save_gene(tmp_path / 'g', 'letra', gene, configs={'source': AUX})
-    with pytest.raises(GeneFileError, match='already exists; pass overwrite=True'):
+    with pytest.raises(GeneFileError, match='overwrite=True'):
         artefacts.save_gene(path, 'letra', gene)
     artefacts.save_gene(path, 'letra', gene, overwrite=True, provenance={'n': 2})
     assert artefacts.read_meta(path)['provenance']['n'] == 2
     other = tmp_path / 'notes'
     other.mkdir()
     (other / 'keep.txt').write_text('mine')
-    with pytest.raises(GeneFileError, match='not a gene directory'):
+    with pytest.raises(GeneFileError, match=re.escape(str(other))):
         artefacts.save_gene(other, 'letra', gene, overwrite=True)
     assert (other / 'keep.txt').read_text() == 'mine'
-    with pytest.raises(GeneFileError, match='not a TLEG gene'):
+    with pytest.raises(GeneFileError, match='TLEG'):
         artefacts.save_gene(tmp_path / 'x', 'tleg', gene)
     assert not (tmp_path / 'x').exists()
 
@@ -196,9 +196,9 @@ def test_descendant_config_keeps_what_each_method_keeps(letra_dir):
     cfg, opts = artefacts.descendant_config('cluster', cluster_gene, AUX, heads=[4, 2, 3, 1, 2])
     assert (cfg.width, cfg.num_heads, cfg.head_dim, cfg.depth) == (16, 4, 4, 5)
     assert opts == {'heads': (4, 2, 3, 1, 2)}
-    with pytest.raises(genes.GeneError, match="width=20.*exceeds the Aux-Net's 16"):
+    with pytest.raises(genes.GeneError, match='width=20.*16'):
         artefacts.descendant_config('letra', letra_gene, AUX, width=20)
-    with pytest.raises(genes.GeneError, match='one head count, not one per layer'):
+    with pytest.raises(genes.GeneError, match=r'\[2, 2\]'):
         artefacts.descendant_config('letra', letra_gene, AUX, heads=[2, 2])
 
 
@@ -231,7 +231,7 @@ def test_descend_command_writes_a_trainable_and_timm_descendant(letra_dir, tmp_p
     # the train init path reads it for the same model config (and refuses another)
     config = ml_collections.ConfigDict({'init': out, 'seed': 0})
     chex.assert_trees_all_equal(tasks.initial_params(config, cfg), params)
-    with pytest.raises(checkpoint.CheckpointError, match='depth: checkpoint 8 vs requested 4'):
+    with pytest.raises(checkpoint.CheckpointError, match='depth.*8.*4'):
         tasks.initial_params(config, cfg.replace(depth=4))
     # timm: the state dict reads back into the same params and config
     tcfg, tparams = timm.from_timm(timm.load_state_dict(pt), num_heads=3, pool='avg',
@@ -240,10 +240,10 @@ def test_descend_command_writes_a_trainable_and_timm_descendant(letra_dir, tmp_p
     chex.assert_trees_all_equal(tparams, params)
     # outputs are not replaced unasked; a request the gene cannot make is one line
     assert cli.main(['descend', path, '--out', out]) == 1
-    assert 'already exists' in capsys.readouterr().err
+    assert out in capsys.readouterr().err
     assert cli.main(['descend', path, '--width', '20', '--out', str(tmp_path / 'd2')]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "exceeds the Aux-Net's 16" in err[0]
+    assert len(err) == 1 and 'width=20' in err[0]
     assert not os.path.exists(tmp_path / 'd2')
 
 
@@ -273,7 +273,9 @@ def test_info_describes_a_gene_directory(letra_dir, capsys):
     assert f'S-Params {s_params:,}' in out
     assert 'widths 8, 12, 16 of 4, 8, 12, 16, 20, 24, 28, 32' in out
     assert '| width/embed | (8, 8) | float32 | 64 |' in out
-    assert 'descend' in cli._usage() and 'gene' in cli._usage()
+    assert cli.main(['--help']) == 0
+    usage = capsys.readouterr().out
+    assert 'descend' in usage and 'gene' in usage
 
 
 def test_gene_command_from_a_run_and_from_a_model(tmp_path, capsys):
@@ -303,4 +305,4 @@ def test_gene_command_from_a_run_and_from_a_model(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(['gene', '--method', 'tleg', '--from-model', model,
                      '--out', str(tmp_path / 'x')]) == 1
-    assert "TLEG (source 'learned') does not take its gene from a model" in capsys.readouterr().err
+    assert "TLEG (source 'learned')" in capsys.readouterr().err

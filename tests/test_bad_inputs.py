@@ -16,7 +16,6 @@ from jlearngene.interop import timm
 from jlearngene.models import init, vit_config
 from jlearngene.train import checkpoint, trainer
 
-pytestmark = pytest.mark.usefixtures('fast_compile')
 
 RNG = np.random.default_rng(0)
 MANGLES = {

@@ -103,7 +103,7 @@ def test_pre_fin_same_shape_is_a_copy(ancestor):
 
 
 def test_errors(ancestor):
-    with pytest.raises(tleg.GeneError, match=r'k=5.*\[1, min\(ancestor depth 4, target depth 6\)\]'):
+    with pytest.raises(tleg.GeneError, match=r'k=5.*depth 4.*depth 6'):
         baselines.he_lg(ancestor, cfg_(6), 5, jax.random.key(0))
     with pytest.raises(tleg.GeneError, match='k=0'):
         baselines.auto_lg(ancestor, cfg_(2), 0, jax.random.key(0))
@@ -115,7 +115,7 @@ def test_errors(ancestor):
         baselines.pre_fin(ancestor, cfg_(4), choice='top')
     with pytest.raises(tleg.GeneError, match=r"head/.*num_classes=3.*head='new'"):
         baselines.pre_fin(ancestor, cfg_(4, num_classes=3))
-    with pytest.raises(tleg.GeneError, match="needs 'cls_token'"):
+    with pytest.raises(tleg.GeneError, match="'cls_token'"):
         baselines.pre_fin(ancestor, cfg_(4, pool='cls'))
     with pytest.raises(tleg.GeneError, match='embeddings='):
         baselines.he_lg(ancestor, cfg_(4), 2, jax.random.key(0), embeddings='copy')

@@ -24,30 +24,19 @@ def test_wall_shares_split_concurrent_time_and_add_up_to_the_wall():
 def test_hlo_ops_puts_dots_under_matmul_and_keeps_the_jax_source():
     x = jnp.ones((8, 16))
     w = jnp.ones((16, 4))
-    text = jax.jit(lambda x, w: jnp.tanh(x @ w) + 1.0).lower(x, w).compile().as_text()
-    ops = profile_step.hlo_ops(text)
+    compiled = jax.jit(lambda x, w: jnp.tanh(x @ w) + 1.0).lower(x, w).compile()
+    ops = profile_step.hlo_ops(compiled)
     matmuls = [o for o in ops.values() if o['category'] == 'matmul']
     assert matmuls and all('dot_general' in o['source'] for o in matmuls)
     assert any(o['shape'].startswith('f32[8,4]') for o in matmuls)
 
 
-@pytest.mark.parametrize('target', ['jlearngene_weight_grad', 'jlearngene_attention_fwd',
-                                    'jlearngene_attention_bwd'])
-def test_hlo_ops_counts_the_kernels_as_matmul_work(target):
-    from jlearngene.ops.cpu import library
-    assert target in library.TARGETS
-    line = (f'  %w.1 = f32[16,4]{{1,0}} custom-call(f32[8,16]{{1,0}} %x, f32[8,4]{{1,0}} %g), '
-            f'custom_call_target="{target}", metadata={{op_name="jit(f)/w"}}\n')
-    ops = profile_step.hlo_ops('ENTRY %main {\n' + line + '}\n')
-    assert ops['w.1']['category'] == 'matmul'
-
-
 def test_run_rejects_an_unknown_extra_row_before_measuring(capsys):
     with pytest.raises(SystemExit):
         bench_run.main(['--extra-rows', 'single,nonsense', '--no-torch'])
-    assert "unknown entry ['nonsense']" in capsys.readouterr().err
-    assert bench_run._extra_row('accum4', 'float32') == (['--microbatches', '4'], '4 micro-batches')
-    assert bench_run._extra_row('accum1', 'float32') is None
+    assert "['nonsense']" in capsys.readouterr().err
+    assert bench_run.extra_row('accum4', 'float32') == (['--microbatches', '4'], '4 micro-batches')
+    assert bench_run.extra_row('accum1', 'float32') is None
 
 
 def test_kernel_shapes_cover_the_step_matmul_flops():
@@ -57,29 +46,6 @@ def test_kernel_shapes_cover_the_step_matmul_flops():
     step = bench_run.model_flops(variant, depth, batch)['train_step']
     # Everything but the patch embedding and the head (well under 1 % of the work).
     assert 0.99 * step < total <= step
-
-
-_VERBOSE = """\
-onednn_verbose,v1,info,oneDNN v3.7.3 (commit N/A)
-onednn_verbose,v1,primitive,exec,cpu,reorder,brgemm_matmul_copy_reorder_t,undef,src:f32::blocked:ba::f0 dst:f32::blocked:ab::f0,attr-scratchpad:user,,192x8320,2.5
-onednn_verbose,v1,primitive,exec,cpu,reorder,brgemm_matmul_copy_reorder_t,undef,src:f32::blocked:ab::f0 dst:f32::blocked:BA16a64b::f0,attr-scratchpad:user,,8320x768,8.0
-onednn_verbose,v1,primitive,exec,cpu,matmul,brg_matmul:avx512_core,undef,src:f32:a:blocked:ab::f0 wei:f32:a:blocked:BA16a64b::f0 dst:f32:a:blocked:ab::f0,attr-scratchpad:user,,192x8320:8320x768,10.0
-onednn_verbose,v1,graph,exec,cpu,100002,matmul_post_ops,MatMul_0,,in0_f32:0:strided:undef:8320x192:192s1,fpm:strict,matmul_t,dnnl_backend,21.0
-onednn_verbose,v1,primitive,exec,cpu,matmul,brg_matmul:avx512_core,undef,src:f32:a:blocked:abcd::f0,,,128x3x65x64:128x3x64x65,1.0
-"""
-
-
-def test_onednn_breakdown_parses_kernels_and_both_kinds_of_reorder():
-    import onednn_breakdown
-    records = onednn_breakdown.parse_verbose(_VERBOSE.splitlines())
-    assert [r['kind'] for r in records] == ['reorder: transpose', 'reorder: to blocked',
-                                            'matmul', 'matmul']
-    assert records[2]['flop'] == 2 * 192 * 8320 * 768
-    assert records[3]['flop'] == 2 * 128 * 3 * 65 * 64 * 65
-    table = onednn_breakdown.summarise(records, calls=1, steps_per_call=2)
-    # Per optimiser step: 21.5 ms of primitives over a call of 2 steps.
-    assert 'all' in table and '10.8' in table.splitlines()[4]
-    assert '245.4' in table   # 192x8320x768 GEMM: 2.45 GFLOP in 10 ms
 
 
 # ----------------------------------------------------------------------------------------
@@ -102,7 +68,7 @@ def test_gpu_224_exits_with_one_clear_line_without_a_gpu(capsys):
         pytest.skip('a CUDA GPU is present')
     assert gpu_224.main(['--budget-s', '10']) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and 'jax sees no GPU' in err[0]
+    assert len(err) == 1 and err[0].startswith('gpu_224: ') and 'GPU' in err[0]
 
 
 def test_gpu_224_flops_are_the_published_vit_counts():
@@ -178,9 +144,9 @@ def test_overhead_shape_selection(monkeypatch):
     assert (cfg.width, cfg.depth, cfg.patch_size, cfg.image_size, cfg.num_classes, cfg.dtype,
             batch) == (768, 12, 16, 224, 1000, 'bfloat16', 256)
     assert 'patch 16, bfloat16' in overhead.describe(cfg, batch)
-    for bad, msg in (('B/16 224', 'expected "VARIANT'), ('X/16 224 8', 'unknown variant'),
-                     ('S/16 224 8 float64', 'unknown dtype'), ('S/16 225 8', 'divisible'),
-                     ('S/x 224 8', 'integers')):
+    for bad, msg in (('B/16 224', "'B/16 224'"), ('X/16 224 8', "'X'"),
+                     ('S/16 224 8 float64', "'float64'"), ('S/16 225 8', "'S/16 225 8'"),
+                     ('S/x 224 8', "'S/x 224 8'")):
         with pytest.raises(ValueError, match=msg):
             overhead.parse_shape(bad)
 
@@ -196,8 +162,6 @@ def test_parity_with_the_cpu_on_both_sides_of_a_tiny_vit():
     ref = {'a': np.ones(3), 'b': np.full(2, 4.0)}
     d = gpu_parity.diff(ref, {'a': np.ones(3), 'b': np.array([4.0, 3.0])})
     assert d == {'max_abs': 1.0, 'max_rel_to_scale': 0.25}
-    text = 'stablehlo.custom_call @__cudnn$fmhaSoftmax(%1) x custom_call @"__cudnn$fmhaSoftmaxBackward"'
-    assert gpu_parity.cudnn_calls(text) == 2
 
 
 def test_the_gpu_backend_declines_where_cudnn_does_not_apply(monkeypatch):
@@ -217,11 +181,11 @@ def test_the_gpu_backend_declines_where_cudnn_does_not_apply(monkeypatch):
     monkeypatch.setenv(gpu.ENV_SWITCH, '0')
     assert not gpu.enabled()
     monkeypatch.delenv(gpu.ENV_SWITCH)
-    if gpu._cuda():
+    if gpu.cuda_available():
         pytest.skip('a CUDA GPU is present')
     # No CUDA here: not enabled, and a call it would take is declined (jax's cuDNN check raises).
     assert not gpu.enabled() and 'gpu' not in [b.name for b in ops.active_backends('gpu')]
-    assert gpu._attention(q, q, q, 0.125, False, None) is NotImplemented
+    assert ops.registered()['gpu'].attention(q, q, q, 0.125, False, None) is NotImplemented
 
 
 def test_the_torch_reference_step_on_a_device_uses_sdpa():

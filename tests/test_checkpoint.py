@@ -1,7 +1,9 @@
 """Model artefacts and run checkpoints: round trips, retention, refusals, corruption."""
 import glob
 import os
+import re
 import shutil
+import warnings
 
 import chex
 import jax
@@ -12,9 +14,6 @@ import pytest
 from jlearngene import parallel, pytree
 from jlearngene.models import init, unstack_blocks
 from jlearngene.train import checkpoint, optim, trainer
-
-
-pytestmark = pytest.mark.usefixtures('fast_compile')
 
 
 def _data_files(path):
@@ -45,27 +44,27 @@ def test_model_round_trip(tmp_path, tiny_cfg, params, layout):
 
 def test_model_refuses_other_config_and_overwrite(tmp_path, tiny_cfg, params):
     path = checkpoint.save_model(tmp_path / 'm', params, tiny_cfg)
-    with pytest.raises(checkpoint.CheckpointError, match=r'depth: checkpoint 3 vs requested 6.*'):
+    with pytest.raises(checkpoint.CheckpointError, match=r'depth.*3.*6'):
         checkpoint.load_model(path, expect_cfg=tiny_cfg.replace(depth=6))
-    with pytest.raises(checkpoint.CheckpointError, match='already exists'):
+    with pytest.raises(checkpoint.CheckpointError, match=re.escape(str(path))):
         checkpoint.save_model(path, params, tiny_cfg)
-    with pytest.raises(TypeError, match='not JSON-able'):
+    with pytest.raises(TypeError, match='object'):
         checkpoint.save_model(tmp_path / 'm2', params, tiny_cfg, extra={'x': object()})
 
 
 @pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')  # orbax's loop, on failure
 def test_model_missing_truncated_corrupted(tmp_path, tiny_cfg, params):
-    with pytest.raises(checkpoint.CheckpointError, match='does not exist'):
+    with pytest.raises(checkpoint.CheckpointError, match=re.escape(str(tmp_path / 'nope'))):
         checkpoint.load_model(tmp_path / 'nope')
     path = checkpoint.save_model(tmp_path / 'm', params, tiny_cfg)
     for f in _data_files(path):  # truncate every data file
         b = open(f, 'rb').read()
         open(f, 'wb').write(b[: len(b) // 2])
-    with pytest.raises(checkpoint.CheckpointError, match='truncated or corrupted'):
+    with pytest.raises(checkpoint.CheckpointError, match='corrupted'):
         checkpoint.load_model(path)
     path = checkpoint.save_model(tmp_path / 'm2', params, tiny_cfg)
     os.remove(os.path.join(path, 'commit_success.txt'))  # an interrupted write
-    with pytest.raises(checkpoint.CheckpointError, match='not a complete orbax checkpoint'):
+    with pytest.raises(checkpoint.CheckpointError, match=re.escape(str(path)) + '.*orbax'):
         checkpoint.load_model(path)
 
 
@@ -114,7 +113,7 @@ def test_run_refuses_other_model(tmp_path, tiny_cfg, params):
 
 def _refusals(ck, state, params, tiny_cfg):
     ck.save(1, state, model_config=tiny_cfg)
-    with pytest.raises(checkpoint.CheckpointError, match=r'width: checkpoint 32 vs requested 64'):
+    with pytest.raises(checkpoint.CheckpointError, match=r'width.*32.*64'):
         ck.restore(state, model_config=tiny_cfg.replace(width=64, num_heads=2))
     bigger = jax.eval_shape(lambda: _state(init(tiny_cfg.replace(depth=4), jax.random.key(0)), tiny_cfg))
     with pytest.raises(checkpoint.CheckpointError, match=r'blocks/attn/q/kernel \(3, 32, 2, 16\)'):
@@ -131,10 +130,10 @@ def test_run_truncated(tmp_path, tiny_cfg, params):
         path = ck.save(1, state)
         for f in _data_files(path):
             open(f, 'wb').write(open(f, 'rb').read()[:10])
-        with pytest.raises(checkpoint.CheckpointError, match='truncated or corrupted'):
+        with pytest.raises(checkpoint.CheckpointError, match='corrupted'):
             ck.restore(state)
     with checkpoint.RunCheckpointer(tmp_path / 'empty') as ck:
-        with pytest.raises(checkpoint.CheckpointError, match='no checkpoint'):
+        with pytest.raises(checkpoint.CheckpointError, match=re.escape(str(tmp_path / 'empty'))):
             ck.restore(state)
 
 
@@ -149,7 +148,9 @@ def test_run_state_is_a_structured_tree_plain_orbax_reads(tmp_path, tiny_cfg, pa
     with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
         path = ck.save(7, dict(state, step=jnp.int32(7)))
         shapes = ck.array_shapes(7)
-    stored = ocp.load_checkpointables(path)['state']
+    with warnings.catch_warnings():   # no target tree given: orbax says it reads the shardings from file
+        warnings.filterwarnings('ignore', 'Sharding info not provided', UserWarning)
+        stored = ocp.load_checkpointables(path)['state']
     assert set(stored) == {'params', 'opt_state', 'step', 'rng'}
     chex.assert_trees_all_equal(stored['params'], jax.device_get(params))
     assert int(stored['step']) == 7
@@ -185,10 +186,10 @@ def test_restore_params_alone(tmp_path, tiny_cfg, params, monkeypatch):
         chex.assert_trees_all_equal(plain, params)
         parts, _ = ck.restore_subset({'params': target, 'step': jax.ShapeDtypeStruct((), jnp.int32)})
         assert int(parts['step']) == 0 and set(parts) == {'params', 'step'}
-        with pytest.raises(checkpoint.CheckpointError, match=r'depth: checkpoint 3 vs requested 4'):
+        with pytest.raises(checkpoint.CheckpointError, match=r'depth.*3.*4'):
             ck.restore_params(target, model_config=tiny_cfg.replace(depth=4))
         wrong = jax.eval_shape(lambda: init(tiny_cfg.replace(num_classes=4), jax.random.key(0)))
-        with pytest.raises(checkpoint.CheckpointError, match=r'params/head/kernel \(32, 10\)/float32 vs \(32, 4\)'):
+        with pytest.raises(checkpoint.CheckpointError, match=r'params/head/kernel \(32, 10\).*\(32, 4\)'):
             ck.restore_params(wrong)
 
 
@@ -201,7 +202,7 @@ def test_run_flipped_byte_is_detected(tmp_path, tiny_cfg, params):
         data = bytearray(open(f, 'rb').read())
         data[len(data) // 2] ^= 0x10
         open(f, 'wb').write(data)
-        with pytest.raises(checkpoint.CheckpointError, match=r"do not match the stored checksums \(params/"):
+        with pytest.raises(checkpoint.CheckpointError, match=r'checksums.*params/'):
             ck.restore(state)
         with pytest.raises(checkpoint.CheckpointError, match='corrupted'):
             ck.restore_params()
@@ -218,8 +219,7 @@ def test_run_refuses_the_old_flat_format(tmp_path, tiny_cfg, params):
     json.dump(meta, open(meta_file, 'w'))
     with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
         with pytest.raises(checkpoint.CheckpointError,
-                           match=r"has the format 'jlearngene.run/1' \(flat arrays\), which this version "
-                                 r"does not read \(it reads 'jlearngene.run/2'\)"):
+                           match=r"'jlearngene\.run/1'.*'jlearngene\.run/2'"):
             ck.restore(state)
 
 
@@ -240,7 +240,7 @@ def test_checksums_on_device(tmp_path, tiny_cfg, params, monkeypatch):
             assert checkpoint.tree_checksums({name: other})[name] != sums[name], (name, pos)
     swapped = {'f32': tree['f32'][::-1]}                        # position matters
     assert checkpoint.tree_checksums(swapped)['f32'] != sums['f32']
-    with pytest.raises(ValueError, match='cannot checksum arrays of dtype complex64'):
+    with pytest.raises(ValueError, match='complex64'):
         checkpoint.tree_checksums({'c': jnp.ones(2, jnp.complex64)})
     # Saving and restoring a run never takes the host CRC of the whole state.
     monkeypatch.setattr(checkpoint, 'tree_digest', lambda tree: pytest.fail('host digest of the state'))
@@ -270,7 +270,7 @@ def test_unreadable_files_give_one_short_message_and_no_orbax_noise(tmp_path, ti
                 pytest.raises(checkpoint.CorruptCheckpointError) as e:
             ck.restore(state)
         message = str(e.value)
-        assert message.startswith(f"run checkpoint '{path}'") and 'truncated or corrupted' in message
+        assert str(path) in message and 'corrupted' in message
         assert len(message) < 400 and '\n' not in message, message
         assert not any(s in message for s in ('object at 0x', '<class', 'Registry')), message
         assert not [r for r in caplog.records if r.name == 'absl'], name   # one warning per array before

@@ -1,20 +1,24 @@
-"""`jlearngene train/eval/plot/info` end to end on a seconds-long digits run."""
+"""`jlearngene train/eval/plot/info/convert` end to end on a seconds-long digits run (slow
+tier), and the command line's errors, checked before anything runs (default tier)."""
+import argparse
 import json
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 
 from jlearngene import cli
+from jlearngene.commands import config_args
 from jlearngene.train import metrics
-
-pytestmark = pytest.mark.slow  # a real (seconds-long) digits run through the CLI
 
 CONFIG = 'experiments/configs/digits_vit.py'
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope='module')
-def run(tmp_path_factory, fast_compile):
+def run(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp('cli') / 'run')
     # 4 steps against the smoke config's warmup of 5: the warmup is clipped to the run
     rc = cli.main(['train', '--config', os.path.join(ROOT, CONFIG) + ':smoke', '--config.steps=4',
@@ -31,6 +35,7 @@ def _code(argv) -> int:
         return e.code
 
 
+@pytest.mark.slow
 def test_train_writes_resolved_config_metrics_and_model(run):
     rc, workdir = run
     assert rc == 0
@@ -45,30 +50,34 @@ def test_bad_configs_fail_clearly(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(['train', '--config', os.path.join(ROOT, CONFIG), '--config.stpes=3', '--workdir', str(tmp_path)])
     assert e.value.code == 2
-    assert 'Did you mean "steps"' in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert 'stpes' in err and '"steps"' in err
     with pytest.raises(SystemExit):
         cli.main(['train', '--config', os.path.join(ROOT, CONFIG), '--config.model.nosuch=1',
                   '--workdir', str(tmp_path)])
-    assert "the config has no field 'nosuch' to override" in capsys.readouterr().err
-    for override, message in (('--config.optim.lr=-0.001', 'lr must be a positive number, got -0.001'),
-                              ('--config.steps=-1', 'steps must be a positive integer'),
-                              ('--config.batch_size=0', 'must be a positive')):
+    assert "'nosuch'" in capsys.readouterr().err
+    for override, message in (('--config.optim.lr=-0.001', r'\blr\b.*-0\.001'),
+                              ('--config.steps=-1', r'\bsteps\b.*-1'),
+                              ('--config.batch_size=0', r'\bbatch_size\b.*\b0\b')):
         code = _code(['train', '--config', os.path.join(ROOT, CONFIG), override,
                       '--workdir', str(tmp_path / 'neg')])
         captured = capsys.readouterr()
-        assert code and message in captured.out + captured.err, (override, captured)
+        assert code and re.search(message, captured.out + captured.err), (override, captured)
         assert 'warmup' not in captured.out + captured.err
         assert not os.path.exists(tmp_path / 'neg')          # reported before anything is written
     assert cli.main(['train', '--config', os.path.join(ROOT, CONFIG), '--config.microbatches=3',
                      '--workdir', str(tmp_path / 'mb')]) == 1
-    assert 'batch_size 128 is not a multiple of microbatches 3' in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert 'batch_size 128' in err and 'microbatches 3' in err
     assert not os.path.exists(tmp_path / 'mb')
     assert cli.main(['train', '--config', os.path.join(ROOT, CONFIG), '--config.steps_per_call=fast',
                      '--workdir', str(tmp_path / 'spc')]) == 1
-    assert "steps_per_call must be 'auto' or a positive integer, got 'fast'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert 'steps_per_call' in err and "'fast'" in err
     assert not os.path.exists(tmp_path / 'spc')
 
 
+@pytest.mark.slow
 def test_eval(run, capsys):
     _, workdir = run
     assert cli.main(['eval', '--workdir', workdir]) == 0
@@ -82,14 +91,20 @@ def test_eval(run, capsys):
     assert 'does not exist' in capsys.readouterr().out
 
 
-def test_plot(run, tmp_path):
-    _, workdir = run
+def test_plot(tmp_path):
+    workdir = str(tmp_path / 'run')
+    writer = metrics.MetricWriter(workdir, console=False, tensorboard=False)
+    for step in (2, 4):
+        writer.write(step, {'loss': 2.0 / step, 'accuracy': 0.1 * step})
+    writer.write(4, {'eval/loss': 0.6, 'eval/accuracy': 0.5}, kind='eval')
+    writer.close()
     out = str(tmp_path / 'c.png')
     assert cli.main(['plot', workdir, '--out', out]) == 0
     assert open(out, 'rb').read(8) == b'\x89PNG\r\n\x1a\n'
-    assert cli.main(['plot', str(tmp_path)]) == 1   # not a workdir
+    assert cli.main(['plot', str(tmp_path / 'empty')]) == 1   # not a workdir
 
 
+@pytest.mark.slow
 def test_info(run, capsys):
     _, workdir = run
     assert cli.main(['info', workdir]) == 0
@@ -110,18 +125,19 @@ def _one_line(captured, prefix: str) -> str:
 
 def test_expected_errors_are_one_line_and_verbose_adds_the_traceback(tmp_path, capsys, monkeypatch):
     assert cli.main(['info', 'Q']) == 1
-    assert "unknown ViT variant 'Q'" in _one_line(capsys.readouterr(), 'jlearngene info: ')
+    assert "'Q'" in _one_line(capsys.readouterr(), 'jlearngene info: ')
     assert cli.main(['info', str(tmp_path / 'nosuch.py')]) == 1
     assert 'nosuch.py' in _one_line(capsys.readouterr(), 'jlearngene info: ')
     assert _code(['train', '--config', str(tmp_path / 'nosuch.py'), '--workdir', str(tmp_path)]) == 2
-    assert "config file '" in _one_line(capsys.readouterr(), 'jlearngene train: ')
+    assert 'nosuch.py' in _one_line(capsys.readouterr(), 'jlearngene train: ')
     bad = tmp_path / 'random.safetensors'
     bad.write_bytes(os.urandom(256))
     assert cli.main(['convert', '--from-timm', str(bad), '--out', str(tmp_path / 'o')]) == 1
-    assert 'is not a readable .safetensors file' in _one_line(capsys.readouterr(), 'jlearngene convert: ')
+    assert 'random.safetensors' in _one_line(capsys.readouterr(), 'jlearngene convert: ')
     assert cli.main(['info', 'Q', '--verbose']) == 1
     err = capsys.readouterr().err
-    assert 'Traceback' in err and err.strip().splitlines()[-1].startswith('jlearngene info: unknown ViT')
+    last = err.strip().splitlines()[-1]
+    assert 'Traceback' in err and last.startswith('jlearngene info: ') and "'Q'" in last
     monkeypatch.setenv(cli.TRACEBACK_ENV, '1')
     assert cli.main(['info', 'Q']) == 1 and 'Traceback' in capsys.readouterr().err
 
@@ -153,12 +169,13 @@ def test_config_files_are_checked_like_overrides(tmp_path, capsys):
     for spec in (str(bad), str(bad) + ':smoke'):
         assert _code(['train', '--config', spec, '--workdir', str(tmp_path / 'w')]) == 2
         line = _one_line(capsys.readouterr(), 'jlearngene train: ')
-        assert "unknown config key 'checkpiont_every' (did you mean 'checkpoint_every'?)" in line
+        assert "'checkpiont_every'" in line and "'checkpoint_every'" in line
     assert not os.path.exists(tmp_path / 'w')
     # the folder template picks the source from the command line; without a root it says so
     assert _code(['train', '--config', 'digits_vit:folder', '--workdir', str(tmp_path / 'f')]) == 1
     captured = capsys.readouterr()
-    assert "data config 'folder' needs 'root'" in captured.out + captured.err
+    printed = captured.out + captured.err
+    assert "'folder'" in printed and "'root'" in printed
 
 
 def test_readme_snippets_define_every_name_they_use():
@@ -184,6 +201,7 @@ def test_readme_snippets_define_every_name_they_use():
     assert 'NHWC' in model_block
 
 
+@pytest.mark.slow
 def test_convert_to_timm_of_a_trained_model(run, tmp_path):
     from jlearngene.interop import timm
     _, workdir = run
@@ -192,16 +210,17 @@ def test_convert_to_timm_of_a_trained_model(run, tmp_path):
     assert timm.load_state_dict(out)['blocks.0.attn.qkv.weight'].shape == (192, 64)
 
 
-def test_eval_model_needs_a_config(run, capsys):
-    _, workdir = run
-    assert _code(['eval', '--model', os.path.join(workdir, 'model')]) == 2
-    assert '--model needs --config' in _one_line(capsys.readouterr(), 'jlearngene eval: ')
+def test_eval_model_needs_a_config(tmp_path, capsys):
+    assert _code(['eval', '--model', str(tmp_path / 'model')]) == 2
+    line = _one_line(capsys.readouterr(), 'jlearngene eval: ')
+    assert '--model' in line and '--config' in line
 
 
 def test_overrides_are_checked_before_anything_runs(tmp_path, capsys):
     assert _code(['train', '--config', 'digits_vit', '--config.steps=-1',
                   '--workdir', str(tmp_path / 'w')]) == 2
-    assert 'steps must be a positive integer, got -1' in _one_line(capsys.readouterr(), 'jlearngene train: ')
+    line = _one_line(capsys.readouterr(), 'jlearngene train: ')
+    assert 'steps' in line and '-1' in line
     assert not os.path.exists(tmp_path / 'w')
 
 
@@ -210,3 +229,22 @@ def test_demo_says_where_it_writes_first(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(train, 'main', lambda argv, prog: 0)
     assert cli.main(['demo', '--workdir', str(tmp_path / 'd')]) == 0
     assert f'(tens of MB) to {tmp_path / "d"}' in capsys.readouterr().err
+
+
+def test_python_m_jlearngene_is_the_cli():
+    done = subprocess.run([sys.executable, '-m', 'jlearngene', '--help'], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and 'descend' in done.stdout and not done.stderr
+
+
+def test_option_overrides_are_typed_and_bundled_config_names_resolve():
+    assert config_args.parse_override('kk=2') == ('kk', 2)
+    assert config_args.parse_override('lr=0.5') == ('lr', 0.5)
+    assert config_args.parse_override('flag=True') == ('flag', True)
+    assert config_args.parse_override('head=new') == ('head', 'new')
+    with pytest.raises(argparse.ArgumentTypeError, match="'kk'"):
+        config_args.parse_override('kk')
+    argv = config_args.resolve_config_arg(['--config', 'tleg:smoke', '--config=digits_vit', '--x', 'tleg'])
+    assert argv[1].endswith(os.path.join('configs', 'tleg.py') + ':smoke')
+    assert argv[2].startswith('--config=') and argv[2].endswith('digits_vit.py')
+    assert argv[3:] == ['--x', 'tleg']

@@ -14,7 +14,6 @@ from jlearngene.genes import cluster
 from jlearngene.interop import timm
 from jlearngene.models import apply, init, vit_config
 
-pytestmark = pytest.mark.usefixtures('fast_compile')
 
 # The notebook's DeiT-B distances (spec §3.2), which give the published head lists.
 DEIT_B_MAD = np.array([
@@ -90,7 +89,7 @@ def test_attention_distance_matches_a_numpy_loop_streamed_and_masked(ancestor):
     assert official.shape == got.shape and not np.allclose(official, got, atol=1e-3)
     with pytest.raises(ValueError, match='no images'):
         cluster.mean_attention_distance(params, cfg, [])
-    with pytest.raises(ValueError, match='one value per channel'):
+    with pytest.raises(ValueError, match=r'mean .*std .*\(3\)'):
         cluster.normalise(x, (0.5, 0.5), (0.5, 0.5))
 
 
@@ -124,7 +123,7 @@ def test_centroid_ties_priority_order_eps_zero_noise_and_kmeans():
     # MinHds > 1: DBSCAN's noise heads belong to no cluster
     (c,) = cluster.cluster_heads(np.array([[1.0, 1.5, 2.0, 40.0]]), eps=1.0, min_heads=2)
     assert c.members == ((0, 1, 2),)
-    with pytest.raises(ValueError, match='layer 0 has no cluster'):
+    with pytest.raises(ValueError, match=r'layer 0 .*eps=1\.0'):
         cluster.cluster_heads(np.array([[1.0, 10.0]]), eps=1.0, min_heads=2)
     km = cluster.cluster_heads(DEIT_B_MAD, algorithm='kmeans', num_clusters=3)
     assert all(len(c.centroids) == 3 and sorted(h for m in c.members for h in m) == list(range(12))
@@ -146,10 +145,10 @@ def test_head_schedules():
     assert cluster.head_schedule(12, 6, omega='decrementing', ancestor_depth=12) == (6,) * 4 + (8,) * 2
     assert cluster.head_schedule(4, 3, omega=[1, 2, 4]) == (4, 2, 1)
     assert cluster.head_schedule(4, 2, heads=[3, 5]) == (3, 5)
-    for kw, msg in [(dict(omega=100), '= 0 heads'), (dict(omega=-1), 'positive'),
-                    (dict(omega='halving'), 'omega'), (dict(omega=[1, 2]), 'one per layer'),
-                    (dict(heads=[1, 2]), '3 positive integers'), ({}, 'exactly one'),
-                    (dict(heads=[1, 1, 1], omega=1), 'exactly one')]:
+    for kw, msg in [(dict(omega=100), 'omega=100'), (dict(omega=-1), 'omega=-1'),
+                    (dict(omega='halving'), "omega='halving'"), (dict(omega=[1, 2]), r'omega=\[1, 2\]'),
+                    (dict(heads=[1, 2]), r'heads=\[1, 2\]'), ({}, 'heads=.*omega='),
+                    (dict(heads=[1, 1, 1], omega=1), 'heads=.*omega=')]:
         with pytest.raises(genes.GeneError, match=msg):
             cluster.head_schedule(4, 3, **kw)
 
@@ -308,23 +307,23 @@ def test_errors_name_the_problem(ancestor):
     tcfg = cluster.descendant_config(cfg, (2, 2, 2))
     cases = [
         (lambda: cluster.descend_gene(gene, tcfg, heads=(2, 3, 2), key=jax.random.key(0)),
-         'layer 1 asks for 3 heads .* at most num_heads=2'),
+         'layer 1 .*3.*num_heads=2'),
         (lambda: cluster.descend_gene(gene, tcfg, heads=(2, 2), key=jax.random.key(0)),
-         '3 positive integers'),
+         r'heads=\(2, 2\)'),
         (lambda: cluster.descend_gene(gene, ancestor_cfg(width=64, num_heads=2), key=jax.random.key(0)),
-         r"blocks/0/attn/k/bias' has shape \(2, 8\).*width=64.*needs \(2, 32\)"),
+         r"blocks/0/attn/k/bias.*\(2, 8\).*width=64.*\(2, 32\)"),
         (lambda: cluster.descend_gene(gene, tcfg.replace(mlp_dim=16), key=jax.random.key(0)),
          'mlp_dim=16'),
-        (lambda: cluster.descend_gene(gene, tcfg.replace(depth=4)), 'need a PRNG key'),
+        (lambda: cluster.descend_gene(gene, tcfg.replace(depth=4)), 'PRNG key'),
         (lambda: cluster.descend_gene(gene, tcfg), 'PRNG key'),
-        (lambda: cluster.descend_gene({'blocks': {}}, tcfg), 'not a Cluster-Learngene gene'),
-        (lambda: cluster.gene_from_model(params, cfg.replace(num_heads=2)), 'its config'),
-        (lambda: cluster.gene_from_model(params, cfg, clusters=((0,), (1,))), '2 layers of clusters'),
+        (lambda: cluster.descend_gene({'blocks': {}}, tcfg), 'Cluster-Learngene'),
+        (lambda: cluster.gene_from_model(params, cfg.replace(num_heads=2)), 'num_heads=2'),
+        (lambda: cluster.gene_from_model(params, cfg, clusters=((0,), (1,))), '2 layers.*depth 3'),
         (lambda: cluster.gene_from_model(params, cfg, clusters=((0,), (4,), (1,))),
          r'layer 1 centroids \[4\]'),
         (lambda: cluster.gene_from_model(params, cfg, distances=np.zeros((3, 2))), r'\(3, 4\)'),
         (lambda: cluster.gene_from_model(params, cfg, clusters=((0,),) * 3, ffn=[(0, 2)]),
-         'adjacent layers'),
+         r'ffn groups \(\(0, 2\),\)'),
     ]
     for fn, msg in cases:
         with pytest.raises(genes.GeneError, match=msg):
@@ -334,6 +333,7 @@ def test_errors_name_the_problem(ancestor):
 # ----------------------------------------------------------------------------------------
 # The experiment, end to end.
 
+@pytest.mark.slow
 def test_experiment_smoke(tmp_path):
     from jlearngene.experiments import configs, harness
     results = harness.run(configs.load('cluster:smoke'), str(tmp_path), quiet=True)

@@ -8,8 +8,6 @@ import pytest
 from jlearngene import cli
 from jlearngene.experiments import compare, configs, harness
 
-pytestmark = pytest.mark.usefixtures('fast_compile')
-
 
 def test_break_even_is_the_cost_arithmetic():
     # U + N·c < N·c_s  <=>  N > U / (c_s - c)
@@ -66,11 +64,11 @@ def test_plan_names_what_a_method_cannot_make():
     assert plan['pre_fin'][(16, 2)].width == 16
     assert "pre_fin: the gene's 'blocks/attn" in plan['pre_fin'][(12, 2)]   # its GeneError
     assert plan['imwlm'][(12, 2)].num_heads == 3                   # heads of the model's head_dim
-    with pytest.raises(ValueError, match=r"^compare: pre_fin cannot make the shape \(width 12, depth 2\)"):
+    with pytest.raises(ValueError, match=r'pre_fin.*\(width 12, depth 2\)'):
         compare.plan(configs.load('compare:smoke', {'on_missing': 'error'}), 10)
-    with pytest.raises(ValueError, match="unknown method 'nosuch'"):
+    with pytest.raises(ValueError, match="'nosuch'"):
         compare.plan(configs.load('compare:smoke', {'methods': ('scratch', 'nosuch')}), 10)
-    with pytest.raises(ValueError, match='splits neither'):
+    with pytest.raises(ValueError, match=r'\(width 10, depth 2\)'):
         compare.plan(configs.load('compare:smoke', {'shapes': ((10, 2),)}), 10)
 
 
@@ -78,11 +76,11 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     rc = cli.main(['compare', '--config', 'compare:smoke', "--config.methods=('scratch','nosuch')",
                    '--workdir', str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 1 and len(err) == 1 and "unknown method 'nosuch'" in err[0]
+    assert rc == 1 and len(err) == 1 and "'nosuch'" in err[0]
     rc = cli.main(['compare', '--config', 'compare:smoke', '--config.on_missing=error',
                    '--workdir', str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 1 and len(err) == 1 and 'pre_fin cannot make the shape (width 12, depth 2)' in err[0]
+    assert rc == 1 and len(err) == 1 and 'pre_fin' in err[0] and '(width 12, depth 2)' in err[0]
 
 
 def test_configs_resolve_and_paper_shapes_are_consistent():
@@ -103,6 +101,7 @@ def test_configs_resolve_and_paper_shapes_are_consistent():
         harness.run(configs.load('compare:paper', {'compile_cache': False}), '/nonexistent', quiet=True)
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_one_table_and_the_plots(tmp_path):
     # one shape: every run shares the teacher's compiled programs
     config = configs.load('compare:smoke', {'shapes': ((16, 2),)})

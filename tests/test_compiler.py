@@ -1,49 +1,17 @@
-"""`jlearngene.compiler`: `jax.jit` with the ops backends' XLA options (oneDNN dots on CPU),
-which follow every switch and keep products float32-exact."""
-import os
-
+"""`jlearngene.compiler`: `jit` (`jax.jit` with XLA's default options, whose products are
+float32-exact) and `run_once_jit` (small run-once programs compiled quickly on CPU)."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jlearngene import compiler, ops
-from jlearngene.models import vit
-from jlearngene.ops.cpu import onednn
-from jlearngene.train import optim, tasks, trainer
+from jlearngene import compiler
 
-pytestmark = [pytest.mark.skipif(jax.default_backend() != 'cpu', reason='CPU compiler options'),
-              pytest.mark.usefixtures('no_persistent_cache')]
-
-
-@pytest.fixture(autouse=True)
-def onednn_on(monkeypatch):
-    """The oneDNN options are opt-in (JLEARNGENE_CPU_ONEDNN=1); these tests opt in."""
-    monkeypatch.setenv(onednn.ENV_SWITCH, '1')
-
-
-def test_the_onednn_options_are_opt_in(monkeypatch):
-    monkeypatch.delenv(onednn.ENV_SWITCH)
-    assert compiler.options() == {}
+pytestmark = pytest.mark.skipif(jax.default_backend() != 'cpu', reason='CPU compilation')
 
 
 def _mm(a, b):
     return a @ b
-
-
-def test_options_are_the_onednn_ones_on_cpu_and_follow_the_switches(monkeypatch):
-    assert compiler.options() == onednn.OPTIONS     # the pinned jaxlib has them
-    assert compiler.options_key() == tuple(sorted(onednn.OPTIONS.items()))
-    with ops.use_reference():
-        assert compiler.options() == {}
-    monkeypatch.setenv(ops.ENV_SWITCH, 'reference')
-    assert compiler.options() == {}
-    monkeypatch.setenv(ops.ENV_SWITCH, 'cpu')
-    assert compiler.options() == onednn.OPTIONS
-    monkeypatch.setenv(onednn.ENV_SWITCH, '0')
-    assert compiler.options() == {}
-    monkeypatch.setenv(onednn.ENV_SWITCH, 'sometimes')
-    with pytest.raises(ValueError, match=onednn.ENV_SWITCH):
-        compiler.options()
 
 
 @pytest.mark.parametrize('jit', [jax.jit, compiler.jit])
@@ -57,51 +25,53 @@ def test_products_and_their_gradients_are_float32_exact(jit):
         assert np.max(np.abs(np.asarray(got) - ref)) / np.max(np.abs(ref)) < 2e-6
 
 
-def test_no_options_when_the_persistent_cache_is_on(tmp_path):
-    """oneDNN fusions cannot be written to jax's persistent compilation cache."""
-    old = jax.config.jax_compilation_cache_dir
-    jax.config.update('jax_compilation_cache_dir', str(tmp_path))
-    try:
-        assert compiler.options() == {}
-    finally:
-        jax.config.update('jax_compilation_cache_dir', old)
+def test_jit_passes_jax_jit_arguments_through():
+    f = compiler.jit(lambda x, n: x * n, static_argnums=1, donate_argnums=())
+    np.testing.assert_array_equal(f(jnp.ones(3), 2), 2.0)
+    g = compiler.jit(_mm, compiler_options={'xla_backend_optimization_level': 0})
+    np.testing.assert_array_equal(g(jnp.ones((2, 3)), jnp.ones((3, 4))), 3.0)
 
 
-def test_options_this_jaxlib_rejects_are_dropped(monkeypatch):
-    monkeypatch.setattr(onednn, 'OPTIONS', {'xla_cpu_no_such_option': True})
-    onednn._works.cache_clear()
-    try:
-        assert compiler.options() == {}
-    finally:
-        monkeypatch.undo()
-        onednn._works.cache_clear()
-    monkeypatch.setenv(onednn.ENV_SWITCH, '1')          # undone with the rest above
-    assert compiler.options() == onednn.OPTIONS
-
-
-@pytest.mark.skipif(os.environ.get(onednn.ENV_SWITCH) != '1',
-                    reason='trains with oneDNN programs, which have aborted processes that ran '
-                           'them among others: only where JLEARNGENE_CPU_ONEDNN=1 opts in')
-def test_trainer_and_predict_compile_with_the_options(tiny_cfg, monkeypatch, tmp_path):
-    """What each compile got: predict and the training step the options, and the step again,
-    compiled anew, none once they are switched off later in the process."""
-    used, jit = [], compiler.jit
+@pytest.fixture
+def jit_options(monkeypatch):
+    """The `compiler_options` of every program `run_once_jit` compiles, in call order."""
+    used, jit = [], jax.jit
 
     def spy(fun, *, compiler_options=None, **kwargs):
-        used.append(compiler.options() if compiler_options is None else compiler_options)
-        return jit(fun, compiler_options=compiler_options, **kwargs)
+        jitted = jit(fun, compiler_options=compiler_options, **kwargs)
 
-    monkeypatch.setattr(compiler, 'jit', spy)
-    params = vit.init(tiny_cfg, jax.random.key(0))
-    images = np.ones((8, 16, 16, 3), np.float32)
-    tasks.predict_fn(tiny_cfg)(params, images)
-    tx = optim.make_optimizer(dict(lr=1e-3, schedule='constant'), params)
-    loss = tasks.classification_loss(tiny_cfg)
-    batch = {'image': images, 'label': np.zeros((8,), np.int32)}
-    loss_fn = lambda p, b, r: loss(p, b, r)   # noqa: E731 - a fresh object: no cached step
-    for run in ('on', 'off'):
-        if run == 'off':
-            monkeypatch.setenv(onednn.ENV_SWITCH, '0')
-        trainer.fit(loss_fn, params, [batch], tx, workdir=str(tmp_path / run), steps=1,
-                    progress=False, console=False)
-    assert used == [onednn.OPTIONS, onednn.OPTIONS, {}]
+        def call(*args, **kw):
+            used.append(compiler_options)
+            return jitted(*args, **kw)
+        return call
+
+    monkeypatch.setattr(jax, 'jit', spy)
+    return used
+
+
+def _draw(n, key):
+    return jax.random.normal(key, (n, 4))
+
+
+QUICK = {'xla_backend_optimization_level': 0}
+
+
+def test_run_once_jit_compiles_small_top_level_calls_quickly(jit_options, monkeypatch):
+    monkeypatch.setattr(compiler, 'RUN_ONCE_MAX_ELEMENTS', 16)
+    f = compiler.run_once_jit(_draw, lambda n, key: 4 * n, static_argnums=0)
+    key = jax.random.key(0)
+    small, big = f(3, key), f(5, key)         # 12 and 20 values
+    assert jit_options == [QUICK, None]
+    np.testing.assert_allclose(small, jax.random.normal(key, (3, 4)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(big, jax.random.normal(key, (5, 4)), rtol=1e-6, atol=1e-6)
+
+
+def test_run_once_jit_inside_another_trace_is_the_plain_jitted_function(jit_options):
+    f = compiler.run_once_jit(lambda x: jnp.sin(x) * 2.0, lambda x: x.size)
+    x = jnp.linspace(0.0, 1.0, 5)
+    np.testing.assert_allclose(jax.jit(f)(x), 2.0 * np.sin(x), rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(lambda x: f(x).sum())(x), 2.0 * np.cos(x), rtol=1e-6)
+    assert jax.eval_shape(f, x).shape == (5,)
+    assert QUICK not in jit_options
+    np.testing.assert_allclose(f(x), 2.0 * np.sin(x), rtol=1e-6)     # top level: quick
+    assert jit_options[-1] == QUICK

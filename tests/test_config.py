@@ -20,10 +20,10 @@ def test_explicit_head_dim_is_kept():
 
 
 def test_head_dim_errors():
-    with pytest.raises(ConfigError, match=r'width=100: must be divisible by num_heads=3 \(or set head_dim\)'):
+    with pytest.raises(ConfigError, match=r'width=100.*num_heads=3'):
         vit_config('Ti', width=100)
     assert vit_config('Ti', width=100, head_dim=32).attn_width == 96
-    with pytest.raises(ConfigError, match='head_dim=0: must be a positive integer'):
+    with pytest.raises(ConfigError, match='head_dim=0'):
         vit_config('Ti', head_dim=0)
 
 

@@ -1,5 +1,6 @@
 """Tests for jlearngene.data: sources, grain pipelines, augmentation, config entry point."""
 import json
+import re
 
 import ml_collections
 import numpy as np
@@ -81,10 +82,10 @@ def test_array_source_accepts_rank3_and_validates():
     assert src.info.image_shape == (5, 6, 1) and src.info.num_classes == 3 and len(src) == 4
     assert src[2]['label'] == 2 and src[2]['image'].shape == (5, 6, 1)
     bad = [
-        ((np.zeros((4, 5), np.uint8), np.arange(4)), 'rank'),
-        ((np.zeros((4, 5, 5), np.uint8), np.arange(3)), '4 images but 3 labels'),
-        ((np.zeros((4, 5, 5), np.float32), np.arange(4)), 'uint8'),
-        ((np.zeros((4, 5, 5), np.uint8), np.arange(4) * 1.0), 'integer'),
+        ((np.zeros((4, 5), np.uint8), np.arange(4)), r'\(4, 5\)'),
+        ((np.zeros((4, 5, 5), np.uint8), np.arange(3)), '4 images.*3 labels'),
+        ((np.zeros((4, 5, 5), np.float32), np.arange(4)), 'float32'),
+        ((np.zeros((4, 5, 5), np.uint8), np.arange(4) * 1.0), 'labels.*float64'),
     ]
     for args, msg in bad:
         with pytest.raises(data.DataError, match=msg):
@@ -121,12 +122,12 @@ def test_image_folder_reads_labels_and_pixels(tmp_path):
 
 
 def test_image_folder_errors_name_the_problem(tmp_path):
-    with pytest.raises(data.DataError, match='does not exist'):
+    with pytest.raises(data.DataError, match=re.escape(str(tmp_path / 'nope'))):
         data.image_folder(tmp_path / 'nope', 'train')
     (tmp_path / 'train' / 'cat').mkdir(parents=True)
-    with pytest.raises(data.DataError, match="split folder .*test.* does not exist"):
+    with pytest.raises(data.DataError, match=re.escape(str(tmp_path / 'test'))):
         data.image_folder(tmp_path, 'test')
-    with pytest.raises(data.DataError, match='no .*png.* images'):
+    with pytest.raises(data.DataError, match='png.*' + re.escape(str(tmp_path / 'train'))):
         data.image_folder(tmp_path, 'train')
     _write_png(tmp_path / 'train' / 'cat' / 'a.png', 1)
     (tmp_path / 'train' / 'cat' / 'b.png').write_bytes(b'definitely not a png')
@@ -134,7 +135,7 @@ def test_image_folder_errors_name_the_problem(tmp_path):
         data.image_folder(tmp_path, 'train')
     (tmp_path / 'train' / 'cat' / 'b.png').unlink()
     _write_png(tmp_path / 'train' / 'cat' / 'c.png', 1, size=(9, 8), mode='RGB')
-    with pytest.raises(data.DataError, match=r'c.png is 9x8'):
+    with pytest.raises(data.DataError, match=r'c\.png.*9x8'):
         data.image_folder(tmp_path, 'train')
     src = data.image_folder(tmp_path, 'train', image_size=6)   # resizing accepts mixed sizes
     assert src.info.image_shape == (6, 6, 3) and src[1]['image'].shape == (6, 6, 3)
@@ -144,7 +145,7 @@ def test_image_folder_errors_name_the_problem(tmp_path):
     good = (tmp_path / 'train' / 'cat' / 'a.png').read_bytes()
     (tmp_path / 'train' / 'cat' / 'a.png').write_bytes(good[:len(good) // 2])
     src = data.image_folder(tmp_path, 'train', image_size=6)
-    with pytest.raises(data.DataError, match='cannot decode .*a.png'):
+    with pytest.raises(data.DataError, match=r'a\.png'):
         src[0]
 
 
@@ -171,12 +172,12 @@ def test_tfds_mock_data_through_source_and_pipeline(tmp_path):
 
 
 def test_tfds_missing_dataset_is_a_clear_error(tmp_path):
-    with pytest.raises(data.DataError, match=r"'mnist'.*" + str(tmp_path)):
+    with pytest.raises(data.DataError, match=r"'mnist'.*" + re.escape(str(tmp_path))):
         data.tfds_source('mnist', 'train', tmp_path)
-    with pytest.raises(data.DataError, match='does not exist'):
+    with pytest.raises(data.DataError, match=re.escape(str(tmp_path / 'absent'))):
         data.tfds_source('mnist', 'train', tmp_path / 'absent')
     from tensorflow_datasets.core.utils import gcs_utils
-    assert gcs_utils._is_gcs_disabled
+    assert not gcs_utils.is_dataset_on_gcs('mnist')      # GCS is off: no look-up at all
 
 
 # ------------------------------------------------------------------------------------ pipeline
@@ -259,7 +260,7 @@ def test_processes_get_disjoint_shards_that_union_to_the_global_batch():
         for p in range(2):
             for l, im in zip(shards[p][step]['label'], shards[p][step]['image']):
                 np.testing.assert_array_equal(im, by_label[int(l)])
-    with pytest.raises(data.DataError, match='multiple of the process count 3'):
+    with pytest.raises(data.DataError, match='batch_size 8.*3'):
         data.train_iterator(src, batch_size=8, seed=1, process_index=0, process_count=3)
     with pytest.raises(data.DataError, match='process_index 4'):
         data.train_iterator(src, batch_size=8, seed=1, process_index=4, process_count=4)
@@ -336,11 +337,11 @@ def test_pipeline_mixup_is_mixing_of_the_plain_batch():
 
 
 def test_augment_options_are_validated():
-    with pytest.raises(data.DataError, match=r"unknown options \['flipp'\]"):
+    with pytest.raises(data.DataError, match=r"\['flipp'\]"):
         data.Augment.create({'flipp': True})
     with pytest.raises(data.DataError, match='mix_prob'):
         data.Augment(mix_prob=1.5)
-    with pytest.raises(data.DataError, match='either crop_padding or rrc_scale'):
+    with pytest.raises(data.DataError, match='crop_padding.*rrc_scale'):
         data.Augment(crop_padding=2, rrc_scale=(0.5, 1))
     from_cfg = data.Augment.create(ml_collections.ConfigDict({'rrc_scale': [0.5, 1.0]}))
     assert from_cfg.rrc_scale == (0.5, 1.0)
@@ -358,9 +359,9 @@ def test_from_config_digits_and_errors():
     assert info.num_examples == 1433
     ev, info = data.from_config(cfg, 'test', batch_size=100, seed=0, train=False, **SOLO)
     assert sum(int(b['mask'].sum()) for b in ev) == 364 == info.num_examples
-    with pytest.raises(data.DataError, match=r"unknown dataset name 'imagenet'.*digits"):
+    with pytest.raises(data.DataError, match=r"'imagenet'.*digits"):
         data.from_config({'name': 'imagenet'}, 'train', batch_size=8, seed=0, train=True)
-    with pytest.raises(data.DataError, match=r"unknown keys \['img_size'\]"):
+    with pytest.raises(data.DataError, match=r"\['img_size'\]"):
         data.from_config({'name': 'digits', 'img_size': 16}, 'train', batch_size=8, seed=0,
                          train=True)
     with pytest.raises(data.DataError, match='tfds_name'):
@@ -392,6 +393,6 @@ def test_config_templates_choose_the_folder_and_tfds_sources(tmp_path):
         cfg = tasks.model_config(t.model)
         assert next(it)['image'].shape == (8, cfg.image_size, cfg.image_size, cfg.channels)
         assert info.num_classes == cfg.num_classes
-    with pytest.raises(data.DataError, match="'folder' needs 'root'.*digits_vit:folder"):
+    with pytest.raises(data.DataError, match="'folder'.*'root'.*digits_vit:folder"):
         data.from_config(configs.load('digits_vit:folder').data, 'train', batch_size=4, seed=0,
                          train=True, **SOLO)

@@ -1,10 +1,10 @@
 """`ViTConfig.dense_precision='bfloat16'`: the dense layers multiply bfloat16-rounded operands
 with float32 accumulation, forward and backward, and the model stays close to float32.
 
-Compiled with XLA's full optimisation pipeline (no `fast_compile`): whether XLA:CPU keeps a
-bfloat16 dot in bfloat16 depends on it, and a dot it keeps but cannot run fails at run time.
-Both with XLA's default kernels (`jax.jit`) and with the trainer's (`compiler.jit`), with the
-`jlearngene.ops` backends on and with the reference.
+Compiled with XLA's full optimisation pipeline (the `optimized_compile` fixture): whether
+XLA:CPU keeps a bfloat16 dot in bfloat16 depends on it, and a dot it keeps but cannot run
+fails at run time. The products are the reference's (`jlearngene.ops.reference`), eager and
+under the trainer's `compiler.jit`.
 """
 import jax
 import jax.numpy as jnp
@@ -15,19 +15,19 @@ import pytest
 from jlearngene import compiler, ops
 from jlearngene.models import config as config_lib, layout, vit
 
+pytestmark = pytest.mark.usefixtures('optimized_compile')
+
 BF16 = jnp.bfloat16
-JITS = [jax.jit, compiler.jit]
 
 
 def _rounded_product(a, b):
     return jnp.matmul(a.astype(BF16), b.astype(BF16), preferred_element_type=jnp.float32)
 
 
-@pytest.mark.parametrize('jit', [None] + JITS)
+@pytest.mark.parametrize('jit', [None, compiler.jit])
 @pytest.mark.parametrize('shape', [((12, 16), (16, 24)), ((12, 24), (24, 16))])
-def test_bf16_dense_is_the_rounded_product_forward_and_backward(shape, jit, backends):
-    """Both branches of the CPU backend's weight gradient (x narrower or wider than the
-    output)."""
+def test_bf16_dense_is_the_rounded_product_forward_and_backward(shape, jit):
+    """x narrower and wider than the output."""
     (n, k), (_, m) = shape
     x = jax.random.normal(jax.random.key(0), (n, k))
     w = jax.random.normal(jax.random.key(1), (k, m))
@@ -51,12 +51,11 @@ def test_config_rejects_an_unknown_dense_precision(tiny_cfg):
     assert config_lib.ViTConfig.from_dict(cfg.to_dict()) == cfg
 
 
-@pytest.mark.parametrize('jit', JITS)
 @pytest.mark.parametrize('changes, batch, stacked', [
     ({}, 4, True),                                        # the pruned last block
     ({'distill_token': True, 'num_classes': 1}, 1, False),  # one image, one-output heads
 ])
-def test_bf16_dense_model_is_close_to_float32(tiny_cfg, changes, batch, stacked, jit):
+def test_bf16_dense_model_is_close_to_float32(tiny_cfg, changes, batch, stacked):
     cfg32 = tiny_cfg.replace(**changes)
     cfg16 = cfg32.replace(dense_precision='bfloat16')
     params = vit.init(cfg32, jax.random.key(0))
@@ -67,7 +66,7 @@ def test_bf16_dense_model_is_close_to_float32(tiny_cfg, changes, batch, stacked,
     def loss(p, cfg):
         return jnp.sum(jnp.sin(vit.apply(p, images, cfg)[0]))
 
-    grad_fn = jit(jax.value_and_grad(loss), static_argnums=1)
+    grad_fn = compiler.jit(jax.value_and_grad(loss), static_argnums=1)
     (v32, g32), (v16, g16) = grad_fn(params, cfg32), grad_fn(params, cfg16)
     err = float(optax.tree.norm(jax.tree.map(jnp.subtract, g16, g32)) / optax.tree.norm(g32))
     assert 0 < err < 1e-2, err

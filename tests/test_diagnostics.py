@@ -13,7 +13,6 @@ from jlearngene import diagnostics as dg
 from jlearngene.genes import cluster, compose, tleg
 from jlearngene.models import init, unstack_blocks, vit_config
 
-pytestmark = pytest.mark.usefixtures('fast_compile')
 
 CFG = vit_config('Ti', width=16, num_heads=4, mlp_dim=32, depth=8, image_size=8, patch_size=4,
                  num_classes=5)
@@ -168,19 +167,19 @@ def test_plots_are_written(tmp_path, model):
 
 @pytest.mark.parametrize('call, match', [
     (lambda: dg.cka(np.ones((10, 3)) + np.arange(10)[:, None], np.ones((9, 3))),
-     'x has 10 examples and y 9'),
-    (lambda: dg.cka(np.ones((10, 3)), np.random.rand(10, 3)), 'constant over the examples'),
-    (lambda: dg.cka(np.ones(5), np.ones(5)), r'expected \(examples, features\)'),
-    (lambda: dg.cka_matrix([np.random.rand(6, 2)], [np.random.rand(8, 2)]), r'different example counts \[6, 8\]'),
-    (lambda: dg.attention_distance(np.ones((1, 1, 5, 5)) / 5, 2, 4), r'5 tokens but the 2x2 patch grid and 0 prefix'),
-    (lambda: dg.attention_distance(np.ones((1, 4, 4)), 2, 4), r'expected \(layers, batch, heads, tokens, tokens\)'),
-    (lambda: dg.attention_distance(np.ones((1, 1, 4, 3)), 2, 4), r'expected \(batch, heads, tokens, tokens\)'),
-    (lambda: dg.grid_distances((0, 3), 4), 'must be positive'),
-    (lambda: dg.linearity_score(np.ones((1, 5))), r'\(layers >= 2, features\)'),
-    (lambda: dg.linearity_score(np.ones((4, 5))), 'every layer is identical'),
-    (lambda: dg.layer_pca(np.random.rand(3, 5), 4), 'n_components=4 must be in 1..3'),
-    (lambda: dg.layer_matrix({'head': {}}), 'params have no blocks'),
-    (lambda: dg.plot_cka(np.ones(3)), r'expected a \(layers_a, layers_b\) matrix'),
+     r'cka: .*10.*9'),
+    (lambda: dg.cka(np.ones((10, 3)), np.random.rand(10, 3)), r'cka: x\b.*constant'),
+    (lambda: dg.cka(np.ones(5), np.ones(5)), r'cka: .*\(5,\)'),
+    (lambda: dg.cka_matrix([np.random.rand(6, 2)], [np.random.rand(8, 2)]), r'cka_matrix: .*\[6, 8\]'),
+    (lambda: dg.attention_distance(np.ones((1, 1, 5, 5)) / 5, 2, 4), r'5 tokens.*2x2.*0 prefix'),
+    (lambda: dg.attention_distance(np.ones((1, 4, 4)), 2, 4), r'attention_distance: .*\(1, 4, 4\)'),
+    (lambda: dg.attention_distance(np.ones((1, 1, 4, 3)), 2, 4), r'attention_distance: .*\(1, 1, 4, 3\)'),
+    (lambda: dg.grid_distances((0, 3), 4), r'grid_distances: .*\(0, 3\)'),
+    (lambda: dg.linearity_score(np.ones((1, 5))), r'linearity_score: .*\(1, 5\)'),
+    (lambda: dg.linearity_score(np.ones((4, 5))), r'linearity_score: .*identical'),
+    (lambda: dg.layer_pca(np.random.rand(3, 5), 4), r'n_components=4.*1\.\.3'),
+    (lambda: dg.layer_matrix({'head': {}}), r'layer_matrix: .*blocks'),
+    (lambda: dg.plot_cka(np.ones(3)), r'plot_cka: .*\(3,\)'),
 ])
 def test_bad_inputs_give_one_line_errors(call, match):
     with pytest.raises(ValueError, match=match) as e:
@@ -190,10 +189,10 @@ def test_bad_inputs_give_one_line_errors(call, match):
 
 def test_layer_matrix_errors_name_the_kinds(model):
     params, _ = model
-    with pytest.raises(ValueError, match=r"no block parameter matches \['attn/qkv'\]; block paths are") as e:
+    with pytest.raises(ValueError, match=r"\['attn/qkv'\]") as e:
         dg.layer_matrix(params, 'attn/qkv')
     assert '\n' not in str(e.value)
     blocks = unstack_blocks(params)['blocks']
     ragged = {'blocks': [blocks[0], {**blocks[1], 'mlp': {'fc1': {'kernel': jnp.zeros((16, 8))}}}]}
-    with pytest.raises(ValueError, match='block 1 differs in shape from block 0'):
+    with pytest.raises(ValueError, match='block 1'):
         dg.layer_matrix(ragged, 'mlp/fc1/kernel')

@@ -21,17 +21,9 @@ TOTAL_DEVICES = 8
 STEPS, INTERRUPT_AT_BATCH = 4, 1
 
 
-def _gloo_available() -> bool:
-    try:
-        from jax._src.lib import _jax
-    except ImportError:
-        return False
-    return hasattr(_jax, 'make_gloo_tcp_collectives')
-
-
-needs_gloo = pytest.mark.skipif(not _gloo_available(),
-                                reason="this jaxlib has no gloo CPU collectives, which "
-                                       "multi-process runs on CPU need")
+needs_gloo = pytest.mark.skipif(sys.platform != 'linux',
+                                reason="multi-process runs on CPU need gloo's collectives, "
+                                       "which jaxlib ships in its Linux wheels")
 
 
 # ------------------------------------------------------------------------------ settings
@@ -49,14 +41,14 @@ def test_resolve_order_and_errors():
     assert not distributed.resolve(environ={}, tpu=False).multi_process
     with pytest.raises(distributed.DistributedError, match='JAX_PROCESS_ID missing'):
         distributed.resolve(environ={'JAX_COORDINATOR_ADDRESS': 'h:1', 'JAX_NUM_PROCESSES': '2'}, tpu=False)
-    with pytest.raises(distributed.DistributedError, match=r'--process_id=2 must be in \[0, --num_processes=2\)'):
+    with pytest.raises(distributed.DistributedError, match='--process_id=2.*--num_processes=2'):
         distributed.resolve('h:1', 2, 2, environ={}, tpu=False)
-    with pytest.raises(distributed.DistributedError, match='must be host:port'):
+    with pytest.raises(distributed.DistributedError, match="'localhost'"):
         distributed.resolve('localhost', 2, 0, environ={}, tpu=False)
-    with pytest.raises(distributed.DistributedError, match='JAX_NUM_PROCESSES must be an integer'):
+    with pytest.raises(distributed.DistributedError, match="JAX_NUM_PROCESSES.*'two'"):
         distributed.resolve(environ={'JAX_COORDINATOR_ADDRESS': 'h:1', 'JAX_NUM_PROCESSES': 'two',
                                      'JAX_PROCESS_ID': '0'}, tpu=False)
-    with pytest.raises(distributed.DistributedError, match='SLURM_PROCID is unset'):
+    with pytest.raises(distributed.DistributedError, match='SLURM_PROCID'):
         distributed.resolve(environ={'SLURM_NTASKS': '2'}, tpu=False)
     # One process: nothing starts.
     assert distributed.initialize(environ={}, tpu=False) == distributed.Setup('single')
@@ -188,8 +180,8 @@ def _max_diff(a, b):
     return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
+@pytest.mark.slow
 @needs_gloo
-@pytest.mark.usefixtures('fast_compile')
 def test_two_processes_match_one_and_resume_exactly(tmp_path):
     deadline = time.monotonic() + DEADLINE_S
     one, two, cut = (str(tmp_path / n) for n in ('one', 'two', 'cut'))

@@ -8,7 +8,6 @@ from jlearngene import parallel
 from jlearngene.train import evaluate as evaluate_fn
 from jlearngene.train.evaluate import evaluate
 
-pytestmark = pytest.mark.usefixtures('fast_compile')
 
 RNG = np.random.default_rng(0)
 W = RNG.normal(size=(5, 3)).astype(np.float32)
@@ -70,9 +69,9 @@ def test_mesh_and_jitted_give_the_same_means():
 
 
 def test_refusals():
-    with pytest.raises(ValueError, match='yielded no batches'):
+    with pytest.raises(ValueError, match='no batches'):
         evaluate(linear_eval, {'w': W}, [])
-    with pytest.raises(ValueError, match="must return a 'count' entry next to its sums, got \\['accuracy'\\]"):
+    with pytest.raises(ValueError, match=r"'count'.*\['accuracy'\]"):
         evaluate(lambda p, b: {'accuracy': jnp.sum(b['x'])}, {'w': W}, _batches([4], [4]))
     none_valid = evaluate(linear_eval, {'w': W}, _batches([4], [0]))
     assert none_valid == {'accuracy': 0.0, 'loss': 0.0, 'count': 0.0}

@@ -11,7 +11,6 @@ from jlearngene import costs, genes, pytree
 from jlearngene.genes import baselines, common, tleg
 from jlearngene.models import init, unstack_blocks, vit_config
 
-pytestmark = pytest.mark.usefixtures('fast_compile')
 
 NAMES = genes.names()
 GENERIC = ('scratch', 'tleg', 'share_init', 'he_lg', 'auto_lg', 'pre_fin', 'cluster')
@@ -102,13 +101,13 @@ def test_get_unknown_name_lists_the_known_ones():
 def test_register_rejects_a_taken_name_and_incomplete_methods():
     m = genes.get('scratch')
     assert genes.register(m) is m                      # the same record again is a no-op
-    with pytest.raises(genes.GeneError, match="'scratch' is already registered"):
+    with pytest.raises(genes.GeneError, match="'scratch'"):
         genes.register(genes.Method(name='scratch', label='X', source='none', descend=m.descend,
                                     gene_param_count=m.gene_param_count))
-    with pytest.raises(genes.GeneError, match="source='learned' needs materialize"):
+    with pytest.raises(genes.GeneError, match="source='learned'.*materialize"):
         genes.Method(name='x', label='X', source='learned', descend=m.descend,
                      gene_param_count=m.gene_param_count, init_gene=tleg.init_gene)
-    with pytest.raises(genes.GeneError, match="source='none' takes no gene_from_model"):
+    with pytest.raises(genes.GeneError, match="source='none'.*gene_from_model"):
         genes.Method(name='x', label='X', source='none', descend=m.descend,
                      gene_param_count=m.gene_param_count, gene_from_model=baselines.pre_fin_gene)
     with pytest.raises(genes.GeneError, match='source=.trained.'):
@@ -176,7 +175,7 @@ def test_gene_shapes_and_s_params_count_the_real_gene(name, made):
 
 @pytest.mark.parametrize('name', [n for n in CONTRACT if genes.get(n).source != 'none'])
 def test_impossible_width_is_a_gene_error(name, made):
-    with pytest.raises(genes.GeneError, match=r"width=64.*needs \(2, 32\)"):
+    with pytest.raises(genes.GeneError, match=r"width=64.*\(2, 32\)"):
         genes.get(name).descend(made[name], cfg_(4, width=64), key=jax.random.key(0))
 
 
@@ -221,7 +220,7 @@ def test_materialize_merges_frozen_parts(made):
     frozen = {'shared': {'pos_embed': gene['shared']['pos_embed']}}
     trainable = {**gene, 'shared': {k: v for k, v in gene['shared'].items() if k != 'pos_embed'}}
     assert pytree.trees_equal(tleg.materialize(trainable, frozen, cfg), tleg.expand(gene, cfg.depth))
-    with pytest.raises(genes.GeneError, match="'shared/pos_embed' is both trainable and frozen"):
+    with pytest.raises(genes.GeneError, match="'shared/pos_embed'"):
         tleg.materialize(gene, frozen, cfg)
 
 
@@ -267,7 +266,7 @@ def test_embeddings_option_decides_what_he_lg_stores_and_reads():
     fresh = baselines.descend_he_lg(full, cfg, key=key, embeddings='random')
     assert pytree.trees_equal(fresh['pos_embed'], baselines.descend_he_lg(lean, cfg, key=key)['pos_embed'])
     assert not np.array_equal(fresh['pos_embed'], model['pos_embed'])
-    with pytest.raises(genes.GeneError, match="needs 'patch_embed' but the gene has none"):
+    with pytest.raises(genes.GeneError, match="'patch_embed'"):
         baselines.descend_he_lg(lean, cfg, key=key, embeddings='inherit')
 
 
@@ -299,24 +298,24 @@ def test_pre_fin_stores_one_model_per_distinct_target_shape():
 def test_gene_options_and_errors_of_model_sources():
     cfg = cfg_()
     model = trained_model(cfg)
-    with pytest.raises(genes.GeneError, match=r'k=5.*\[1, ancestor depth 4\]'):
+    with pytest.raises(genes.GeneError, match=r'k=5.*depth 4'):
         baselines.HE_LG.gene_from_model(model, cfg, k=5)
-    with pytest.raises(genes.GeneError, match='has 4 layers but its config says depth=3'):
+    with pytest.raises(genes.GeneError, match='4 layers.*depth=3'):
         baselines.PRE_FIN.gene_from_model(model, cfg_(3))
-    with pytest.raises(genes.GeneError, match=r"model's 'blocks/attn/k/bias'.*its config \(width=64"):
+    with pytest.raises(genes.GeneError, match=r"'blocks/attn/k/bias'.*width=64"):
         baselines.PRE_FIN.gene_from_model(model, cfg_(4, width=64))
     gene = baselines.HE_LG.gene_from_model(model, cfg, k=3)
-    with pytest.raises(genes.GeneError, match="gene's 3 layers do not fit in target depth 2"):
+    with pytest.raises(genes.GeneError, match='3 layers.*depth 2'):
         baselines.descend_he_lg(gene, cfg_(2), key=jax.random.key(0))
-    with pytest.raises(genes.GeneError, match=r'target layers \[0, 1\] are drawn fresh'):
+    with pytest.raises(genes.GeneError, match=r'target layers \[0, 1\]'):
         baselines.descend_he_lg(gene, cfg_(5))
-    with pytest.raises(genes.GeneError, match="not a layers gene"):
+    with pytest.raises(genes.GeneError, match=r"auto_lg: .*\['theta_b'\]"):
         baselines.descend_auto_lg({'theta_b': {}}, cfg, key=jax.random.key(0))
-    with pytest.raises(genes.GeneError, match='scratch has no gene'):
+    with pytest.raises(genes.GeneError, match=r'scratch .*\bdict\b'):
         baselines.SCRATCH.descend(gene, cfg, key=jax.random.key(0))
-    with pytest.raises(genes.GeneError, match=r"scratch \(no gene to inherit from\): head='inherit'"):
+    with pytest.raises(genes.GeneError, match=r"scratch.*head='inherit'"):
         baselines.SCRATCH.descend(None, cfg, key=jax.random.key(0), head='inherit')
-    with pytest.raises(genes.GeneError, match='no gene options'):
+    with pytest.raises(genes.GeneError, match=r"scratch.*\['k'\]"):
         baselines.SCRATCH.gene_shapes(cfg, k=3)
 
 
@@ -327,11 +326,11 @@ def test_check_fits_names_the_first_mismatch():
     cfg = cfg_()
     want = {'a': jax.ShapeDtypeStruct((2, 3), jnp.float32), 'b': jax.ShapeDtypeStruct((4,), jnp.float32)}
     common.check_fits({'a': np.zeros((2, 3))}, want, 'w', cfg)                 # a subset fits
-    with pytest.raises(genes.GeneError, match=r"w: the target config \(width=32.*needs 'x/b' but the gene has none"):
+    with pytest.raises(genes.GeneError, match=r"w: .*width=32.*'x/b'"):
         common.check_fits({'a': np.zeros((2, 3))}, want, 'w', cfg, complete=True, prefix='x/')
-    with pytest.raises(genes.GeneError, match=r"w: the model's 'a' has shape \(3, 2\) but .* needs \(2, 3\)!"):
+    with pytest.raises(genes.GeneError, match=r"w: .*'a'.*\(3, 2\).*\(2, 3\)!"):
         common.check_fits({'a': np.zeros((3, 2))}, want, 'w', cfg, source='model', hint='!')
-    with pytest.raises(genes.GeneError, match=r"the gene has 'c', which the target config"):
+    with pytest.raises(genes.GeneError, match=r"w: .*'c'"):
         common.check_fits({'c': np.zeros(1)}, want, 'w', cfg)
 
 
@@ -348,13 +347,13 @@ def test_embeddings_and_heads_inherits_or_draws():
     top = common.embeddings_and_heads({'head': src['head']}, cfg, head='inherit', embeddings=None,
                                       fresh=lambda: fresh, what='t')
     assert top['pos_embed'] is fresh['pos_embed'] and top['head'] is src['head']
-    with pytest.raises(genes.GeneError, match=r"t: drawing \['head'\] fresh needs a PRNG key"):
+    with pytest.raises(genes.GeneError, match=r"t: .*\['head'\].*PRNG key"):
         common.embeddings_and_heads(src, cfg, head='new', embeddings='inherit', fresh=None, what='t')
-    with pytest.raises(genes.GeneError, match=r"t: embeddings='copy'; expected one of \('inherit', 'random'\)"):
+    with pytest.raises(genes.GeneError, match=r"t: embeddings='copy'"):
         common.embeddings_and_heads(src, cfg, head='new', embeddings='copy', fresh=None, what='t')
-    with pytest.raises(genes.GeneError, match=r"t\(head='inherit'\): the gene has no head"):
+    with pytest.raises(genes.GeneError, match=r"t\(head='inherit'\)"):
         common.embeddings_and_heads({}, cfg, head='inherit', embeddings='random', fresh=None, what='t')
-    with pytest.raises(genes.GeneError, match=r"needs 'cls_token'"):
+    with pytest.raises(genes.GeneError, match=r"'cls_token'"):
         common.embeddings_and_heads(src, cfg.replace(pool='cls'), head='inherit',
                                     embeddings='inherit', fresh=None, what='t')
 
@@ -369,12 +368,12 @@ def test_layer_gathers():
     want = np.zeros((5, 3), np.float32)
     want[1], want[3] = blocks['w'][0], blocks['w'][4]
     np.testing.assert_array_equal(placed['w'], want)
-    with pytest.raises(genes.GeneError, match='2 target layers but 1 source'):
+    with pytest.raises(genes.GeneError, match='2 target layers.*1 source'):
         common.place_layers(target, [1, 3], blocks, [0])
     layers = [jax.tree.map(lambda x, i=i: x[i], blocks) for i in range(5)]
     chex.assert_trees_all_equal(common.stack_layers(layers), blocks)
     assert common.num_layers(blocks) == 5 and common.num_layers({}) == 0
-    with pytest.raises(genes.GeneError, match='layer 1 differs from layer 0'):
+    with pytest.raises(genes.GeneError, match='layer 1'):
         common.stack_layers([{'w': np.zeros(2)}, {'w': np.zeros(3)}])
 
 
@@ -384,12 +383,12 @@ def test_stacked_accepts_list_layout_and_names_differing_blocks():
     mixed = unstack_blocks(m)
     mixed['blocks'][1] = jax.tree.map(lambda x: np.zeros(x.shape[1:], x.dtype),
                                       shapes(cfg_(1, mlp_dim=32))['blocks'])
-    with pytest.raises(genes.GeneError, match='w: stack_blocks: block 1 differs'):
+    with pytest.raises(genes.GeneError, match='w: stack_blocks: block 1'):
         common.stacked(mixed, 'w')
 
 
 def test_merge_disjoint():
     a, b = {'x': {'p': 1}, 'y': 2}, {'x': {'q': 3}, 'z': 4}
     assert common.merge_disjoint(a, b, 'm') == {'x': {'p': 1, 'q': 3}, 'y': 2, 'z': 4}
-    with pytest.raises(genes.GeneError, match="m: 'x/p' is both a and b"):
+    with pytest.raises(genes.GeneError, match="m: 'x/p'"):
         common.merge_disjoint(a, {'x': {'p': 5}}, 'm')

@@ -11,7 +11,6 @@ from jlearngene import genes, pytree
 from jlearngene.genes import common, growth
 from jlearngene.models import apply, init, vit_config
 
-pytestmark = pytest.mark.usefixtures('fast_compile')
 
 SMALL = vit_config('Ti', width=8, num_heads=2, mlp_dim=16, depth=2, image_size=8, patch_size=4,
                    num_classes=5)
@@ -85,7 +84,7 @@ def test_stackbert_layer_l_is_small_layer_l_mod_L1(small):
         for l in range(5):
             np.testing.assert_array_equal(x[l], y[l % 2])
     assert pytree.trees_equal(common.top_level(deep), common.top_level(small))
-    with pytest.raises(genes.GeneError, match="grows depth only; width='net2net'"):
+    with pytest.raises(genes.GeneError, match="'heads'.*width='net2net'"):
         growth.stackbert(small, LARGE)
     wide = growth.stackbert(small, LARGE, KEY, width='net2net')
     chex.assert_trees_all_close(wide, growth.bert2bert(small, LARGE, KEY, aki=False))
@@ -134,24 +133,24 @@ def test_ligo_operator_init_tying_and_kept_units(small):
 def test_impossible_pairs(small):
     with pytest.raises(genes.GeneError, match='needs a PRNG key'):
         growth.net2net(small, LARGE)
-    with pytest.raises(genes.GeneError, match="'head_dim'.*head_dim must match"):
+    with pytest.raises(genes.GeneError, match="'head_dim'.*4.*8"):
         growth.net2net(small, LARGE.replace(num_heads=2), KEY)
-    with pytest.raises(genes.GeneError, match="axis 'layers' would shrink from 2 to 1"):
+    with pytest.raises(genes.GeneError, match="'layers'.*2 to 1"):
         growth.bert2bert(small, WIDE.replace(depth=1), KEY)
     with pytest.raises(genes.GeneError, match="'classes'.*head='new'"):
         growth.net2net(small, LARGE.replace(num_classes=3), KEY)
-    with pytest.raises(genes.GeneError, match='patch_size must match'):
+    with pytest.raises(genes.GeneError, match="'patch_h'.*patch_size"):
         growth.bert2bert(small, LARGE.replace(patch_size=8, image_size=16), KEY)
     with pytest.raises(genes.GeneError, match="'cls_token'"):
         growth.net2net(small, LARGE.replace(pool='avg', class_token=False), KEY)
-    with pytest.raises(genes.GeneError, match='width='):
+    with pytest.raises(genes.GeneError, match="width='wide'"):
         growth.stackbert(small, LARGE, width='wide')
-    with pytest.raises(genes.GeneError, match='width_init='):
+    with pytest.raises(genes.GeneError, match="width_init='zeros'"):
         growth.ligo_init_operator(SMALL, LARGE, KEY, width_init='zeros')
-    with pytest.raises(genes.GeneError, match="axis '(embed|heads)' would shrink"):
+    with pytest.raises(genes.GeneError, match="'(embed|heads)'.*shrink"):
         growth.ligo_init_operator(WIDE, SMALL, KEY)
     op = growth.ligo_init_operator(SMALL, LARGE, KEY)
-    with pytest.raises(genes.GeneError, match='another pair of models'):
+    with pytest.raises(genes.GeneError, match=r"'depth/attn/k/bias'.*\(4, 2\).*\(3, 2\)"):
         growth.ligo_grow(op, small, LARGE.replace(depth=3))
 
 

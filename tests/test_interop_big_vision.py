@@ -170,12 +170,12 @@ def test_pre_logits_mismatches_are_named_and_the_backbone_loads_without_it():
     msg = str(e.value)
     assert 'unexpected keys (2): pre_logits/bias, pre_logits/kernel' in msg
     assert 'head/kernel: shape (12, 5), expected (16, 5)' in msg
-    assert 'pre-logits layer (pre_logits/kernel of shape (16, 12))' in msg and 'representation_size=None' in msg
+    assert 'pre_logits/kernel of shape (16, 12)' in msg and 'representation_size=None' in msg
     with pytest.raises(StateDictError, match=r'(?s)missing keys \(2\): pre_logits/kernel, pre_logits/bias.*'
-                                             r'representation_size=16 but the checkpoint has no pre-logits'):
+                                             r'representation_size=16'):
         BV.from_big_vision(checkpoint('vit', 'tok', rep=0), cfg.replace(representation_size=16))
     bad = dict(ck, **{'pre_logits/kernel': ck['pre_logits/kernel'][0]})
-    with pytest.raises(StateDictError, match=r'pre_logits/kernel has shape \(12,\); expected \(D, R\)'):
+    with pytest.raises(StateDictError, match=r'pre_logits/kernel.*\(12,\).*\(D, R\)'):
         BV.from_big_vision(bad)
     backbone = {k: v for k, v in ck.items() if not k.startswith(('pre_logits/', 'head/'))}
     params, cfg = BV.from_big_vision(backbone)
@@ -281,7 +281,7 @@ def test_one_error_lists_every_missing_unexpected_and_misshaped_key():
     msg = str(e.value)
     assert '(4 problems)' in msg and 'layout=big_vision' in msg
     assert 'missing keys (1): Transformer/encoderblock_1/MlpBlock_0/Dense_1/bias' in msg
-    assert 'unexpected keys (2)' in msg and 'extra/thing' in msg and 'attention pooling' in msg
+    assert 'unexpected keys (2)' in msg and 'extra/thing' in msg and 'MAPHead_0/probe' in msg
     assert f'head/bias: shape ({CLASSES + 1},), expected ({CLASSES},)' in msg
     assert 'LayerNorm_1/scale: dtype int32' in msg
 
@@ -297,7 +297,7 @@ def test_given_config_is_checked_and_uninferable_checkpoints_list_problems():
     with pytest.raises(StateDictError) as e:
         BV.from_big_vision(bad)
     msg = str(e.value)
-    assert 'missing embedding/kernel' in msg and 'reg_token (register tokens' in msg
+    assert 'missing embedding/kernel' in msg and 'reg_token' in msg
 
 
 def test_to_big_vision_refuses_unrepresentable_configs_and_misfit_params():
@@ -316,7 +316,7 @@ def test_to_big_vision_refuses_unrepresentable_configs_and_misfit_params():
     params['norm']['scale'] = np.ones(WIDTH + 1, np.float32)
     with pytest.raises(StateDictError, match=r'(?s)missing parameters \(1\): head/bias.*norm/scale: shape'):
         BV.to_big_vision(params, ok)
-    with pytest.raises(ValueError, match='unknown big_vision layout'):
+    with pytest.raises(ValueError, match="'scan'"):
         BV.to_big_vision(params, ok, layout='scan')
 
 
@@ -333,9 +333,9 @@ def test_npz_files(tmp_path):
     assert pytree.trees_equal(jax.device_get(params), jax.device_get(BV.from_big_vision(ck)[0]))
     junk = tmp_path / 'junk.npz'
     junk.write_bytes(b'PK\x03\x04 not really a zip archive')
-    with pytest.raises(StateDictError, match='junk.npz.*not a readable .npz'):
+    with pytest.raises(StateDictError, match=r'junk\.npz'):
         BV.from_big_vision(junk)
-    with pytest.raises(StateDictError, match='read from .npz files'):
+    with pytest.raises(StateDictError, match=r'model\.safetensors'):
         BV.load_npz(tmp_path / 'model.safetensors')
-    with pytest.raises(ValueError, match='must end in .npz'):
+    with pytest.raises(ValueError, match=r'bv\.zip'):
         BV.save_npz(ck, tmp_path / 'bv.zip')

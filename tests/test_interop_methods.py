@@ -19,7 +19,6 @@ from jlearngene.genes.common import GeneError
 from jlearngene.models import ConfigError, apply, init, layout, vit_config
 from test_genes import perturbed, trained_model
 
-pytestmark = pytest.mark.usefixtures('fast_compile')
 
 ANCESTOR = vit_config('Ti', width=16, num_heads=4, mlp_dim=32, depth=2, image_size=8, patch_size=4,
                       num_classes=5, pool='avg')
@@ -139,10 +138,10 @@ def test_ancestor_and_descendant_round_trip_through_timm_and_big_vision(name, so
             assert not layout.is_stacked(params)
             assert [b['attn']['q']['kernel'].shape[1] for b in params['blocks']] == list(PER_LAYER_HEADS)
             heads = r'heads per block \[2, 4\], MLP sizes \[32, 32\]'
-            with pytest.raises(StateDictError, match=f"timm's VisionTransformer has blocks of one shape; .*{heads}"):
+            with pytest.raises(StateDictError, match=f"timm.*{heads}"):
                 T.to_timm(params, cfg)
             for bv_layout in BV.LAYOUTS:
-                with pytest.raises(StateDictError, match=f"big_vision's ViT has blocks of one shape; .*{heads}"):
+                with pytest.raises(StateDictError, match=f"big_vision.*{heads}"):
                     BV.to_big_vision(params, cfg, layout=bv_layout)
             continue
         assert layout.is_stacked(params), (name, what)
@@ -174,8 +173,7 @@ def test_pre_logits_layer_is_inherited_with_the_head_and_exports_to_big_vision_o
     assert fresh['pre_logits']['kernel'].shape == (16, REP) and fresh['head']['kernel'].shape == (REP, 5)
     assert not np.array_equal(fresh['pre_logits']['kernel'], ancestor['pre_logits']['kernel'])
     # The head reads the layer's R outputs: it cannot be inherited without it, nor it without the head.
-    with pytest.raises(genes.GeneError, match=f"head reads a pre-logits layer of size {REP}.*"
-                                              f"representation_size={REP} or use head='new'"):
+    with pytest.raises(genes.GeneError, match=f"pre-logits.*{REP}.*representation_size={REP}.*head='new'"):
         m.descend(gene, target.replace(representation_size=None), key=jax.random.key(1), head='inherit')
     # big_vision holds it (pre_logits/kernel, bias), timm 1.x has no representation layer.
     for params, cfg in ((ancestor, anc_cfg), (des, target)):
@@ -184,14 +182,14 @@ def test_pre_logits_layer_is_inherited_with_the_head_and_exports_to_big_vision_o
         back, cfg_b = BV.from_big_vision(ck)
         assert cfg_b.representation_size == REP
         assert_bits_equal(params, jax.device_get(back), f'{name} big_vision')
-        with pytest.raises(ConfigError, match=f'no representation layer.*representation_size={REP}'):
+        with pytest.raises(ConfigError, match=f'representation_size={REP}'):
             T.to_timm(params, cfg)
 
 
 def test_a_target_with_pre_logits_needs_a_source_with_one(source):
     gene = genes.get('pre_fin').gene_from_model(source, ANCESTOR)
     target = ANCESTOR.replace(representation_size=REP)
-    with pytest.raises(genes.GeneError, match="needs 'pre_logits' but the gene has none.*use head='new'"):
+    with pytest.raises(genes.GeneError, match="'pre_logits'.*head='new'"):
         genes.get('pre_fin').descend(gene, target, head='inherit')
     des = genes.get('pre_fin').descend(gene, target, head='new', key=jax.random.key(2))
     assert des['pre_logits']['kernel'].shape == (16, REP) and des['head']['kernel'].shape == (REP, 5)
@@ -213,5 +211,5 @@ def test_width_changing_methods_refuse_a_pre_logits_layer():
             LARGE.replace(representation_size=REP), jax.random.key(0))), ANCESTOR),
     }
     for what, call in calls.items():
-        with pytest.raises(GeneError, match='pre_logits layer'):
+        with pytest.raises(GeneError, match='pre_logits'):
             call()

@@ -132,7 +132,7 @@ def test_no_embed_class_pads_zero_prefix_rows():
     assert params['pos_embed'].shape == (1, 2 + 16, 32)
     np.testing.assert_array_equal(params['pos_embed'][:, :2], 0)
     np.testing.assert_array_equal(params['pos_embed'][:, 2:], sd['pos_embed'])
-    with pytest.raises(T.StateDictError, match='not zero'):
+    with pytest.raises(T.StateDictError, match='no_embed_class=True.*pos_embed'):
         T.to_timm(random_params(cfg), cfg, no_embed_class=True)
 
 
@@ -169,11 +169,11 @@ def test_heads_default_to_head_dim_64_and_overrides_pass_through():
     assert cfg.num_heads == 2 and cfg.head_dim == 64
     cfg, _ = T.from_timm(sd, num_heads=8, ln_eps=1e-5, gelu='tanh', dtype='bfloat16')
     assert (cfg.num_heads, cfg.ln_eps, cfg.gelu, cfg.dtype) == (8, 1e-5, 'tanh', 'bfloat16')
-    with pytest.raises(T.StateDictError, match='num_heads='):
+    with pytest.raises(T.StateDictError, match='width 32.*num_heads='):
         T.from_timm(timm_state_dict(width=32))
-    with pytest.raises(ConfigError, match='unknown override'):
+    with pytest.raises(ConfigError, match=r"\['heads'\]"):
         T.from_timm(sd, heads=2)
-    with pytest.raises(T.StateDictError, match='divisible by num_heads'):
+    with pytest.raises(T.StateDictError, match='width=128.*num_heads=3'):
         T.from_timm(sd, num_heads=3)
 
 
@@ -189,8 +189,8 @@ def test_one_error_lists_every_problem():
         T.from_timm(sd, num_heads=2)
     msg = str(e.value)
     for needle in ['missing keys (2)', 'blocks.1.mlp.fc2.bias', 'norm.weight',
-                   'unexpected keys (3)', 'blocks.0.attn.q_norm.weight (qk-norm',
-                   'reg_token (register tokens', 'extra.thing',
+                   'unexpected keys (3)', 'blocks.0.attn.q_norm.weight',
+                   'reg_token', 'extra.thing',
                    'head.bias: shape (11,), expected (10,)', 'blocks.0.norm1.weight: dtype int64']:
         assert needle in msg, (needle, msg)
 
@@ -226,7 +226,7 @@ def test_to_timm_lists_every_parameter_problem(tiny_cfg):
     assert 'blocks/mlp/fc2/bias' in msg and 'extra' in msg and 'head/kernel: shape (32, 7), expected (32, 10)' in msg
     with pytest.raises(ConfigError, match='VisionTransformerDistilled'):
         T.to_timm(params, tiny_cfg.replace(distill_token=True, pool='avg'))
-    with pytest.raises(ConfigError, match=r'num_heads=4 x head_dim=16 = 64 != width 32'):
+    with pytest.raises(ConfigError, match='num_heads=4.*head_dim=16.*width 32'):
         T.to_timm(params, tiny_cfg.replace(num_heads=4, head_dim=16))
 
 
@@ -234,19 +234,18 @@ def test_to_timm_refuses_what_timm_vit_cannot_hold_in_one_line(tiny_cfg):
     rep = tiny_cfg.replace(representation_size=12)
     with pytest.raises(ConfigError) as e:
         T.to_timm(random_params(rep), rep)
-    assert 'no representation layer' in str(e.value) and 'representation_size=12' in str(e.value)
+    assert 'representation_size=12' in str(e.value)
     assert '\n' not in str(e.value)
     with pytest.raises(ConfigError, match='representation_size=12'):
         T.timm_kwargs(rep)
     scaled = tiny_cfg.replace(attn_scale=0.5)
-    with pytest.raises(ConfigError, match=r"timm's attention scale is head_dim \*\* -0.5 = 0.25; .*attn_scale=0.5"):
+    with pytest.raises(ConfigError, match=r'0\.25.*attn_scale=0\.5'):
         T.to_timm(random_params(scaled), scaled)
     # blocks of different head counts (list layout): each block's shape is named
     cfg = tiny_cfg.replace(depth=2)
     params = unstack_blocks(random_params(cfg))
     params['blocks'][1] = jax.tree.map(np.asarray, init_block(cfg, jax.random.key(1), num_heads=1))
-    with pytest.raises(T.StateDictError, match=r"timm's VisionTransformer has blocks of one shape; .*"
-                                               r'heads per block \[2, 1\], MLP sizes \[64, 64\]'):
+    with pytest.raises(T.StateDictError, match=r'timm.*heads per block \[2, 1\], MLP sizes \[64, 64\]'):
         T.to_timm(params, cfg)
 
 
@@ -273,9 +272,9 @@ def test_safetensors_and_npz_files(tmp_path):
     with pytest.raises(FileNotFoundError, match='nope.safetensors'):
         T.load_state_dict(tmp_path / 'nope.safetensors')
     (tmp_path / 'model.h5').write_bytes(b'')
-    with pytest.raises(T.StateDictError, match='unknown state dict format'):
+    with pytest.raises(T.StateDictError, match=r'model\.h5'):
         T.load_state_dict(tmp_path / 'model.h5')
-    with pytest.raises(ValueError, match='.safetensors'):
+    with pytest.raises(ValueError, match=r'model\.bin.*\.safetensors'):
         T.save_safetensors(sd, tmp_path / 'model.bin')
 
 
@@ -340,7 +339,7 @@ def test_cli_round_trip(tmp_path, capsys):
     assert cfg2 == cfg and pytree.trees_equal(jax.device_get(params), jax.device_get(params2))
     # Existing outputs are refused without --overwrite.
     assert main(['convert', '--to-timm', str(tmp_path / 'ckpt'), '--out', str(out)]) == 1
-    assert 'already exists' in capsys.readouterr().err
+    assert str(out) in capsys.readouterr().err
     assert main(['convert', '--to-timm', str(tmp_path / 'ckpt'), '--out', str(out), '--overwrite']) == 0
 
 

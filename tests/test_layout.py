@@ -8,8 +8,6 @@ import pytest
 from jlearngene import pytree
 from jlearngene.models import apply, init, layout
 
-pytestmark = pytest.mark.usefixtures('fast_compile')
-
 
 @pytest.fixture
 def params(tiny_cfg):
@@ -85,20 +83,20 @@ def test_list_layout_slices_each_block(params):
     sliced = layout.slice_tree(listed, {'heads': 1, 'mlp': 16})
     chex.assert_trees_all_equal(layout.stack_blocks(sliced),
                                 layout.slice_tree(params, {'heads': 1, 'mlp': 16}))
-    with pytest.raises(ValueError, match="'layers' needs the stacked layout"):
+    with pytest.raises(ValueError, match="'layers'.*stacked"):
         layout.slice_tree(listed, {'layers': 2})
 
 
 def test_slicing_errors_name_the_problem(tiny_cfg, params):
-    with pytest.raises(ValueError, match=r"unknown logical axis name\(s\) \['width'\]"):
+    with pytest.raises(ValueError, match=r"\['width'\]"):
         layout.slice_tree(params, {'width': 3})
-    with pytest.raises(ValueError, match="axis 'mlp' has size 64; cannot keep 65"):
+    with pytest.raises(ValueError, match="'mlp'.*64.*65"):
         layout.slice_tree(params, {'mlp': 65})
-    with pytest.raises(ValueError, match=r'indices \[0, 2\] are out of range'):
+    with pytest.raises(ValueError, match=r'indices \[0, 2\]'):
         layout.slice_tree(params, {'heads': [0, 2]})
     with pytest.raises(ValueError, match="side='middle'"):
         layout.slice_tree(params, {'mlp': 3}, side='middle')
-    with pytest.raises(ValueError, match='fixed by the input geometry'):
+    with pytest.raises(ValueError, match="'tokens'"):
         layout.slice_config(tiny_cfg, {'tokens': 3})
 
 
@@ -138,7 +136,7 @@ def test_from_matrix_to_a_new_width(params):
     grown = jnp.concatenate([m, m], axis=-1)                    # fan-out 32 -> 64 (4 heads)
     view = layout.matrix_view('blocks/attn/q/kernel', (3, 32, 4, 16))
     assert layout.from_matrix(grown, view).shape == (3, 32, 4, 16)
-    with pytest.raises(ValueError, match=r"needs a matrix of shape \(3, 32, 64\)"):
+    with pytest.raises(ValueError, match=r"'blocks/attn/q/kernel'.*\(3, 32, 64\)"):
         layout.from_matrix(m, view)
-    with pytest.raises(ValueError, match='is not a kernel'):
+    with pytest.raises(ValueError, match="'blocks/attn/q/bias'"):
         layout.matrix_view('blocks/attn/q/bias', (3, 2, 16))

@@ -11,8 +11,6 @@ from jlearngene import costs, interop, pytree
 from jlearngene.genes import letra
 from jlearngene.models import apply, init, vit_config
 
-pytestmark = pytest.mark.usefixtures('fast_compile')
-
 
 def aux_cfg(**kw):
     base = dict(width=16, num_heads=4, mlp_dim=32, depth=4, image_size=8, patch_size=4,
@@ -263,11 +261,11 @@ def test_depth_maps():
     pairs, sets = letra.depth_map(official, 12)                      # spread: every set kept
     assert set(sets.tolist()) == set(range(8)) and np.all(np.diff(sets) >= 0)
     assert letra.depth_map(official, 32)[1].tolist() == np.repeat(np.arange(8), 4).tolist()
-    with pytest.raises(letra.GeneError, match='coefficient owner Aux layer 4 .* pair 1 but Aux layer 0 uses pair 0'):
+    with pytest.raises(letra.GeneError, match='Aux layer 4.*pair 1.*Aux layer 0.*pair 0'):
         letra.depth_map(official, 2, [0, 1], [4, 0])
-    with pytest.raises(letra.GeneError, match=r'outside \[0, 16\)'):
+    with pytest.raises(letra.GeneError, match=r'layers=\[0, 16\].*\[0, 16\)'):
         letra.depth_map(official, 2, [0, 16])
-    with pytest.raises(letra.GeneError, match='must be 3 integer'):
+    with pytest.raises(letra.GeneError, match=r'layers=\[0, 1\].*3'):
         letra.depth_map(official, 3, [0, 1])
     with pytest.raises(letra.GeneError, match='coefficient_layers needs layers'):
         letra.depth_map(official, 3, None, [0, 1, 2])
@@ -277,37 +275,37 @@ def test_depth_maps():
 # Errors.
 
 def test_errors_name_the_values(gene, fresh):
-    with pytest.raises(letra.GeneError, match=r'head_dim=4.*width=12, num_heads=2, head_dim=6.*whole heads of 4'):
+    with pytest.raises(letra.GeneError, match=r'head_dim=4.*num_heads=2.*head_dim=6'):
         letra.descend(gene, aux_cfg(width=12, num_heads=2, mlp_dim=24))
-    with pytest.raises(letra.GeneError, match="width=20 exceeds the Aux-Net's 16"):
+    with pytest.raises(letra.GeneError, match='width=20.*16'):
         letra.descend(gene, aux_cfg(width=20, num_heads=5, mlp_dim=32))
-    with pytest.raises(letra.GeneError, match="width=4 is below the learngene's 8"):
+    with pytest.raises(letra.GeneError, match='width=4.*8'):
         letra.descend(gene, aux_cfg(width=4, num_heads=1, mlp_dim=16))
-    with pytest.raises(letra.GeneError, match="mlp_dim=40 exceeds"):
+    with pytest.raises(letra.GeneError, match='mlp_dim=40'):
         letra.descend(gene, aux_cfg(mlp_dim=40))
-    with pytest.raises(letra.GeneError, match='needs a PRNG key'):
+    with pytest.raises(letra.GeneError, match="selection='random'.*PRNG key"):
         letra.descend(gene, aux_cfg(width=12, num_heads=3, mlp_dim=24), selection='random')
     with pytest.raises(letra.GeneError, match="selection='slice'"):
         letra.descend(gene, AUX, selection='slice')
-    with pytest.raises(letra.GeneError, match=r"'head/bias' has shape \(5,\).*head='new'"):
+    with pytest.raises(letra.GeneError, match=r"'head/bias'.*\(5,\).*head='new'"):
         letra.descend(gene, aux_cfg(num_classes=3))
     with pytest.raises(letra.GeneError, match='cls_token'):
         letra.descend(gene, aux_cfg(pool='cls'))
     with pytest.raises(letra.GeneError, match='pos_embed'):
         letra.descend(gene, aux_cfg(image_size=16))
-    with pytest.raises(letra.GeneError, match=r'Aux-Net of .* = \(16, 4, 4, 32, 4\) but the config has \(16, 4, 4, 32, 6\)'):
+    with pytest.raises(letra.GeneError, match=r'\(16, 4, 4, 32, 4\).*\(16, 4, 4, 32, 6\)'):
         letra.materialize(gene, None, aux_cfg(depth=6))
-    with pytest.raises(letra.GeneError, match="'pos_embed' is both trainable and frozen"):
+    with pytest.raises(letra.GeneError, match="'pos_embed'"):
         letra.materialize(gene, {'pos_embed': gene['pos_embed']}, AUX)
-    with pytest.raises(letra.GeneError, match='not a LeTra gene'):
+    with pytest.raises(letra.GeneError, match=r"LeTra.*\['learngene'\]"):
         letra.descend({'learngene': gene['learngene']}, AUX)
-    with pytest.raises(letra.GeneError, match="width matrix 'q' has shape"):
+    with pytest.raises(letra.GeneError, match=r"'q'.*\(1, 8, 8\)"):
         letra.sizes(dict(gene, width=dict(gene['width'], q=gene['width']['q'][:1])))
-    with pytest.raises(letra.GeneError, match='Aux-Net depth=5 must be even'):
+    with pytest.raises(letra.GeneError, match='depth=5'):
         letra.init_gene(aux_cfg(depth=5), jax.random.key(0))
-    with pytest.raises(letra.GeneError, match='learngene depth=3 must be even'):
+    with pytest.raises(letra.GeneError, match='learngene depth=3'):
         letra.init_gene(AUX, jax.random.key(0), learngene_depth=3)
-    with pytest.raises(letra.GeneError, match='learngene mlp_dim: Aux-Net mlp_dim=32 × heads 2/5'):
+    with pytest.raises(letra.GeneError, match='mlp_dim=32.*2/5'):
         letra.init_gene(aux_cfg(width=20, num_heads=5), jax.random.key(0), learngene_heads=2)
     with pytest.raises(letra.GeneError, match='LayerScale'):
         letra.init_gene(aux_cfg(layer_scale=True), jax.random.key(0))
@@ -370,12 +368,13 @@ def test_official_state_dict_names_shapes_and_round_trip(gene):
     assert sd.keys() == again.keys() and all(np.array_equal(sd[k], again[k]) for k in sd)
     np.testing.assert_array_equal(sd['__sm_0_attn_q_weight'],
                                   np.asarray(gene['learngene']['blocks']['attn']['q']['kernel'][0]).reshape(8, 8).T)
-    with pytest.raises(letra.GeneError, match="unknown name.*'extra'"):
+    with pytest.raises(letra.GeneError, match="'extra'"):
         letra.from_official({**sd, 'extra': np.zeros(1)}, head_dim=4)
-    with pytest.raises(letra.GeneError, match="no '__sm_0_norm1_bias'"):
+    with pytest.raises(letra.GeneError, match="'__sm_0_norm1_bias'"):
         letra.from_official({k: v for k, v in sd.items() if k != '__sm_0_norm1_bias'}, head_dim=4)
 
 
+@pytest.mark.slow
 def test_experiment_smoke(tmp_path):
     from jlearngene.experiments import configs, harness
     results = harness.run(configs.load('letra:smoke'), str(tmp_path), quiet=True)

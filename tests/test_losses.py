@@ -78,7 +78,7 @@ def test_kl_zero_and_teacher_gets_no_gradient():
 
 def test_accuracy_and_errors():
     assert float(losses.accuracy(S, S.argmax(-1))) == 1.0
-    with pytest.raises(ValueError, match='needs labels'):
+    with pytest.raises(ValueError, match='alpha=0.5.*labels'):
         losses.soft_distillation(S, T, None, alpha=0.5)
-    with pytest.raises(ValueError, match='soft targets have 3 classes'):
+    with pytest.raises(ValueError, match='3 classes.*logits'):
         losses.cross_entropy(S, np.ones((4, 3), np.float32))

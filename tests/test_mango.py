@@ -15,7 +15,6 @@ from jlearngene.experiments import mango as mango_experiment
 from jlearngene.genes import common, growth, mango
 from jlearngene.models import apply, init, vit_config
 
-pytestmark = pytest.mark.usefixtures('fast_compile')
 
 SMALL = vit_config('Ti', width=8, num_heads=2, mlp_dim=16, depth=2, image_size=8, patch_size=4,
                    num_classes=5)
@@ -169,15 +168,15 @@ def test_sharded_over_8_devices_equals_one_device(small, operator, checked):
 
 def test_impossible_pairs_and_operators(small, operator):
     key = jax.random.key(0)
-    with pytest.raises(genes.GeneError, match="axis '(embed|heads)' would shrink"):
+    with pytest.raises(genes.GeneError, match="'(embed|heads)'.*shrink"):
         mango.init_operator(LARGE, SMALL.replace(depth=3), 1, key)
-    with pytest.raises(genes.GeneError, match="axis 'layers' would shrink"):
+    with pytest.raises(genes.GeneError, match="'layers'.*2 to 1"):
         mango.init_operator(SMALL, LARGE.replace(depth=1), 1, key)
-    with pytest.raises(genes.GeneError, match='mlp_dim that are multiples of width=16'):
+    with pytest.raises(genes.GeneError, match="'blocks/mlp/fc1/bias'.*40.*width=16"):
         mango.init_operator(SMALL, LARGE.replace(mlp_dim=40), 1, key)
-    with pytest.raises(genes.GeneError, match=r'attention widths \(num_heads x head_dim\)'):
+    with pytest.raises(genes.GeneError, match="'blocks/attn/k/bias'.*24.*width=16"):
         mango.init_operator(SMALL, LARGE.replace(head_dim=6), 1, key)
-    with pytest.raises(genes.GeneError, match="'patch_h'.*patch_size must match"):
+    with pytest.raises(genes.GeneError, match="'patch_h'.*patch_size"):
         mango.init_operator(SMALL, LARGE.replace(patch_size=8), 1, key)
     with pytest.raises(genes.GeneError, match="'blocks/attn/k/bias'"):
         mango.init_operator(SMALL, LARGE.replace(qkv_bias=False), 1, key)
@@ -185,9 +184,9 @@ def test_impossible_pairs_and_operators(small, operator):
         mango.init_operator(SMALL, LARGE, 0, key)
     with pytest.raises(genes.GeneError, match="head='new'"):
         mango.grow(operator, small, LARGE.replace(num_classes=7))
-    with pytest.raises(genes.GeneError, match='another pair of models'):
+    with pytest.raises(genes.GeneError, match=r"'S_L'.*\(2, 2, 3, 2\).*\(2, 2, 4, 2\)"):
         mango.grow(operator, small, LARGE.replace(depth=4))
-    with pytest.raises(genes.GeneError, match='not a Mango operator'):
+    with pytest.raises(genes.GeneError, match=r"Mango.*\['S_X'\]"):
         mango.grow({'S_X': operator['S_I']}, small, LARGE)
 
 
@@ -207,10 +206,11 @@ def test_method_contract(small, operator, checked):
         method.descend(gene, LARGE.replace(num_classes=3), head='new')
     shapes = method.gene_shapes(SMALL, large_cfg=LARGE, rank=2)
     chex.assert_trees_all_equal_shapes(shapes['operator'], operator)
-    with pytest.raises(genes.GeneError, match='not a Mango gene'):
+    with pytest.raises(genes.GeneError, match=r"Mango.*\['small'\]"):
         method.descend({'small': small}, LARGE)
 
 
+@pytest.mark.slow
 def test_experiment_smoke(tmp_path):
     config = configs.load('mango:smoke')
     results = harness.run(config, str(tmp_path), quiet=True)

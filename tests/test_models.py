@@ -229,12 +229,12 @@ def test_pre_logits_layer():
 
 @pytest.mark.parametrize('value', [0, -3, 1.5, True, '12'])
 def test_representation_size_is_validated(tiny_cfg, value):
-    with pytest.raises(ConfigError, match=f'representation_size={value!r}: must be a positive integer or None'):
+    with pytest.raises(ConfigError, match=f'representation_size={re.escape(repr(value))}'):
         tiny_cfg.replace(representation_size=value)
 
 
 def test_representation_size_with_distillation_is_refused(tiny_cfg):
-    with pytest.raises(ConfigError, match='not combinable with distill_token'):
+    with pytest.raises(ConfigError, match='representation_size=8.*distill_token'):
         tiny_cfg.replace(representation_size=8, distill_token=True)
 
 
@@ -269,7 +269,7 @@ def test_list_layout_with_different_head_counts(tiny_cfg):
     logits, aux = apply(p, jnp.ones((2, 16, 16, 3)), tiny_cfg, capture=('attn',))
     chex.assert_shape(logits, (2, 10))
     assert [a.shape[1] for a in aux['attn']] == [2, 4, 2]
-    with pytest.raises(ValueError, match='block 1 differs'):
+    with pytest.raises(ValueError, match='block 1'):
         stack_blocks(p)
 
 
@@ -316,7 +316,7 @@ def test_capture_shapes_and_unknown_capture(tiny_cfg):
     chex.assert_shape(aux['blocks'], (3, 2, 17, 32))
     chex.assert_shape(aux['attn'], (3, 2, 2, 17, 17))
     np.testing.assert_allclose(aux['attn'].sum(-1), 1.0, atol=1e-5)
-    with pytest.raises(ValueError, match="unknown capture 'feats'"):
+    with pytest.raises(ValueError, match="'feats'"):
         apply(p, jnp.ones((2, 16, 16, 3)), tiny_cfg, capture=('feats',))
 
 
@@ -372,30 +372,33 @@ def test_train_mode_drop_path_is_stochastic_and_eval_is_not(tiny_cfg):
 
 
 def test_scan_compile_cost_does_not_grow_with_depth():
-    """The stacked layout lowers to one loop body: the HLO size is independent of depth."""
+    """The stacked layout traces to one loop over the blocks: the program's size is
+    independent of depth."""
     sizes = []
     for depth in (2, 8):
         cfg = vit_config('Ti', width=32, num_heads=2, mlp_dim=64, depth=depth, image_size=16,
                          patch_size=4, num_classes=10)
         shapes = jax.eval_shape(lambda c=cfg: init(c, jax.random.key(0)))
-        hlo = jax.jit(lambda p, x, c=cfg: apply(p, x, c)[0]).lower(
-            shapes, jax.ShapeDtypeStruct((2, 16, 16, 3), jnp.float32)).as_text()
-        sizes.append(len(re.sub(r'[\d.e+-]+', '', hlo).splitlines()))
+        program = jax.make_jaxpr(lambda p, x, c=cfg: apply(p, x, c)[0])(
+            shapes, jax.ShapeDtypeStruct((2, 16, 16, 3), jnp.float32))
+        scans = [e for e in program.jaxpr.eqns if e.primitive.name == 'scan']
+        assert [e.params['length'] for e in scans] == [depth - 1]   # the last block is pruned
+        sizes.append((len(program.jaxpr.eqns), len(scans[0].params['jaxpr'].eqns)))
     assert sizes[0] == sizes[1]
 
 
 # --- config errors ---------------------------------------------------------------------
 
 @pytest.mark.parametrize('overrides,message', [
-    (dict(width=100, num_heads=3), r'ViTConfig.width=100: must be divisible by num_heads=3'),
-    (dict(depth=0), r'ViTConfig.depth=0: must be a positive integer'),
-    (dict(width=-4), r'ViTConfig.width=-4: must be a positive integer'),
-    (dict(image_size=30, patch_size=4), r'ViTConfig.image_size=30: must be divisible by patch_size=4'),
-    (dict(pool='max'), r"ViTConfig.pool='max': unknown pool"),
-    (dict(gelu='relu'), r"ViTConfig.gelu='relu': unknown gelu"),
-    (dict(dtype='float8'), r"ViTConfig.dtype='float8': unknown dtype"),
-    (dict(pool_norm='middle'), r"ViTConfig.pool_norm='middle': unknown pool_norm"),
-    (dict(pool='cls', class_token=False), r'ViTConfig.class_token=False'),
+    (dict(width=100, num_heads=3), r'width=100.*num_heads=3'),
+    (dict(depth=0), r'depth=0'),
+    (dict(width=-4), r'width=-4'),
+    (dict(image_size=30, patch_size=4), r'image_size=30.*patch_size=4'),
+    (dict(pool='max'), r"pool='max'"),
+    (dict(gelu='relu'), r"gelu='relu'"),
+    (dict(dtype='float8'), r"dtype='float8'"),
+    (dict(pool_norm='middle'), r"pool_norm='middle'"),
+    (dict(pool='cls', class_token=False), r'class_token=False'),
 ])
 def test_config_errors_name_field_and_value(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -403,11 +406,11 @@ def test_config_errors_name_field_and_value(overrides, message):
 
 
 def test_unknown_variant_and_field():
-    with pytest.raises(ConfigError, match=r"unknown ViT variant 'XL'"):
+    with pytest.raises(ConfigError, match="'XL'"):
         vit_config('XL')
-    with pytest.raises(ConfigError, match=r"unknown field\(s\) \['widht'\]"):
+    with pytest.raises(ConfigError, match=r"\['widht'\]"):
         vit_config('S', widht=3)
-    with pytest.raises(ConfigError, match=r"no field\(s\) \['bogus'\]"):
+    with pytest.raises(ConfigError, match=r"\['bogus'\]"):
         ViTConfig.from_dict({'bogus': 1})
 
 
@@ -419,7 +422,7 @@ def test_config_is_hashable_and_round_trips(tiny_cfg):
 
 def test_image_shape_errors(tiny_cfg):
     p = init(tiny_cfg, jax.random.key(0))
-    with pytest.raises(ValueError, match='not divisible by the patch size 4'):
+    with pytest.raises(ValueError, match='18x18.*4'):
         apply(p, jnp.ones((1, 18, 18, 3)), tiny_cfg)
-    with pytest.raises(ValueError, match='pos_embed has 17 positions'):
+    with pytest.raises(ValueError, match='pos_embed.*17.*65'):
         apply(p, jnp.ones((1, 32, 32, 3)), tiny_cfg)

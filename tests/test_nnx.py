@@ -66,12 +66,12 @@ def test_list_layout_and_bad_arguments(params):
     listed = unstack_blocks(params)
     model = jnnx.ViT(CFG, params=listed)
     assert pytree.trees_equal(jax.device_get(model.canonical_params()), jax.device_get(listed))
-    with pytest.raises(ValueError, match='exactly one of rngs= .* or params='):
+    with pytest.raises(ValueError, match='rngs=.*params='):
         jnnx.ViT(CFG)
-    with pytest.raises(ValueError, match='exactly one of'):
+    with pytest.raises(ValueError, match='rngs=.*params='):
         jnnx.ViT(CFG, rngs=nnx.Rngs(0), params=params)
     bad = dict(params, head={'kernel': params['head']['kernel'][:, :2], 'bias': params['head']['bias']})
-    with pytest.raises(StateDictError, match=r'head/kernel: shape \(8, 2\), expected \(8, 3\)'):
+    with pytest.raises(StateDictError, match=r'head/kernel.*\(8, 2\).*\(8, 3\)'):
         jnnx.ViT(CFG, params=bad)
 
 

@@ -11,8 +11,6 @@ import pytest
 
 NOTEBOOK = os.path.join(os.path.dirname(__file__), os.pardir, 'examples', 'walkthrough.ipynb')
 
-pytestmark = pytest.mark.usefixtures('fast_compile')
-
 
 def load():
     with open(NOTEBOOK, encoding='utf-8') as f:

@@ -1,4 +1,6 @@
 """Optimiser from config: schedule, masked weight decay, freezing, lr multipliers, clipping."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,9 +10,6 @@ import pytest
 from jlearngene import pytree
 from jlearngene.models import init
 from jlearngene.train import optim
-
-
-pytestmark = pytest.mark.usefixtures('fast_compile')
 
 
 @pytest.fixture
@@ -60,7 +59,7 @@ def test_freeze_and_lr_multipliers(params):
     # Frozen leaves carry no Adam moments.
     mu = optax.tree_utils.tree_get(state, 'mu')
     assert isinstance(mu['patch_embed']['kernel'], optax.MaskedNode)
-    with pytest.raises(ValueError, match='freezes every parameter'):
+    with pytest.raises(ValueError, match=r"freeze=\('\.\*',\)"):
         optim.make_optimizer({'freeze': ('.*',)}, params, total_steps=3)
 
 
@@ -77,20 +76,15 @@ def test_global_norm_clipping_ignores_frozen(params):
 
 
 def test_config_errors(params):
-    with pytest.raises(ValueError, match=r"unknown field\(s\) \['lrr'\]"):
+    with pytest.raises(ValueError, match=r"\['lrr'\]"):
         optim.make_optimizer({'lrr': 1.0}, params, total_steps=3)
-    with pytest.raises(ValueError, match='needs total_steps'):
+    with pytest.raises(ValueError, match='cosine.*total_steps'):
         optim.make_optimizer({'lr': 1.0}, params)
-    for field, value, problem in (('lr', -0.001, 'a positive number'), ('lr', 0.0, 'a positive number'),
-                                  ('warmup_steps', -1, 'a non-negative integer'),
-                                  ('min_lr_ratio', 2.0, r'a fraction of lr in \[0, 1\]'),
-                                  ('b2', 1.0, r'in \[0, 1\)'),
-                                  ('weight_decay', -0.1, 'a non-negative number'),
-                                  ('lr', float('nan'), 'a positive number')):
-        with pytest.raises(ValueError, match=f'{field} must be {problem}.*, got'):
+    for field, value in (('lr', -0.001), ('lr', 0.0), ('warmup_steps', -1), ('min_lr_ratio', 2.0),
+                         ('b2', 1.0), ('weight_decay', -0.1), ('lr', float('nan'))):
+        with pytest.raises(ValueError, match=f'{field} .*got {re.escape(repr(value))}'):
             optim.make_optimizer({field: value}, params, total_steps=10)
-    with pytest.raises(ValueError,
-                       match=r"total_steps must be a positive integer \(the run's steps\), got -1"):
+    with pytest.raises(ValueError, match='total_steps.*-1'):
         optim.make_optimizer({'warmup_steps': 100}, params, total_steps=-1)
 
 
@@ -99,7 +93,7 @@ def test_warmup_longer_than_the_run_is_clipped_with_a_warning(caplog):
         with caplog.at_level('WARNING', logger='jlearngene.train.optim'):
             c = optim.resolve({'warmup_steps': 100, 'schedule': schedule}, total_steps=3)
         assert c['warmup_steps'] == longest
-        assert f'warmup_steps=100 is longer than the run of 3 steps; warming up over {longest}' in caplog.text
+        assert re.search(f'warmup_steps=100.*over {longest}', caplog.text), caplog.text
         caplog.clear()
     params = {'kernel': jnp.ones(3)}
     tx = optim.make_optimizer({'lr': 1.0, 'warmup_steps': 100}, params, total_steps=3)

@@ -10,13 +10,10 @@ from jlearngene.models import init
 from jlearngene.train import trainer
 
 
-pytestmark = pytest.mark.usefixtures('fast_compile')
-
-
 def test_mesh():
     assert parallel.data_size(parallel.make_mesh()) == 8
     assert parallel.data_size(parallel.make_mesh(1)) == 1
-    with pytest.raises(ValueError, match='asked for 9 devices, 8 available'):
+    with pytest.raises(ValueError, match='9 devices.*8'):
         parallel.make_mesh(9)
 
 
@@ -45,7 +42,7 @@ def test_param_and_state_shardings(tiny_cfg):
     mu = ssh['opt_state'][0].mu
     assert mu['blocks']['mlp']['fc1']['kernel'] == sh['blocks']['mlp']['fc1']['kernel']
     assert ssh['opt_state'][0].count.spec == P() and ssh['step'].spec == P()
-    with pytest.raises(ValueError, match='sharding mode must be one of'):
+    with pytest.raises(ValueError, match="'tp'"):
         parallel.param_shardings(params, mesh, 'tp')
 
 
@@ -67,5 +64,5 @@ def test_shard_batch():
     assert set(out) == {'image', 'label'}                 # strings stay on the host
     assert out['image'].sharding.spec == P('data')
     np.testing.assert_array_equal(np.asarray(out['image']), batch['image'])
-    with pytest.raises(ValueError, match='does not split over 8 devices'):
+    with pytest.raises(ValueError, match=r"'image'.*\(12,\).*8"):
         parallel.shard_batch({'image': np.zeros((12, 2))}, mesh)

@@ -14,8 +14,6 @@ from jlearngene import parallel, pytree
 from jlearngene.models import init, vit_config
 from jlearngene.train import tasks, trainer
 
-pytestmark = pytest.mark.usefixtures('fast_compile')
-
 
 @pytest.fixture
 def cfg4():
@@ -29,9 +27,9 @@ def test_mesh_2d():
     assert mesh.axis_names == ('data', 'model') and dict(mesh.shape) == {'data': 2, 'model': 4}
     assert parallel.data_size(mesh) == 2 and parallel.model_size(mesh) == 4
     assert parallel.model_size(parallel.make_mesh()) == 1
-    with pytest.raises(ValueError, match="a 'model' axis of 3 does not divide 8 devices"):
+    with pytest.raises(ValueError, match="'model'.*3.*8"):
         parallel.make_mesh(model=3)
-    with pytest.raises(ValueError, match='model must be a positive integer'):
+    with pytest.raises(ValueError, match='model.*got 0'):
         parallel.make_mesh(model=0)
 
 
@@ -92,6 +90,7 @@ def _batches(cfg, n=3, batch=8):
              'label': rng.integers(0, cfg.num_classes, batch).astype(np.int32)} for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_training_on_data_x_model_mesh_matches_one_device(cfg4, tmp_path):
     cfg = cfg4.replace(depth=1)
     params = init(cfg, jax.random.key(1))

@@ -16,7 +16,7 @@ def test_path_patterns_in_both_layouts(tiny_cfg):
     assert pytree.path_matches('.*bias', 'blocks/mlp/fc1/bias')
     assert not pytree.path_matches('q/kernel', 'blocks/attn/qq/kernel')
     assert pytree.trees_equal(pytree.unflatten(pytree.flatten(p)), p)
-    with pytest.raises(KeyError, match="no leaf matches 'nothing'"):
+    with pytest.raises(KeyError, match="'nothing'"):
         pytree.select(p, 'nothing')
 
 
@@ -29,7 +29,7 @@ def test_mask_replace_merge(tiny_cfg):
     assert pytree.trees_equal(zeroed['blocks'], p['blocks'])
     one = pytree.merge(p, {'norm/scale': jnp.full((32,), 2.0)})
     np.testing.assert_array_equal(one['norm/scale'.split('/')[0]]['scale'], 2.0)
-    with pytest.raises(KeyError, match='paths not in the tree'):
+    with pytest.raises(KeyError, match=r"\['norm/gamma'\]"):
         pytree.merge(p, {'norm/gamma': 1.0})
 
 

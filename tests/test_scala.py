@@ -55,9 +55,9 @@ def test_grid_halves_match_the_official_sets_and_extend_to_quarter_granularity()
     assert scala.stable_halves(GRID) == ((0.75,), (0.5,))        # the official sampler raises here
     # a non-dyadic grid: s = 0.4, g = 0.2
     assert scala.stable_halves(scala.width_grid(0.4, 0.2)) == ((0.8,), (0.6,))
-    with pytest.raises(GeneError, match='does not divide'):
+    with pytest.raises(GeneError, match='granularity=0.3'):
         scala.width_grid(0.25, 0.3)
-    with pytest.raises(GeneError, match=r'in \[0.5, 1\) and in \(0, 0.5\)|in \['):
+    with pytest.raises(GeneError, match=r'\(0\.5, 1\.0\)'):
         scala.stable_halves((0.5, 1.0))
 
 
@@ -78,11 +78,11 @@ def test_sampled_widths_lie_in_their_halves_and_are_a_function_of_the_key():
 def test_widths_must_split_into_whole_heads():
     cfg = make_cfg(width=30, num_heads=3, mlp_dim=60)
     assert scala.sizes(cfg, 0.4) == {'embed': 12, 'mlp': 24, 'head_dim': 4}
-    with pytest.raises(GeneError, match='whole heads'):
+    with pytest.raises(GeneError, match='width 10.*num_heads=3'):
         scala.sizes(cfg, 1 / 3)                                   # 10 channels, 3 heads
-    with pytest.raises(GeneError, match='whole number'):
+    with pytest.raises(GeneError, match=r'0\.3.*width=32'):
         scala.sizes(make_cfg(), 0.3)
-    with pytest.raises(GeneError, match='rule'):
+    with pytest.raises(GeneError, match="rule='paper'"):
         scala.subnet(init(make_cfg(), jax.random.key(0)), make_cfg(), 0.5, rule='paper')
 
 
@@ -255,12 +255,12 @@ def test_methods_descend_to_sub_networks(model):
     chex.assert_trees_all_equal(jax.eval_shape(lambda: sc.descend(params, target)),
                                 jax.eval_shape(lambda: init(target, jax.random.key(0))))
     assert sc.gene_param_count(params, include_head=True) == pytree.count_params(params, groups=None)['total']
-    with pytest.raises(GeneError, match='num_heads'):
+    with pytest.raises(GeneError, match='num_heads=2.*1'):
         sc.descend(params, vit_config('Ti', width=16, num_heads=1, mlp_dim=32, depth=DEPTH,
                                       image_size=8, patch_size=4, num_classes=K))
-    with pytest.raises(GeneError, match='depth'):
+    with pytest.raises(GeneError, match='depth=2.*got 1'):
         sc.descend(params, target.replace(depth=1))
-    with pytest.raises(GeneError, match='only the FFN'):
+    with pytest.raises(GeneError, match='matformer.*width 32.*got 16'):
         mf.descend(params, target)
 
 
@@ -305,13 +305,14 @@ def test_baseline_losses_and_teacher_distillation(model):
     teacher = (init(make_cfg(depth=1), jax.random.key(5)), make_cfg(depth=1))
     loss, m = jax.jit(slimmable.scala_loss(dcfg, GRID, teacher=teacher, rule='official'))(student, batch, key)
     assert np.isfinite(float(loss)) and float(m['loss_full']) > 0
-    with pytest.raises(ValueError, match='transfer'):
+    with pytest.raises(ValueError, match="transfer='sideways'"):
         slimmable.scala_loss(cfg, GRID, transfer='sideways')
 
 
 # ----------------------------------------------------------------------------------------
 # The experiment.
 
+@pytest.mark.slow
 def test_experiment_smoke(tmp_path):
     # the smoke config minus its warm-up and separate networks (their programs are the
     # plain ViT's, exercised by the digits run), to stay within the suite's time budget

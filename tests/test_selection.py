@@ -8,7 +8,6 @@ from jlearngene import pytree
 from jlearngene.genes import selection
 from jlearngene.models import init, vit_config
 
-pytestmark = pytest.mark.usefixtures('fast_compile')
 
 BIG = vit_config('Ti', width=16, num_heads=4, mlp_dim=32, depth=4, image_size=8, patch_size=4,
                  num_classes=5, pool='avg')
@@ -46,7 +45,7 @@ def test_same_size_is_the_model_and_deeper_targets(teacher):
     gene = selection.METHOD.gene_from_model(teacher, BIG)
     assert pytree.trees_equal(jax.tree.map(np.asarray, selection.descend(gene, BIG)), teacher)
     deep = BIG.replace(depth=6)
-    with pytest.raises(selection.GeneError, match=r'target layers \[4, 5\] are drawn fresh'):
+    with pytest.raises(selection.GeneError, match=r'target layers \[4, 5\]'):
         selection.descend(gene, deep)
     first = selection.descend(gene, deep, key=jax.random.key(1))
     chex.assert_trees_all_equal(jax.tree.map(lambda x: x[:4], first['blocks']), teacher['blocks'])
@@ -57,9 +56,9 @@ def test_same_size_is_the_model_and_deeper_targets(teacher):
 
 def test_errors_and_jit(teacher):
     gene = selection.METHOD.gene_from_model(teacher, BIG)
-    with pytest.raises(selection.GeneError, match=r"'attn/k/bias' has shape \(4, 4\).*width=32.*needs \(4, 8\)"):
+    with pytest.raises(selection.GeneError, match=r"'attn/k/bias'.*\(4, 4\).*width=32.*\(4, 8\)"):
         selection.descend(gene, BIG.replace(width=32, num_heads=4))
-    with pytest.raises(selection.GeneError, match=r"'head/bias' has shape \(5,\).*needs \(3,\)"):
+    with pytest.raises(selection.GeneError, match=r"'head/bias'.*\(5,\).*\(3,\)"):
         selection.descend(gene, SMALL.replace(num_classes=3))
     assert selection.descend(gene, SMALL.replace(num_classes=3), head='new',
                              key=jax.random.key(0))['head']['kernel'].shape == (8, 3)

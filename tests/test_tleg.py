@@ -116,7 +116,7 @@ def test_partial_expansion_table6():
         np.testing.assert_allclose(q[l], np.asarray(b) + np.float32(l / 4) * np.asarray(a), rtol=1e-6, atol=1e-7)
     deeper = tleg.descend(gene, cfg.replace(depth=6))
     np.testing.assert_array_equal(np.asarray(deeper['blocks']['attn']['q']['kernel'])[:2], prefix['attn']['q']['kernel'])
-    with pytest.raises(tleg.GeneError, match='must exceed 2'):
+    with pytest.raises(tleg.GeneError, match='2 layers.*depth=2'):
         tleg.descend(gene, cfg.replace(depth=2))
 
 
@@ -181,13 +181,13 @@ def test_descend_non_expanded_modules_random_or_inherited():
 
 def test_descend_errors(fresh_gene):
     cfg, gene = aux_cfg(), fresh_gene
-    with pytest.raises(tleg.GeneError, match=r"attn/k/bias' has shape \(2, 16\).*width=64.*needs \(2, 32\)"):
+    with pytest.raises(tleg.GeneError, match=r"attn/k/bias'.*\(2, 16\).*width=64.*\(2, 32\)"):
         tleg.descend(gene, cfg.replace(width=64))
     with pytest.raises(tleg.GeneError, match=r'\(2, 16\).*num_heads=4.*\(4, 8\)'):
         tleg.descend(gene, cfg.replace(num_heads=4))
     with pytest.raises(tleg.GeneError, match='mlp_dim=128'):
         tleg.descend(gene, cfg.replace(mlp_dim=128))
-    with pytest.raises(tleg.GeneError, match=r"'head/bias' has shape \(10,\).*num_classes=7.*head='new'"):
+    with pytest.raises(tleg.GeneError, match=r"'head/bias'.*\(10,\).*num_classes=7.*head='new'"):
         tleg.descend(gene, cfg.replace(num_classes=7))
     with pytest.raises(tleg.GeneError, match='needs a PRNG key'):
         tleg.descend(gene, cfg.replace(num_classes=7), head='new')
@@ -195,19 +195,19 @@ def test_descend_errors(fresh_gene):
         tleg.descend(gene, cfg.replace(pool='cls'))
     with pytest.raises(tleg.GeneError, match='pos_embed'):
         tleg.descend(gene, cfg.replace(image_size=32))
-    with pytest.raises(tleg.GeneError, match='head='):
+    with pytest.raises(tleg.GeneError, match="head='copy'"):
         tleg.descend(gene, cfg, head='copy')
-    with pytest.raises(tleg.GeneError, match='positive integer'):
+    with pytest.raises(tleg.GeneError, match='depth=0'):
         tleg.expand(gene, 0)
-    with pytest.raises(tleg.GeneError, match='not a TLEG gene'):
+    with pytest.raises(tleg.GeneError, match=r"TLEG.*\['theta_a'\]"):
         tleg.expand({'theta_a': gene['theta_a']}, 3)
-    with pytest.raises(tleg.GeneError, match='unknown expanded'):
+    with pytest.raises(tleg.GeneError, match=r"\['attn'\]"):
         tleg.init_gene(cfg, jax.random.key(0), expand=('attn',))
-    with pytest.raises(tleg.GeneError, match='layer_scale'):
+    with pytest.raises(tleg.GeneError, match="'ls'.*layer_scale=False"):
         tleg.init_gene(cfg, jax.random.key(0), expand=('msa', 'ls'))
-    with pytest.raises(tleg.GeneError, match='from_layer'):
+    with pytest.raises(tleg.GeneError, match='from_layer=4'):
         tleg.init_gene(cfg, jax.random.key(0), from_layer=4)
-    with pytest.raises(tleg.GeneError, match='both trainable and frozen'):
+    with pytest.raises(tleg.GeneError, match="'shared/pos_embed'"):
         tleg.materialize(gene, {'shared': {'pos_embed': gene['shared']['pos_embed']}}, cfg)
 
 

@@ -3,6 +3,7 @@ import glob
 import importlib.util
 import json
 import os
+import re
 import signal
 
 import chex
@@ -20,9 +21,6 @@ CFG = vit_config('Ti', width=16, num_heads=2, mlp_dim=32, depth=2, image_size=8,
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(64, 8, 8, 3)).astype(np.float32)
 Y = (X[..., 0].mean((1, 2)) > 0).astype(np.int32) + (X[..., 1].mean((1, 2)) > 0.2)
-
-
-pytestmark = pytest.mark.usefixtures('fast_compile')
 
 
 class Batches:
@@ -115,7 +113,7 @@ def test_resume_refuses_other_model(tmp_path):
     other = CFG.replace(num_classes=4)
     params = jax.jit(init, static_argnums=0)(other, jax.random.key(0))
     tx = optim.make_optimizer({'lr': 1e-3}, params, total_steps=4)
-    with pytest.raises(checkpoint.CheckpointError, match='num_classes: checkpoint 3 vs requested 4'):
+    with pytest.raises(checkpoint.CheckpointError, match='num_classes.*3.*4'):
         trainer.fit(tasks.classification_loss(other), params, Batches(), tx, workdir=str(tmp_path),
                     steps=4, progress=False, console=False, model_config=other)
 
@@ -175,13 +173,13 @@ def test_microbatches_on_eight_devices(tmp_path):
 
 def test_microbatches_refuse_bad_values(tmp_path):
     for bad in (0, 2.0, True):
-        with pytest.raises(ValueError, match='microbatches must be a positive integer'):
+        with pytest.raises(ValueError, match=f'microbatches.*got {re.escape(repr(bad))}'):
             trainer.make_train_step(LOSS, TX, microbatches=bad)
-    with pytest.raises(ValueError, match='microbatches must be a positive integer'):
+    with pytest.raises(ValueError, match='microbatches.*got 0'):
         _fit(tmp_path / 'zero', 2, microbatches=0)
     assert not os.path.exists(tmp_path / 'zero')       # refused before touching the workdir
     step = trainer.make_train_step(LOSS, TX, microbatches=3)
-    with pytest.raises(ValueError, match=r"microbatches=3 does not divide the batch: \['image'\] has 16 rows"):
+    with pytest.raises(ValueError, match=r"microbatches=3.*\['image'\].*16"):
         step(trainer.init_state(PARAMS, TX), {'image': X[:16], 'label': Y[:16]},
              jax.random.key_data(jax.random.key(0)))
 
@@ -205,23 +203,18 @@ def test_steps_per_call_runs_the_same_steps():
                                     rtol=1e-6, atol=1e-7)
         assert metrics['loss'].shape == (3,) and new_state['step'] == 3
     assert len({float(m['loss']) for m in expected}) == 3     # three different steps
-    with pytest.raises(ValueError, match=r"steps_per_call=2 needs batches stacked .*\['image'\] has "
-                                         r"leading size 3"):
+    with pytest.raises(ValueError, match=r"steps_per_call=2.*\['image'\].*3"):
         trainer.make_train_step(LOSS, TX, steps_per_call=2)(state, stacked, rng)
 
 
 def test_fit_with_several_steps_per_call(tmp_path, monkeypatch):
     calls = []
-    jitted = trainer._jitted_step
+    run_call = trainer.StepProgram.__call__
 
-    def spy(*args):
-        fn, n = jitted(*args), args[3]  # steps_per_call of the program
-
-        def call(*a):
-            calls.append(n)
-            return fn(*a)
-        return call
-    monkeypatch.setattr(trainer, '_jitted_step', spy)
+    def spy(program, state, host_batches):
+        calls.append(len(host_batches))    # steps in this compiled call
+        return run_call(program, state, host_batches)
+    monkeypatch.setattr(trainer.StepProgram, '__call__', spy)
     kw = dict(log_every=5, eval_fn=tasks.classification_eval(CFG), eval_data=EVAL, eval_every=5)
     one, hist1 = _fit(tmp_path / 'one', 10, steps_per_call=1, **kw)
     assert set(calls) == {1}
@@ -257,18 +250,17 @@ def test_auto_steps_per_call():
 
 def test_steps_per_call_refuses_bad_values_and_ragged_batches(tmp_path):
     for bad in (0, 2.0, True, 'fast'):
-        with pytest.raises(ValueError, match='steps_per_call must be a positive integer'):
+        with pytest.raises(ValueError, match=f'steps_per_call.*got {re.escape(repr(bad))}'):
             _fit(tmp_path / 'bad', 2, steps_per_call=bad)
         assert not os.path.exists(tmp_path / 'bad')       # refused before touching the workdir
-    with pytest.raises(ValueError, match='steps_per_call must be a positive integer'):
+    with pytest.raises(ValueError, match='steps_per_call.*got 0'):
         trainer.make_train_step(LOSS, TX, steps_per_call=0)
 
     class Ragged(Batches):
         def __next__(self):
             b = super().__next__()
             return jax.tree.map(lambda x: x[:8], b) if self.i % 2 == 0 else b
-    with pytest.raises(ValueError, match=r"batch entry 'image' changes shape between consecutive "
-                                         r"batches .*steps_per_call=2"):
+    with pytest.raises(ValueError, match=r"'image'.*steps_per_call=2"):
         _fit(tmp_path / 'ragged', 4, data=Ragged(), steps_per_call=2)
 
 
@@ -279,7 +271,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
             if self.i == 5:  # the 5th batch
                 b = dict(b, image=np.full_like(b['image'], np.nan))
             return b
-    with pytest.raises(trainer.NonFiniteLossError, match='loss is nan at step 5'):
+    with pytest.raises(trainer.NonFiniteLossError, match='nan.*step 5'):
         _fit(tmp_path, 8, data=Poisoned(), checkpoint_every=2, log_every=1)
     with checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
         assert ck.latest_step() == 4
@@ -371,7 +363,7 @@ def test_metric_writer_round_trip(tmp_path):
     assert recs[0]['loss'] == 'nan'                 # valid JSON, not a bare NaN
     assert metrics.format_line(3, 'train', {'loss': 0.25, 'lr': 1e-5}) == \
         '[train] step       3  loss=0.2500  lr=1.000e-05'
-    with pytest.raises(FileNotFoundError, match='not a training workdir'):
+    with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / 'none'))):
         metrics.read_metrics(str(tmp_path / 'none'))
 
 
@@ -390,7 +382,7 @@ def test_resume_skips_an_unreadable_checkpoint_and_keeps_it(tmp_path, capsys):
                       config={'steps': 6})
     out, err = capsys.readouterr()
     aside = tmp_path / 'checkpoints.unreadable' / '4'
-    assert 'skipping the checkpoint of step 4, which cannot be read' in err and str(aside) in err
+    assert 'step 4' in err and str(aside) in err
     assert f'resumed from {tmp_path / "checkpoints"} at step 2' in out
     # never deleted: moved aside byte for byte, out of reach of retention and later saves
     assert {os.path.relpath(f, aside): b for f, b in _tree_bytes(aside).items()} == \
@@ -399,16 +391,14 @@ def test_resume_skips_an_unreadable_checkpoint_and_keeps_it(tmp_path, capsys):
     assert pytree.trees_equal(jax.device_get(full), jax.device_get(resumed))   # exact from step 2
     # the config stored at step 6 ({'steps': 6}) against a resumed run with steps=8
     _fit(tmp_path, 8, console=True, config={'steps': 8})
-    assert "resuming with a changed config: steps: 6 -> 8 (the learning-rate schedule" in \
-        capsys.readouterr().err
+    assert 'steps: 6 -> 8' in capsys.readouterr().err
 
 
 def test_resume_refuses_when_no_checkpoint_can_be_read(tmp_path):
     _fit(tmp_path, 2)
     for f in glob.glob(str(tmp_path / 'checkpoints' / '2' / 'state' / 'manifest.ocdbt')):
         open(f, 'wb').close()
-    with pytest.raises(checkpoint.CorruptCheckpointError, match=r'no checkpoint in .* can be read.*'
-                       r'step 2: .*kept in .*checkpoints\.unreadable'):
+    with pytest.raises(checkpoint.CorruptCheckpointError, match=r'step 2.*checkpoints\.unreadable'):
         _fit(tmp_path, 4)
     assert os.path.isdir(tmp_path / 'checkpoints.unreadable' / '2')
 

@@ -33,7 +33,7 @@ _NON_SHAPE_FIELDS = ('num_heads', 'ln_eps', 'gelu', 'pool', 'pool_norm', 'class_
 
 
 def _parser() -> argparse.ArgumentParser:
-    from jlearngene.commands._config import parse_override
+    from jlearngene.commands.config_args import parse_override
     p = argparse.ArgumentParser(prog='jlearngene convert', description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)

@@ -49,7 +49,7 @@ def _option(text: str):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from jlearngene.commands._config import parse_override
+    from jlearngene.commands.config_args import parse_override
     p = argparse.ArgumentParser(prog='jlearngene descend', description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('gene', help='gene directory (gene.json + gene.safetensors)')

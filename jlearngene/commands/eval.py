@@ -8,7 +8,7 @@ import sys
 
 from absl import flags
 
-from jlearngene.commands import _config
+from jlearngene.commands import config_args
 
 HELP = "evaluate a run's checkpoint (latest, best, a step) or a saved model on a split"
 
@@ -62,7 +62,7 @@ def evaluate(config, params, cfg, split: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    fv = _config.parse('jlearngene eval', argv, _flags, config_required=False)
+    fv = config_args.parse('jlearngene eval', argv, _flags, config_required=False)
     if not fv.workdir and not fv.model:
         print('jlearngene eval: give --workdir (a training run) or --model with --config')
         return 2

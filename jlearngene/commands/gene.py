@@ -23,7 +23,7 @@ HELP = 'write a gene directory from a run\'s saved gene or from a model checkpoi
 
 
 def _parser() -> argparse.ArgumentParser:
-    from jlearngene.commands._config import parse_override
+    from jlearngene.commands.config_args import parse_override
     from jlearngene.commands.descend import _option
     p = argparse.ArgumentParser(prog='jlearngene gene', description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

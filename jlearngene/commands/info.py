@@ -10,7 +10,7 @@ import argparse
 import jax
 
 from jlearngene import pytree
-from jlearngene.commands._config import parse_override
+from jlearngene.commands.config_args import parse_override
 from jlearngene.models import VARIANTS, init, vit_config
 
 HELP = 'parameter table of variants, a config file (.py[:arg]), a checkpoint/workdir or a gene'

@@ -20,7 +20,7 @@ import time
 
 from absl import flags
 
-from jlearngene.commands import _config
+from jlearngene.commands import config_args
 
 HELP = 'train or run an experiment from a config (file or bundled name; --config.x=y overrides)'
 TASKS = ('classification', 'experiment')
@@ -39,8 +39,13 @@ def _flags(fv):
                          flag_values=fv)
 
 
+def parse_flags(argv: list[str], prog: str = 'jlearngene train'):
+    """The parsed flags of `jlearngene train` (`fv.config` the loaded, overridden config)."""
+    return config_args.parse(prog, argv, _flags)
+
+
 def main(argv: list[str], prog: str = 'jlearngene train') -> int:
-    fv = _config.parse(prog, argv, _flags)
+    fv = parse_flags(argv, prog)
     if not fv.workdir:
         print(f'{prog}: --workdir is required', file=sys.stderr)
         return 2

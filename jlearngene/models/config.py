@@ -64,8 +64,8 @@ class ViTConfig:
       dense_precision: operand precision of the dense layers' matmuls (q/k/v/out
         projections, MLP, heads). 'float32' is exact. 'bfloat16' rounds both operands to
         bfloat16 and accumulates in float32, as TPUs do by default; activations, LayerNorm,
-        softmax, GELU and the attention products keep `dtype`. On CPUs with AMX (e.g.
-        Xeon Sapphire Rapids) the training step runs 1.4–1.7× faster (benchmarks/README).
+        softmax, GELU and the attention products keep `dtype`. Its speed on a CPU is
+        XLA:CPU's (`python benchmarks/run.py --extra-rows bf16dense` measures it).
         With 'bfloat16' the dense layers (`jlearngene.ops.dense`) have a custom VJP: no
         forward mode (`jax.jvp`).
       qkv_bias: attention q/k/v projections carry biases (timm default True).

@@ -7,27 +7,24 @@ two functions:
     attention(q, k, v, scale, *, need_probs=False, probs_name=None) -> (o, probs | None)
         q (B, Tq, H, Dh), k and v (B, T, H, Dh); o (B, Tq, H, Dh), probs (B, H, Tq, T)
 
-and compiles through `jlearngene.compiler.jit`, whose XLA options are `compiler_options()`.
 Each call first offers the work to the enabled backends of jax's default platform, in the
 order they registered; a backend's function returns `NotImplemented` to decline (a shape,
-dtype or build it does not cover), and the reference implementation (`ops.reference`,
-plain jax: `x @ w`, `jax.nn.dot_product_attention`) computes whatever no backend takes. TPUs
-run the reference; GPUs run it but for the attention calls the GPU backend takes.
+dtype or device it does not cover), and the reference implementation (`ops.reference`,
+plain jax: `x @ w`, `jax.nn.dot_product_attention`) computes whatever no backend takes.
+CPUs and TPUs run the reference, with XLA's own kernels; GPUs run it but for the attention
+calls the GPU backend takes.
 
-A backend is a module that calls `register(Backend(...))` when imported; the built-in ones
-are listed in `BUILTIN_BACKENDS` and imported with this package. `ops.cpu` is the CPU
-backend: the C++ kernels for the weight gradient and the attention core, oneDNN dots
-(compiler options) and bfloat16 operand layouts. `ops.gpu` is the GPU backend: cuDNN's
-fused attention for bfloat16/float16 calls that need no probabilities. Removing a backend
-is deleting its module and its name in `BUILTIN_BACKENDS`; nothing in the model refers to one.
+A backend is a module that calls `register(Backend(...))` when imported (`unregister(name)`
+removes one); the built-in ones are listed in `BUILTIN_BACKENDS` and imported with this
+package. `ops.gpu` is the GPU backend: cuDNN's fused attention for bfloat16/float16 calls
+that need no probabilities. Removing a backend is deleting its module and its name in
+`BUILTIN_BACKENDS`; nothing in the model refers to one.
 
 Switches, all read when a function is traced (a function jitted before keeps its choice):
   * JLEARNGENE_BACKENDS: 'all' (default), 'reference' (no backend: every platform runs the
-    reference), or a comma-separated list of backend names to enable (e.g. 'cpu').
+    reference), or a comma-separated list of backend names to enable (e.g. 'gpu').
   * `with ops.use_reference(): ...` turns every backend off inside the block.
-  * A backend's own finer switches (the CPU backend: JLEARNGENE_CPU_KERNELS=0 for the C++
-    kernels, JLEARNGENE_CPU_ONEDNN=0 for the oneDNN dots; the GPU backend:
-    JLEARNGENE_GPU_CUDNN_ATTENTION=0).
+  * A backend's own finer switches (the GPU backend: JLEARNGENE_GPU_CUDNN_ATTENTION=0).
 """
 from __future__ import annotations
 
@@ -44,7 +41,7 @@ from jlearngene.ops import reference
 from jlearngene.ops.reference import DENSE_PRECISIONS
 
 ENV_SWITCH = 'JLEARNGENE_BACKENDS'
-BUILTIN_BACKENDS = ('jlearngene.ops.cpu', 'jlearngene.ops.gpu')
+BUILTIN_BACKENDS = ('jlearngene.ops.gpu',)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,15 +50,13 @@ class Backend:
 
     dense(x, w, precision) and attention(q, k, v, scale, need_probs, probs_name) have the
     signatures and results of the module-level functions, or return `NotImplemented` to
-    leave a call to the next backend or the reference. compiler_options() is the XLA
-    options the backend wants for `jlearngene.compiler.jit` (an empty dict for none).
-    enabled() is the backend's own switch, read at trace time.
+    leave a call to the next backend or the reference. enabled() is the backend's own
+    switch, read at trace time.
     """
     name: str
     platform: str
     dense: Callable[..., Any] | None = None
     attention: Callable[..., Any] | None = None
-    compiler_options: Callable[[], dict[str, Any]] | None = None
     enabled: Callable[[], bool] = lambda: True
 
 
@@ -72,6 +67,13 @@ _state = threading.local()
 def register(backend: Backend) -> None:
     """Add a backend (replacing one of the same name)."""
     _registry[backend.name] = backend
+
+
+def unregister(name: str) -> None:
+    """Remove the backend registered as `name` (KeyError if there is none)."""
+    if name not in _registry:
+        raise KeyError(f'no backend registered as {name!r}; registered: {sorted(_registry)}')
+    del _registry[name]
 
 
 def registered() -> dict[str, Backend]:
@@ -160,15 +162,6 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, *,
             if out is not NotImplemented:
                 return out
     return reference.attention(q, k, v, scale, need_probs=need_probs, probs_name=probs_name)
-
-
-def compiler_options(platform: str | None = None) -> dict[str, Any]:
-    """The XLA compiler options of the enabled backends (a fresh dict, empty if none)."""
-    options: dict[str, Any] = {}
-    for b in active_backends(platform):
-        if b.compiler_options is not None:
-            options.update(b.compiler_options())
-    return options
 
 
 for _name in BUILTIN_BACKENDS:

@@ -57,7 +57,7 @@ def _attention(q, k, v, scale, need_probs, probs_name):
 
 
 @functools.cache
-def _cuda() -> bool:
+def cuda_available() -> bool:
     """Whether jax has an NVIDIA (CUDA) GPU platform (False on CPU-only and ROCm builds)."""
     try:
         devices = jax.devices('gpu')
@@ -70,7 +70,7 @@ def _cuda() -> bool:
 
 
 def enabled() -> bool:
-    return ops.env_switch_on(ENV_SWITCH) and _cuda()
+    return ops.env_switch_on(ENV_SWITCH) and cuda_available()
 
 
 ops.register(ops.Backend(NAME, 'gpu', attention=_attention, enabled=enabled))

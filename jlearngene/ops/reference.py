@@ -1,5 +1,6 @@
 """The reference implementation of `jlearngene.ops`: plain jax, what every platform runs
-where no backend takes a call (TPUs always; GPUs but for `ops.gpu`'s cuDNN attention)."""
+where no backend takes a call (CPUs and TPUs always, with XLA's own kernels; GPUs but for
+`ops.gpu`'s cuDNN attention)."""
 from __future__ import annotations
 
 import jax
@@ -22,15 +23,17 @@ def bf16_product(a: jax.Array, b: jax.Array) -> jax.Array:
                       preferred_element_type=jnp.float32)
 
 
-def rounded_matmul(backward):
-    """A custom-VJP `bf16_product(x, w)` whose backward pass is `backward((x, w), g) ->
-    (dx, dw)`: the reference's and the CPU backend's differ only in operand layouts."""
-    @jax.custom_vjp
-    def matmul(x, w):
-        return bf16_product(x, w)
+@jax.custom_vjp
+def bf16_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x @ w (float32 result) from bfloat16-rounded operands, forward and backward. The
+    gradients are the same kind of product, g·wᵀ and xᵀ·g with the cotangent g rounded too:
+    JAX's derived backward would multiply the float32 cotangent with a bfloat16 operand,
+    which XLA computes in float32."""
+    return bf16_product(x, w)
 
-    matmul.defvjp(lambda x, w: (bf16_product(x, w), (x, w)), backward)
-    return matmul
+
+def _bf16_matmul_fwd(x, w):
+    return bf16_product(x, w), (x, w)
 
 
 def _bf16_matmul_bwd(res, g):
@@ -39,11 +42,7 @@ def _bf16_matmul_bwd(res, g):
     return bf16_product(g, w.T).astype(x.dtype), bf16_product(x.T, g).astype(w.dtype)
 
 
-# x @ w (float32 result) from bfloat16-rounded operands, forward and backward. The gradients
-# are the same kind of product, g·wᵀ and xᵀ·g with the cotangent g rounded too: JAX's
-# derived backward would multiply the float32 cotangent with a bfloat16 operand, which XLA
-# computes in float32.
-bf16_matmul = rounded_matmul(_bf16_matmul_bwd)
+bf16_matmul.defvjp(_bf16_matmul_fwd, _bf16_matmul_bwd)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, *,

@@ -31,6 +31,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import gc
+import glob
+import json
 import logging
 import os
 import re
@@ -42,6 +44,7 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
+import tensorstore as ts
 from orbax.checkpoint import v1 as ocp
 
 from jlearngene import pytree
@@ -191,6 +194,36 @@ def _unreadable(where: str, messages: list[str]) -> CorruptCheckpointError:
     detail = _detail(messages)
     return CorruptCheckpointError(f'{where}: array metadata could not be read'
                                   + (f' ({detail})' if detail else '') + '; it is truncated or corrupted')
+
+
+def _check_array_store(item_dir: str, where: str) -> None:
+    """Read the files of one checkpointable (`<checkpoint>/state`, `<model>/params`) that
+    orbax reads before any array, synchronously: its JSON metadata (`_METADATA`,
+    `_sharding`, `array_metadatas/*`) and its OCDBT index (through tensorstore). Raise
+    CorruptCheckpointError naming the first damaged file. A damaged file found here never
+    reaches orbax's asynchronous readers, whose tasks would outlive the error on a closed
+    event loop and print their tracebacks."""
+    if not os.path.isdir(item_dir):
+        return
+    metadata_files = [os.path.join(item_dir, n) for n in ('_METADATA', '_sharding')]
+    metadata_files += sorted(glob.glob(os.path.join(item_dir, 'array_metadatas', '*')))
+    for f in metadata_files:
+        if not os.path.isfile(f):
+            continue
+        try:
+            with open(f, 'rb') as fh:
+                json.loads(fh.read())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CorruptCheckpointError(f'{where}: {os.path.relpath(f, os.path.dirname(item_dir))} '
+                                         f'is not valid JSON ({_short(str(e))}); it is truncated or corrupted') from None
+    if not os.path.exists(os.path.join(item_dir, 'manifest.ocdbt')):
+        return
+    try:
+        store = ts.KvStore.open({'driver': 'ocdbt', 'base': 'file://' + os.path.abspath(item_dir) + '/'}).result()
+        store.list().result()
+    except ValueError as e:
+        raise CorruptCheckpointError(f'{where}: its array index could not be read '
+                                     f'({_short(str(e))}); it is truncated or corrupted') from None
 
 
 class _Collect(logging.Filter):
@@ -400,6 +433,7 @@ def model_metadata(path: str) -> dict:
     path = os.path.abspath(os.fspath(path))
     _check_exists(path, 'model checkpoint')
     where = f'model checkpoint {path!r}'
+    _check_array_store(os.path.join(path, 'params'), where)
     try:
         with _orbax_read() as messages:
             meta = ocp.checkpointables_metadata(path)
@@ -497,6 +531,7 @@ class RunCheckpointer:
         step = self._resolve(step)
         path = self._path(step)
         _check_exists(path, 'run checkpoint')
+        _check_array_store(os.path.join(path, 'state'), f'run checkpoint {path!r}')
         try:
             with _orbax_read() as messages:
                 custom = self._ckpt.metadata(step).custom_metadata or {}
@@ -536,6 +571,7 @@ class RunCheckpointer:
     def _stored_arrays(self, step: int) -> dict[str, Any]:
         """{path: orbax ArrayMetadata} of the stored state."""
         path = self._path(step)
+        _check_array_store(os.path.join(path, 'state'), f'run checkpoint {path!r}')
         try:
             with _orbax_read() as messages:
                 arrays = self._ckpt.checkpointables_metadata(step).metadata['state']

@@ -20,8 +20,8 @@ from jlearngene import compiler, parallel
 
 
 @functools.lru_cache(maxsize=16)
-def _jit(eval_fn: Callable, options_key: tuple) -> Callable:
-    return compiler.jit(eval_fn, compiler_options=dict(options_key))
+def _jit(eval_fn: Callable) -> Callable:
+    return compiler.jit(eval_fn)
 
 
 def evaluate(eval_fn: Callable, params, batches: Iterable[Mapping[str, Any]], *,
@@ -40,7 +40,7 @@ def evaluate(eval_fn: Callable, params, batches: Iterable[Mapping[str, Any]], *,
     Returns floats; 'count' is the total number of valid examples (a split with none gives
     0.0 means). Raises ValueError when `batches` is empty or `eval_fn` returns no 'count'.
     """
-    fn = jitted if jitted is not None else _jit(eval_fn, compiler.options_key())
+    fn = jitted if jitted is not None else _jit(eval_fn)
     total = None
     for batch in batches:
         if mesh is not None:

@@ -209,29 +209,25 @@ def init_state(trainable, optimizer: optax.GradientTransformation, seed: int = 0
             'rng': jax.random.key_data(jax.random.key(seed))}
 
 
-# Jitted functions are cached on (loss_fn, optimizer, microbatches, shardings, compiler
-# options) so repeated `fit` calls with the same objects (sweeps, resumed runs in one
-# process) compile once.
+# Jitted functions are cached on (loss_fn, optimizer, microbatches, shardings) so repeated
+# `fit` calls with the same objects (sweeps, resumed runs in one process) compile once.
 _init_state_jit = jax.jit(init_state, static_argnames=('optimizer', 'seed'))
 
 
 @functools.lru_cache(maxsize=8)
-def _jitted_step(loss_fn, optimizer, microbatches, steps_per_call, state_sh_key, batch_sh, repl,
-                 options_key):
+def _jitted_step(loss_fn, optimizer, microbatches, steps_per_call, state_sh_key, batch_sh, repl):
     treedef, leaves = state_sh_key
     state_sh = jax.tree.unflatten(treedef, leaves)
     return compiler.jit(make_train_step(loss_fn, optimizer, microbatches=microbatches,
                                         steps_per_call=steps_per_call),
-                        compiler_options=dict(options_key),
                         in_shardings=(state_sh, batch_sh, repl),
                         out_shardings=(state_sh, repl), donate_argnums=(0,))
 
 
 @functools.lru_cache(maxsize=4)
-def _jitted_eval(eval_fn, params_sh_key, batch_sh, repl, options_key):
+def _jitted_eval(eval_fn, params_sh_key, batch_sh, repl):
     treedef, leaves = params_sh_key
-    return compiler.jit(eval_fn, compiler_options=dict(options_key),
-                        in_shardings=(jax.tree.unflatten(treedef, leaves), batch_sh),
+    return compiler.jit(eval_fn, in_shardings=(jax.tree.unflatten(treedef, leaves), batch_sh),
                         out_shardings=repl)
 
 
@@ -499,7 +495,7 @@ class StepProgram:
     the given shardings (batches over the mesh's 'data' axis, stacked on a leading axis
     when n > 1), drawing the step keys from `base_rng`. Each
     distinct `n` compiles once; programs are shared between `fit` calls with equal
-    loss_fn, optimizer, microbatches, shardings and compiler options."""
+    loss_fn, optimizer, microbatches and shardings."""
 
     def __init__(self, loss_fn: LossFn, optimizer: optax.GradientTransformation, state_sh, mesh,
                  base_rng: jax.Array, *, microbatches: int = 1):
@@ -509,7 +505,7 @@ class StepProgram:
             raise TypeError(f'StepProgram needs a hashable loss_fn (jit caches it): {e}') from None
         self.loss_fn, self.optimizer, self.microbatches = loss_fn, optimizer, microbatches
         self.mesh, self.base_rng = mesh, base_rng
-        self._state_sh_key, self._options_key = _key(state_sh), compiler.options_key()
+        self._state_sh_key = _key(state_sh)
         self._fns: dict[int, Callable] = {}
 
     def compiled(self, n: int) -> Callable:
@@ -518,7 +514,7 @@ class StepProgram:
             self._fns[n] = _jitted_step(self.loss_fn, self.optimizer, self.microbatches, n,
                                         self._state_sh_key,
                                         parallel.batch_sharding(self.mesh, stacked=n > 1),
-                                        parallel.replicated(self.mesh), self._options_key)
+                                        parallel.replicated(self.mesh))
         return self._fns[n]
 
     def __call__(self, state: dict, host_batches: list[dict]) -> tuple[dict, dict]:
@@ -583,7 +579,7 @@ class Evaluation:
         self.eval_fn, self.eval_data, self.mesh = eval_fn, eval_data, mesh
         self.writer, self.history, self.every, self.steps = writer, history, every, steps
         self.jitted = _jitted_eval(eval_fn, _key(params_sh), parallel.batch_sharding(mesh),
-                                   parallel.replicated(mesh), compiler.options_key())
+                                   parallel.replicated(mesh))
         self._cache: list = []
 
     def due(self, step: int) -> bool:
