@@ -23,8 +23,9 @@ JSON or are not a gene of the named method are a `GeneFileError` naming the file
 problem in one line.
 
 `descendant_config` turns a request (width, depth, heads, MLP size, config overrides) into
-the target config the gene's method accepts, and `capabilities` says which widths and depths
-a gene makes; both only trace `descend` on shapes (`jax.eval_shape`), nothing is computed.
+the target config the gene's method accepts, or a `NoDescendant` error naming the request's
+flags and the widths / depths / heads the gene makes (`capabilities`, what `jlearngene info`
+lists); both only trace `descend` on shapes (`jax.eval_shape`), nothing is computed.
 """
 from __future__ import annotations
 
@@ -134,6 +135,7 @@ def _method(method: str | Method) -> Method:
 
 
 def _counts(method: Method, gene: Any) -> dict[str, int]:
+    method.check_gene(gene)      # the method's parts first: another method's gene is refused
     total = sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(gene))
     return {'stored': total, 's_params': int(method.gene_param_count(gene, include_head=False)),
             's_params_with_head': int(method.gene_param_count(gene, include_head=True))}
@@ -419,6 +421,44 @@ def _shape_candidates(base: ViTConfig, width: int | None, heads: int | None,
     return out
 
 
+# The command-line flag of each request field (`jlearngene descend`), for error messages.
+FLAGS = {'width': '--width', 'depth': '--depth', 'heads': '--heads', 'mlp_dim': '--mlp-dim',
+         'overrides': '--set', 'options': '--option'}
+_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(ViTConfig))
+
+
+def _positive_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v >= 1
+
+
+def _check_request(width, depth, heads, mlp_dim, overrides) -> None:
+    """GeneError naming the flag of the first request value that no config can have."""
+    for field, v in (('width', width), ('depth', depth), ('mlp_dim', mlp_dim)):
+        if v is not None and not _positive_int(v):
+            raise GeneError(f'{FLAGS[field]} {v!r}: must be a positive integer')
+    if heads is not None:
+        per_layer = [heads] if isinstance(heads, (int, np.integer)) else heads
+        if isinstance(per_layer, (str, bytes)) or not isinstance(per_layer, (Sequence, np.ndarray)) \
+                or not len(per_layer) or not all(_positive_int(h) for h in per_layer):
+            raise GeneError(f"{FLAGS['heads']} {heads!r}: must be a positive integer or a "
+                            'non-empty list of them (one per layer)')
+    unknown = [k for k in overrides if k not in _CONFIG_FIELDS]
+    if unknown:
+        raise GeneError(f"{FLAGS['overrides']} {unknown[0]}=...: ViTConfig has no field "
+                        f'{unknown[0]!r}; its fields: {", ".join(_CONFIG_FIELDS)}')
+
+
+def _request_text(width, depth, heads, mlp_dim, overrides) -> str:
+    """The request as the command line spells it ('--width 50 --set num_classes=3')."""
+    parts = []
+    for field, v in (('width', width), ('depth', depth), ('heads', heads), ('mlp_dim', mlp_dim)):
+        if v is not None:
+            text = v if isinstance(v, (int, np.integer)) else ','.join(str(h) for h in v)
+            parts.append(f'{FLAGS[field]} {text}')
+    parts += [f"{FLAGS['overrides']} {k}={v}" for k, v in overrides.items()]
+    return ' '.join(parts) or "the gene's own config"
+
+
 def descendant_config(method: str | Method, gene: Any, base: ViTConfig, *,
                       width: int | None = None, depth: int | None = None,
                       heads: int | Sequence[int] | None = None, mlp_dim: int | None = None,
@@ -431,9 +471,35 @@ def descendant_config(method: str | Method, gene: Any, base: ViTConfig, *,
     (Cluster-Learngene: the config gets the most of them). The MLP size scales with the
     width unless given. Where the request leaves the head size open, the choice that
     `descend` accepts is taken (trying the head size kept, then the head count kept).
-    GeneError naming every rejected choice when none fits.
+
+    Every value is checked first: sizes must be positive integers, `overrides` fields of
+    `ViTConfig`, `options` keywords of the method's `descend` (GeneError naming the flag,
+    `FLAGS`). A request that no config fits is a `NoDescendant` naming the request's flags,
+    every rejected choice and what the gene makes instead (`capabilities`); the gene's own
+    config is never taken in its place.
     """
     m = _method(method)
+    overrides = dict(overrides or {})
+    _check_request(width, depth, heads, mlp_dim, overrides)
+    m.check_options(dict(options or {}), 'descend', FLAGS['options'])
+    try:
+        return _descendant_config(m, gene, base, width=width, depth=depth, heads=heads,
+                                  mlp_dim=mlp_dim, overrides=overrides, options=options)
+    except NoDescendant as e:
+        asked = [k for k, v in (('width', width), ('depth', depth), ('heads', heads)) if v is not None]
+        asked += [k for k, f in (('width', 'width'), ('depth', 'depth'), ('heads', 'num_heads'))
+                  if f in overrides and k not in asked]
+        kinds = tuple(asked) or ('width', 'depth')
+        cap = capabilities(m, gene, base, options, kinds=kinds)
+        made = made_summary(cap, base, kinds, prefix=f"{'with these options ' if options else ''}"
+                                                     'the gene makes ')
+        raise NoDescendant(f'{e}; {made}', e.reasons) from None
+
+
+def _descendant_config(m: Method, gene: Any, base: ViTConfig, *, width, depth, heads, mlp_dim,
+                       overrides, options) -> tuple[ViTConfig, dict]:
+    """`descendant_config`'s search on checked values (NoDescendant lists each rejected
+    choice)."""
     options = dict(options or {})
     changes = dict(overrides or {})
     if depth is not None:
@@ -448,10 +514,12 @@ def descendant_config(method: str | Method, gene: Any, base: ViTConfig, *,
         changes.setdefault('depth', len(per_layer))
     shape_fields = ('width', 'num_heads', 'head_dim', 'mlp_dim')
     fixed = {k: changes.pop(k) for k in shape_fields if k in changes}
-    candidates = _shape_candidates(base, fixed.get('width', width),
-                                   fixed.get('num_heads', n_heads), fixed.get('mlp_dim', mlp_dim))
-    candidates = [{**c, **fixed} for c in candidates] or [fixed]
-    rejected = []
+    w, h = fixed.get('width', width), fixed.get('num_heads', n_heads)
+    candidates = _shape_candidates(base, w, h, fixed.get('mlp_dim', mlp_dim))
+    candidates = [{**c, **fixed} for c in candidates] or ([fixed] if fixed else [])
+    rejected = [] if candidates else [
+        f'width {w} is divisible neither by the head size {base.head_dim} nor by the head count '
+        f'{base.num_heads}' if h is None else f'width {w} does not split into {h} heads']
     for c in candidates:
         try:
             cfg = base.replace(**c, **changes)
@@ -462,10 +530,9 @@ def descendant_config(method: str | Method, gene: Any, base: ViTConfig, *,
         if why is None:
             return cfg, options
         rejected.append(f'{_shape(c)}: {why}')
-    request = ', '.join(f'{k}={v}' for k, v in (('width', width), ('depth', depth), ('heads', heads),
-                                                ('mlp_dim', mlp_dim)) if v is not None)
-    raise NoDescendant(f"{m.label} cannot make a descendant with {request or 'the gene config'}: "
-                       + '; '.join(rejected), rejected)
+    request = _request_text(width, depth, heads, mlp_dim, overrides or {})
+    raise NoDescendant(f'{m.label} cannot make a descendant with {request}: ' + '; '.join(rejected),
+                       rejected)
 
 
 def _shape(c: Mapping[str, int]) -> str:
@@ -473,13 +540,15 @@ def _shape(c: Mapping[str, int]) -> str:
 
 
 def capabilities(method: str | Method, gene: Any, base: ViTConfig,
-                 options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                 options: Mapping[str, Any] | None = None,
+                 kinds: Sequence[str] = ('width', 'depth', 'heads')) -> dict[str, Any]:
     """Which descendants the gene makes, by trying `descend` on shapes, one field at a time
     from `base`: widths in steps of the base head size up to twice the base width; depths
     1, half, the base, twice and four times the base; head counts 1, half, the base and
-    twice the base. Returns {'widths', 'depths', 'heads'}: the accepted values,
-    {'tried_widths', ...}: what was tried, and {'width_limit', ...}: the first rejected
-    value with the reason `descend` gave."""
+    twice the base (`kinds`: which of 'width', 'depth', 'heads' are tried). Returns
+    {'widths', 'depths', 'heads'}: the accepted values, {'tried_widths', ...}: what was
+    tried, and {'width_limit', ...}: the first rejected value with the reason `descend`
+    gave."""
     m = _method(method)
     step = base.head_dim
     n = max(1, 2 * base.width // step)
@@ -492,11 +561,14 @@ def capabilities(method: str | Method, gene: Any, base: ViTConfig,
              'heads': sorted({1, max(1, base.num_heads // 2), base.num_heads, 2 * base.num_heads})}
     out: dict[str, Any] = {}
     for kind, values in tried.items():
+        if kind not in kinds:
+            continue
         plural = kind if kind == 'heads' else f'{kind}s'
         out[plural], out[f'tried_{plural}'], out[f'{kind}_limit'] = [], values, None
         for v in values:
             try:
-                descendant_config(m, gene, base, options=options, **{kind: v})
+                request = {'width': None, 'depth': None, 'heads': None, 'mlp_dim': None, kind: v}
+                _descendant_config(m, gene, base, options=options, overrides=None, **request)
             except NoDescendant as e:
                 if out[f'{kind}_limit'] is None:
                     out[f'{kind}_limit'] = f'{kind} {v}: {e.reasons[0]}'
@@ -532,14 +604,25 @@ def describe(meta: Mapping[str, Any], *, probe: bool = True) -> str:
         cap = capabilities(m, gene_shapes(meta), base, meta.get('descend_options'))
         role = 'target' if 'target' in meta['configs'] else 'source'
         lines.append(f'descendants (descend tried on shapes, other fields as the {role} config): '
-                     f'widths {_ranges(cap["widths"])} of {_ranges(cap["tried_widths"])} tried at '
-                     f'depth {base.depth}; depths {_ranges(cap["depths"])} of '
-                     f'{_ranges(cap["tried_depths"])} tried at width {base.width}; heads '
-                     f'{_ranges(cap["heads"])} of {_ranges(cap["tried_heads"])} tried')
+                     + made_summary(cap, base, prefix=''))
         for kind in ('width', 'depth', 'heads'):
             if cap[f'{kind}_limit']:
                 lines.append(f"  first rejected {cap[f'{kind}_limit'][:400]}")
     return '\n'.join(lines)
+
+
+def made_summary(cap: Mapping[str, Any], base: ViTConfig,
+                 kinds: Sequence[str] = ('width', 'depth', 'heads'),
+                 prefix: str = 'the gene makes ') -> str:
+    """`capabilities` in words, for `kinds`: 'widths 8, 12, 16 of 4, 8, ... tried at depth
+    4; depths ...' (what `jlearngene info GENE` prints)."""
+    where = {'width': f' at depth {base.depth}', 'depth': f' at width {base.width}', 'heads': ''}
+    parts = []
+    for kind in kinds:
+        plural = kind if kind == 'heads' else f'{kind}s'
+        parts.append(f'{plural} {_ranges(cap[plural])} of {_ranges(cap[f"tried_{plural}"])} '
+                     f'tried{where[kind]}')
+    return prefix + '; '.join(parts)
 
 
 def _ranges(values: Sequence[int]) -> str:
@@ -619,11 +702,16 @@ def save_model_gene(checkpoint_dir: str | os.PathLike, method: str | Method,
     if m.gene_from_model is None:
         raise GeneFileError(f'{m.label} (source {m.source!r}) does not take its gene from a model; '
                             'save a learned gene with artefacts.save_gene')
+    opts = dict(options or {})
+    m.check_options(opts, 'gene_from_model', '--option')
     src = os.path.abspath(os.fspath(checkpoint_dir))
-    params, cfg, _ = checkpoint.load_model(src)
+    params, cfg, extra = checkpoint.load_model(src)
+    if extra.get('method') is not None:
+        raise GeneFileError(f"{src}: holds a run's saved gene of method {extra['method']!r}, not a "
+                            f'model to take a {m.label} gene from; write it with jlearngene gene '
+                            f'--from-run {src}')
     if cfg is None:
         raise GeneFileError(f'{src}: the model checkpoint stores no config')
-    opts = dict(options or {})
     if target is not None:
         if 'large_cfg' not in inspect.signature(m.gene_from_model).parameters:
             raise GeneFileError(f'{m.label} makes descendants of any target; it takes no target config')

@@ -88,7 +88,7 @@ def test_eval(run, capsys):
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert again['accuracy'] == pytest.approx(result['accuracy'])   # final checkpoint = saved model
     assert cli.main(['eval', '--workdir', workdir, '--checkpoint', '3']) == 1
-    assert 'does not exist' in capsys.readouterr().out
+    assert 'does not exist' in capsys.readouterr().err
 
 
 def test_plot(tmp_path):

@@ -52,7 +52,7 @@ def test_config_rejects_an_unknown_dense_precision(tiny_cfg):
 
 
 @pytest.mark.parametrize('changes, batch, stacked', [
-    ({}, 4, True),                                        # the pruned last block
+    pytest.param({}, 4, True, marks=pytest.mark.slow),      # the pruned last block
     ({'distill_token': True, 'num_classes': 1}, 1, False),  # one image, one-output heads
 ])
 def test_bf16_dense_model_is_close_to_float32(tiny_cfg, changes, batch, stacked):

@@ -61,18 +61,84 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def file_format(path: str) -> str:
+    """What a checkpoint file holds, from its contents (`interop.timm.file_kind`): 'timm'
+    (a .safetensors, torch or .npz state dict with timm's '.'-joined keys), 'big_vision' (an
+    .npz with '/'-joined keys), 'empty' or 'unknown'. OSError for a missing path or a directory."""
+    from jlearngene.interop.timm import file_kind
+    kind = file_kind(path)
+    if kind == 'npz':
+        import numpy as np
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                keys = list(f.files)
+        except Exception:  # noqa: BLE001 - zipfile / numpy raise many kinds for bad files
+            return 'unknown'
+        return 'big_vision' if any('/' in k for k in keys) else 'timm'
+    return 'timm' if kind in ('safetensors', 'torch') else kind
+
+
+_CONVERT_FLAG = {'timm': '--from-timm', 'big_vision': '--from-big-vision'}
+_SOURCE_FILE = {'timm': 'a timm state dict file (.safetensors, .npz, .pth)',
+                'big_vision': 'a big_vision .npz file'}
+_FORMAT_NAME = {'timm': 'a timm state dict', 'big_vision': 'a big_vision .npz checkpoint',
+                'empty': 'an empty file', 'unknown': 'a file of unknown kind'}
+
+
+def check_model_checkpoint(path: str, flag: str) -> None:
+    """A one-line error naming `flag` when `path` cannot be a model checkpoint directory
+    (`checkpoint.save_model`): it does not exist, or it is a file (a timm or big_vision file
+    to convert first, an empty file or one of another kind). A directory passes: the
+    checkpoint reader says what is wrong inside it."""
+    if os.path.isdir(path):
+        return
+    if not os.path.exists(path):
+        raise FileNotFoundError(f'{flag} {path!r} does not exist')
+    fmt = file_format(path)
+    message = f'{flag} {path!r} is {_FORMAT_NAME[fmt]}, not a model checkpoint directory'
+    if fmt in _CONVERT_FLAG:
+        message += f'; convert it first: jlearngene convert {_CONVERT_FLAG[fmt]} {path} --out DIR'
+    raise ValueError(message)
+
+
+def _check_source_file(path: str, flag: str, fmt: str) -> None:
+    """`path` (given as `flag`) is an existing file that is not plainly of the other format."""
+    if os.path.isdir(path):
+        hint = ('; it holds a jlearngene model checkpoint, which --to-timm / --to-big-vision convert'
+                if os.path.isdir(os.path.join(path, 'params')) else '')
+        raise IsADirectoryError(f'{flag} {path!r} is a directory, not {_SOURCE_FILE[fmt]}{hint}')
+    if not os.path.exists(path):
+        raise FileNotFoundError(f'{flag} {path!r} does not exist')
+    other = 'big_vision' if fmt == 'timm' else 'timm'
+    if file_format(path) == other:
+        raise ValueError(f'{flag} {path!r} is {_FORMAT_NAME[other]}; convert it with '
+                         f'{_CONVERT_FLAG[other]}')
+
+
+def timm_file_defaults(path: str) -> dict:
+    """The config fields no shape reveals (`_NON_SHAPE_FIELDS`) from the jlearngene config in
+    a .safetensors header (written by --to-timm), {} for other files."""
+    from jlearngene.interop import timm as T
+    if not path.lower().endswith('.safetensors'):
+        return {}
+    stored = T.read_safetensors_metadata(path).get('jlearngene_config')
+    if not stored:
+        return {}
+    try:
+        stored = json.loads(stored)
+    except ValueError:
+        raise T.StateDictError(f'{path!r}: the jlearngene_config in its header is not JSON') from None
+    return {k: stored[k] for k in _NON_SHAPE_FIELDS if isinstance(stored, dict) and k in stored}
+
+
 def from_timm_file(path: str, out: str, *, overrides: dict | None = None, overwrite: bool = False):
     """Convert a timm state dict file into a model checkpoint; returns (cfg, params, extra)."""
     from jlearngene.interop import timm as T
     from jlearngene.train.checkpoint import save_model
 
+    _check_source_file(path, '--from-timm', 'timm')
     sd = T.load_state_dict(path)
-    defaults = {}
-    if path.lower().endswith('.safetensors'):
-        stored = T.read_safetensors_metadata(path).get('jlearngene_config')
-        if stored:
-            stored = json.loads(stored)
-            defaults = {k: stored[k] for k in _NON_SHAPE_FIELDS if k in stored}
+    defaults = timm_file_defaults(path)
     cfg, params = T.from_timm(sd, **{**defaults, **(overrides or {})})
     extra = {'source': {'format': 'timm', 'file': os.path.abspath(path),
                         'no_embed_class': not T.has_embed_class(sd, cfg)}}
@@ -90,6 +156,7 @@ def to_timm_file(ckpt: str, out: str, *, no_embed_class: bool | None = None, ove
                          'give a file name ending in .safetensors')
     if os.path.exists(out) and not overwrite:
         raise FileExistsError(f'{out!r} already exists; pass --overwrite to replace it')
+    check_model_checkpoint(ckpt, '--to-timm')
     params, cfg, extra = load_model(ckpt)
     if cfg is None:
         raise CheckpointError(f'model checkpoint {ckpt!r} stores no model config; cannot name timm keys')
@@ -111,6 +178,7 @@ def from_big_vision_file(path: str, out: str, *, overrides: dict | None = None,
     from jlearngene.models.config import ViTConfig
     from jlearngene.train.checkpoint import save_model
 
+    _check_source_file(path, '--from-big-vision', 'big_vision')
     ckpt = BV.load_npz(path)
     cfg = BV.infer_config(ckpt)
     if overrides:
@@ -132,6 +200,7 @@ def to_big_vision_file(ckpt: str, out: str, *, layout: str | None = None, overwr
                          'give a file name ending in .npz')
     if os.path.exists(out) and not overwrite:
         raise FileExistsError(f'{out!r} already exists; pass --overwrite to replace it')
+    check_model_checkpoint(ckpt, '--to-big-vision')
     params, cfg, extra = load_model(ckpt)
     if cfg is None:
         raise CheckpointError(f'model checkpoint {ckpt!r} stores no model config; cannot name '
@@ -183,8 +252,7 @@ def main(argv: list[str]) -> int:
                                                   overwrite=args.overwrite)
                 print(f'wrote {os.path.abspath(args.out)}: {len(tree)} arrays in the {layout!r} layout; '
                       "read with big_vision's utils.load_params or vit_jax's checkpoint.load")
-    except (StateDictError, ConfigError, CheckpointError, FileNotFoundError, FileExistsError,
-            ImportError, ValueError) as e:
+    except (StateDictError, ConfigError, CheckpointError, OSError, ImportError, ValueError) as e:
         print(f'jlearngene convert: error: {e}', file=sys.stderr)
         return 1
     return 0

@@ -88,14 +88,14 @@ def descend_gene_dir(gene_dir: str, *, width=None, depth=None, heads=None, mlp_d
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    from jlearngene import artefacts
+    from jlearngene import artefacts, genes
     params, cfg, opts, meta = descend_gene_dir(
         args.gene, width=args.width, depth=args.depth, heads=args.heads, mlp_dim=args.mlp_dim,
         overrides=dict(args.set), options=dict(args.option), seed=args.seed)
     written = artefacts.write_descendant(args.out, params, cfg, meta=meta, options=opts,
                                          seed=args.seed, overwrite=args.overwrite,
                                          to_timm=args.to_timm)
-    label = meta.get('label', meta['method'])
+    label = genes.get(meta['method']).label     # the registry's, not gene.json's 'label' field
     print(f"wrote {written['out']}: {label} descendant, ViT width={cfg.width} depth={cfg.depth} "
           f'heads={cfg.num_heads} head_dim={cfg.head_dim} mlp={cfg.mlp_dim} '
           f'({artefacts.n_params(params) / 1e6:.3f}M params)'

@@ -20,13 +20,34 @@ def _flags(fv):
     flags.DEFINE_string('split', None, 'split to evaluate (default: the config eval_split)', flag_values=fv)
 
 
+CHECKPOINTS = ('model', 'latest', 'best')
+
+
+def check_checkpoint_arg(which: str) -> None:
+    """`--checkpoint` is 'model', 'latest', 'best' or a step number."""
+    if which not in CHECKPOINTS and not which.isdigit():
+        raise ValueError(f"--checkpoint {which!r}: expected 'model' (WORKDIR/model), 'latest', "
+                         "'best' or a step number")
+
+
+def check_workdir(workdir: str) -> None:
+    """`--workdir` is an existing directory."""
+    if not os.path.exists(workdir):
+        raise FileNotFoundError(f'--workdir {workdir!r} does not exist')
+    if not os.path.isdir(workdir):
+        raise NotADirectoryError(f'--workdir {workdir!r} is a file, not a training workdir directory')
+
+
 def _workdir_config(workdir: str):
     import ml_collections
     path = os.path.join(workdir, 'config.json')
     if not os.path.exists(path):
         raise FileNotFoundError(f'{path} not found (not a jlearngene train workdir?)')
-    with open(path, encoding='utf-8') as f:
-        return ml_collections.ConfigDict(json.load(f))
+    try:
+        with open(path, encoding='utf-8') as f:
+            return ml_collections.ConfigDict(json.load(f))
+    except ValueError as e:
+        raise ValueError(f'{path}: not a JSON config ({e})') from None
 
 
 def load_params(config, workdir: str | None, which: str, model_path: str | None):
@@ -41,8 +62,13 @@ def load_params(config, workdir: str | None, which: str, model_path: str | None)
         path = model_path or os.path.join(workdir, 'model')
         params, _, _ = checkpoint.load_model(path, expect_cfg=cfg)
         return params, cfg, path
+    check_checkpoint_arg(which)
+    directory = os.path.join(workdir, 'checkpoints')
+    if not os.path.isdir(directory):   # RunCheckpointer would create it
+        raise checkpoint.CheckpointError(f'{workdir!r} has no checkpoints directory (not a training '
+                                         f'workdir?), so --checkpoint {which!r} names nothing')
     target = jax.eval_shape(lambda: init(cfg, jax.random.key(0)))  # a config.init model has this shape too
-    with checkpoint.RunCheckpointer(os.path.join(workdir, 'checkpoints'),
+    with checkpoint.RunCheckpointer(directory,
                                     best_metric=config.get('best_metric') or None) as ck:
         step = {'latest': ck.latest_step, 'best': ck.best_step}.get(which, lambda: int(which))()
         if step is None:
@@ -64,20 +90,27 @@ def evaluate(config, params, cfg, split: str) -> dict:
 def main(argv: list[str]) -> int:
     fv = config_args.parse('jlearngene eval', argv, _flags, config_required=False)
     if not fv.workdir and not fv.model:
-        print('jlearngene eval: give --workdir (a training run) or --model with --config')
+        print('jlearngene eval: give --workdir (a training run) or --model with --config',
+              file=sys.stderr)
         return 2
     if fv.model and fv.config is None:
         print('jlearngene eval: --model needs --config (the config names the data and the split '
               'to evaluate on), e.g. --config digits_vit', file=sys.stderr)
         return 2
-    from jlearngene.train.checkpoint import CheckpointError
-    try:
-        config = fv.config if fv.config is not None else _workdir_config(fv.workdir)
-        params, cfg, where = load_params(config, fv.workdir, fv.checkpoint, fv.model)
-        result = evaluate(config, params, cfg, fv.split or config.eval_split)
-    except (CheckpointError, FileNotFoundError, ValueError) as e:
-        print(f'jlearngene eval: {e}')
-        return 1
+    try:   # the flags, before anything is read
+        check_checkpoint_arg(fv.checkpoint)
+    except ValueError as e:
+        print(f'jlearngene eval: {e}', file=sys.stderr)
+        return 2
+    # Errors from here on are reported by jlearngene.cli (one line on stderr, status 1).
+    if fv.model:
+        from jlearngene.commands.convert import check_model_checkpoint
+        check_model_checkpoint(fv.model, '--model')
+    else:
+        check_workdir(fv.workdir)
+    config = fv.config if fv.config is not None else _workdir_config(fv.workdir)
+    params, cfg, where = load_params(config, fv.workdir, fv.checkpoint, fv.model)
+    result = evaluate(config, params, cfg, fv.split or config.eval_split)
     print(f"{where}: {result['split']} accuracy={result['accuracy']:.4f} loss={result['loss']:.4f} "
           f"(n={int(result['count'])})")
     print(json.dumps(result))

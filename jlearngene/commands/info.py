@@ -1,11 +1,16 @@
 """`jlearngene info`: parameter table of named variants, of one config, of an experiment
 config file (`file.py[:arg]`), of a checkpoint (a model artefact, a run checkpoint
-step directory, or a training workdir), or of a gene directory (`jlearngene.artefacts`:
+step directory, or a training workdir), of a gene directory (`jlearngene.artefacts`:
 its method, configs, stored parameters and the widths and depths of the descendants it
-makes, tried on shapes)."""
+makes, tried on shapes), or of a file: a timm state dict (.safetensors, .npz, .pth) or a
+big_vision .npz (the config `jlearngene convert` infers from it, its parameter count and its
+tensors), a plot (.png), a run's metrics.jsonl, config.json (config.txt) or another JSON
+file. A path that does not exist, an empty file and a file of another kind are one-line
+errors that say which."""
 from __future__ import annotations
 
 import argparse
+import os
 
 import jax
 
@@ -13,7 +18,8 @@ from jlearngene import pytree
 from jlearngene.commands.config_args import parse_override
 from jlearngene.models import VARIANTS, init, vit_config
 
-HELP = 'parameter table of variants, a config file (.py[:arg]), a checkpoint/workdir or a gene'
+HELP = ('parameter table of variants, a config file (.py[:arg]), a checkpoint/workdir, a gene or '
+        'a timm/big_vision file')
 
 
 def param_table(cfgs: dict) -> str:
@@ -45,17 +51,24 @@ def leaf_table(shapes, title: str = '') -> str:
 def _config_file_table(spec: str) -> str:
     import importlib.util
     path, _, arg = spec.partition(':')
+    if not os.path.exists(path):
+        raise FileNotFoundError(f'config file {path!r} does not exist')
+    if not os.path.isfile(path):
+        raise IsADirectoryError(f'config file {path!r} is a directory, not a .py file')
     mod_spec = importlib.util.spec_from_file_location('_jlg_config', path)
     module = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(module)
+    try:
+        mod_spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise ValueError(f'config file {path!r} is not valid Python (line {e.lineno}: {e.msg})') from None
+    if not callable(getattr(module, 'get_config', None)):
+        raise ValueError(f'config file {path!r} defines no get_config(arg) function')
     config = module.get_config(arg or None)
     from jlearngene.train.tasks import model_config
     return param_table({f'{path}{":" + arg if arg else ""}': model_config(config.model)})
 
 
 def _checkpoint_table(path: str) -> str:
-    import os
-
     from jlearngene.train import checkpoint
     if os.path.isdir(os.path.join(path, 'checkpoints')) or os.path.isdir(os.path.join(path, 'model')):
         model = os.path.join(path, 'model')
@@ -82,6 +95,124 @@ def _checkpoint_table(path: str) -> str:
     return leaf_table(shapes, title)
 
 
+def _array_table(arrays: dict, title: str) -> str:
+    """Markdown table of a file's arrays ({key: array or ShapeDtypeStruct}) and their total."""
+    import math
+    rows = [title, ''] if title else []
+    rows += ['| tensor | shape | dtype | count |', '|---|---|---|---|']
+    for key, a in arrays.items():
+        rows.append(f'| {key} | {tuple(a.shape)} | {a.dtype} | {math.prod(a.shape):,} |')
+    rows += ['', f'total {sum(math.prod(a.shape) for a in arrays.values()):,} parameters']
+    return '\n'.join(rows)
+
+
+def _one_line(e: Exception) -> str:
+    """A multi-line problem list (`timm.problem_message`) on one line."""
+    return '; '.join(line.strip(' -') for line in str(e).splitlines() if line.strip())
+
+
+def _state_dict_file_table(path: str, fmt: str) -> str:
+    """A timm state dict (.safetensors, .npz, torch) or a big_vision .npz: its config as
+    inferred from the shapes (as `jlearngene convert` infers it), the parameter count of
+    that config and the file's tensors."""
+    from jlearngene.commands import convert
+    from jlearngene.interop import big_vision as BV
+    from jlearngene.interop import timm as T
+    kind = T.file_kind(path)
+    suffix = {'safetensors': ('.safetensors',), 'npz': ('.npz',), 'torch': T._PICKLE_SUFFIXES}[kind]
+    if not path.lower().endswith(suffix):
+        raise ValueError(f'{path!r} holds a {kind} file but its name does not end in {suffix[0]}; '
+                         f'rename it to end in {suffix[0]} to read it')
+    extra = []
+    if fmt == 'big_vision':
+        arrays = BV.load_npz(path)
+        layout = BV.detect_layout(arrays)
+        title = f'big_vision checkpoint {path} ({layout!r} layout, {len(arrays)} arrays)'
+        infer = lambda: BV.infer_config(arrays, layout)  # noqa: E731
+        how = '--from-big-vision'
+    else:
+        arrays = T.load_state_dict(path)
+        title = f'timm state dict {path} ({kind}, {len(arrays)} tensors)'
+        meta = T.read_safetensors_metadata(path) if kind == 'safetensors' else {}
+        if meta.get('timm_class'):
+            extra.append(f"timm model: {meta['timm_class']}({meta.get('timm_kwargs', '')})")
+        defaults = convert.timm_file_defaults(path)
+        infer = lambda: T.infer_config(arrays, **defaults)  # noqa: E731
+        how = '--from-timm'
+    try:
+        cfg = infer()
+    except ValueError as e:   # StateDictError, ConfigError: not (all) a ViT of ours
+        return '\n'.join([_array_table(arrays, title), '',
+                          f'no ViT config can be inferred ({_one_line(e)})'])
+    return '\n'.join([title, *extra, f'inferred config (as convert {how} reads it): {cfg.to_dict()}',
+                      '', param_table({os.path.basename(path): cfg}), '', _array_table(arrays, '')])
+
+
+def _png_size(path: str) -> tuple[int, int] | None:
+    with open(path, 'rb') as f:
+        head = f.read(24)
+    if head[:8] != b'\x89PNG\r\n\x1a\n' or head[12:16] != b'IHDR':
+        return None
+    return int.from_bytes(head[16:20], 'big'), int.from_bytes(head[20:24], 'big')
+
+
+def _other_file_table(path: str) -> str | None:
+    """The other files the CLI writes: a plot (PNG), a run's metrics.jsonl, config.json (or
+    its readable form config.txt) and other JSON files; None for a file of none of these
+    kinds."""
+    import json
+    size = _png_size(path)
+    if size:
+        return f'PNG image {path}: {size[0]} x {size[1]} pixels (jlearngene plot writes one)'
+    if path.endswith('.jsonl'):
+        from jlearngene.train.metrics import read_metrics
+        records = read_metrics(path)
+        lines = [f'metrics {path}: {len(records)} records']
+        for kind in sorted({str(r.get('kind', '?')) for r in records}):
+            rows = [r for r in records if str(r.get('kind', '?')) == kind]
+            last = {k: v for k, v in rows[-1].items() if k not in ('step', 'kind', 'time')}
+            lines.append(f"  {kind}: {len(rows)} records, steps {rows[0]['step']}..{rows[-1]['step']}; "
+                         f'last: {last}')
+        return '\n'.join(lines)
+    beside = os.path.join(os.path.dirname(path), 'config.json')
+    if os.path.basename(path) == 'config.txt' and os.path.isfile(beside):
+        return (f'{path}: the readable form of the run config {beside}\n\n'
+                + (_other_file_table(beside) or ''))
+    if not path.endswith('.json'):
+        return None
+    try:
+        with open(path, encoding='utf-8') as f:
+            obj = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f'{path!r} is not a readable JSON file ({e})') from None
+    if not isinstance(obj, dict):
+        return f'JSON file {path}: a {type(obj).__name__}'
+    text = f'JSON file {path}: keys {sorted(obj)}'
+    if isinstance(obj.get('model'), dict):   # a run config (config.json)
+        from jlearngene.train.tasks import model_config
+        cfg = model_config(obj['model'])
+        name = os.path.basename(os.path.dirname(os.path.abspath(path)))
+        text = (f"run config {path} (task {obj.get('task', 'classification')!r})\n\n"
+                + param_table({name or path: cfg}))
+    return text
+
+
+def _file_table(path: str) -> str:
+    """A file: a timm or big_vision checkpoint, or another file the CLI writes."""
+    from jlearngene.commands.convert import file_format
+    if os.path.getsize(path) == 0:
+        raise ValueError(f'{path!r} is an empty file (0 bytes): nothing to describe')
+    fmt = file_format(path)
+    if fmt in ('timm', 'big_vision'):
+        return _state_dict_file_table(path, fmt)
+    table = _other_file_table(path)
+    if table is None:
+        raise ValueError(f'{path!r} is a file of unknown kind: not a timm state dict (.safetensors, '
+                         '.npz, .pth), a big_vision .npz, a config file (.py), a plot (.png), '
+                         'metrics.jsonl or a JSON file such as a run config.json')
+    return table
+
+
 def _gene_table(path: str) -> str:
     """A gene directory: `artefacts.describe` and its leaf table (from gene.json; the
     safetensors header is checked against it)."""
@@ -95,13 +226,13 @@ def _gene_table(path: str) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog='jlearngene info', description=__doc__)
     parser.add_argument('variant', nargs='?', help="variant name ('S', 'B/16'; all if omitted), a config "
-                        'file (file.py[:arg]), a checkpoint directory, a training workdir or a gene '
-                        'directory')
+                        'file (file.py[:arg]), a checkpoint directory, a training workdir, a gene '
+                        'directory or a file (timm .safetensors/.npz/.pth, big_vision .npz, .png, '
+                        'metrics.jsonl, config.json)')
     parser.add_argument('--set', action='append', type=parse_override, default=[], metavar='FIELD=VALUE',
                         help='override a config field (repeatable), e.g. --set depth=6')
     args = parser.parse_args(argv)
     overrides = dict(args.set)
-    import os
     target = args.variant or ''
     if target.partition(':')[0].endswith('.py'):
         print(_config_file_table(target))
@@ -110,14 +241,21 @@ def main(argv: list[str]) -> int:
             os.path.exists(os.path.join(target, f)) for f in ('gene.json', 'gene.safetensors')):
         print(_gene_table(target))
         return 0
+    if target and os.path.isdir(target) and not os.listdir(target):
+        raise ValueError(f'{target!r} is an empty directory: not a checkpoint, training workdir or '
+                         'gene directory')
     if target and os.path.isdir(target):
-        from jlearngene.train.checkpoint import CheckpointError
-        try:
-            print(_checkpoint_table(target))
-        except CheckpointError as e:
-            print(f'jlearngene info: {e}')
-            return 1
+        print(_checkpoint_table(target))   # errors: one line on stderr, from jlearngene.cli
         return 0
+    if target and os.path.exists(target):
+        print(_file_table(target))
+        return 0
+    if target and target.partition('/')[0] not in VARIANTS:
+        if os.sep in target or '/' in target or '.' in target:   # a path
+            raise FileNotFoundError(f'{target!r} does not exist')
+        raise FileNotFoundError(f'{target!r} is neither a ViT variant (known: {sorted(VARIANTS)}, '
+                                "optionally with '/patch', e.g. 'S/16') nor an existing file or "
+                                'directory')
     names = [args.variant] if args.variant else list(VARIANTS)
     print(param_table({n: vit_config(n, **overrides) for n in names}))
     return 0

@@ -14,6 +14,8 @@ def plot(workdir: str, out: str | None = None) -> str:
     import matplotlib.pyplot as plt
 
     from jlearngene.train.metrics import read_metrics
+    if not os.path.exists(workdir):
+        raise FileNotFoundError(f'{workdir!r} does not exist')
     records = read_metrics(workdir)
     if not records:
         raise ValueError(f'{workdir!r}: metrics.jsonl has no records yet')
@@ -35,7 +37,9 @@ def plot(workdir: str, out: str | None = None) -> str:
             ax.legend()
     fig.suptitle(os.path.basename(os.path.abspath(workdir)))
     fig.tight_layout()
-    out = out or os.path.join(workdir, 'curves.png')
+    # WORKDIR may be the metrics.jsonl file itself (read_metrics reads either)
+    out = out or os.path.join(workdir if os.path.isdir(workdir) else os.path.dirname(workdir) or '.',
+                              'curves.png')
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
@@ -46,9 +50,5 @@ def main(argv: list[str]) -> int:
     parser.add_argument('workdir')
     parser.add_argument('--out', help='PNG path (default WORKDIR/curves.png)')
     args = parser.parse_args(argv)
-    try:
-        print(plot(args.workdir, args.out))
-    except (FileNotFoundError, ValueError) as e:
-        print(f'jlearngene plot: {e}')
-        return 1
+    print(plot(args.workdir, args.out))   # errors: one line on stderr, from jlearngene.cli
     return 0

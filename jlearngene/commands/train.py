@@ -44,10 +44,36 @@ def parse_flags(argv: list[str], prog: str = 'jlearngene train'):
     return config_args.parse(prog, argv, _flags)
 
 
+def workdir_problem(workdir: str) -> str | None:
+    """Why `workdir` cannot be a run directory (it, or the nearest of its parents that
+    exists, is a file), or None."""
+    path = os.path.abspath(workdir)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if os.path.isdir(path):
+        return None
+    if path == os.path.abspath(workdir):
+        return (f'--workdir {workdir!r} is a file, not a directory (the run writes its config.json, '
+                'metrics and checkpoints into a directory)')
+    return f'--workdir {workdir!r}: {path!r} is a file, not a directory'
+
+
+def check_init(config) -> None:
+    """`config.init`, when set, names a model checkpoint directory (not a file to convert)."""
+    init = config.get('init', '') if hasattr(config, 'get') else ''
+    if init:
+        from jlearngene.commands.convert import check_model_checkpoint
+        check_model_checkpoint(init, '--config.init')
+
+
 def main(argv: list[str], prog: str = 'jlearngene train') -> int:
     fv = parse_flags(argv, prog)
     if not fv.workdir:
         print(f'{prog}: --workdir is required', file=sys.stderr)
+        return 2
+    problem = workdir_problem(fv.workdir)
+    if problem:
+        print(f'{prog}: {problem}', file=sys.stderr)
         return 2
     config = fv.config
     task = config.get('task', 'classification')
@@ -64,6 +90,7 @@ def main(argv: list[str], prog: str = 'jlearngene train') -> int:
     from jlearngene.train.trainer import NonFiniteLossError
     start = time.time()
     try:
+        check_init(config)
         if task == 'experiment':
             from jlearngene.experiments import harness
             results = harness.run(config, fv.workdir, quiet=not fv.progress)

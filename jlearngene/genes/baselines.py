@@ -72,6 +72,7 @@ def _without_theta_a(gene: tleg.Gene) -> tleg.Gene:
     return {'theta_b': gene['theta_b'], 'shared': gene['shared']}
 
 
+@common.forwards_options(tleg.descend)
 def share_init(gene: tleg.Gene, target_cfg: ViTConfig, *, head: str = 'inherit',
                key: jax.Array | None = None, **options: Any) -> Params:
     """Share-Init descendant: every layer is the shared layer θ_B (θ_A ignored if present).
@@ -244,23 +245,32 @@ def _from_model(make: Callable[..., Params], what: str) -> Callable[..., Params]
     def gene_from_model(params: Params, cfg: ViTConfig, **options: Any) -> Params:
         return make(common.check_model(params, cfg, what), **options)
     gene_from_model.__doc__ = make.__doc__
-    return gene_from_model
+    return common.forwards_options(make)(gene_from_model)
 
+
+# Share-Init's gene is TLEG's without θ_A; a layers gene holds the stored layers, the heads
+# and, where chosen, the embeddings; Pre-Fin's is a whole model.
+SHARE_INIT_PARTS = {'theta_b': common.Part(), 'shared': tleg.SHARED_PART}
+LAYERS_PARTS = common.model_parts(embeddings=False)
 
 SCRATCH = common.register(common.Method(
     name='scratch', label='Scratch', source='none', descend=descend_scratch,
     gene_param_count=functools.partial(common.count, include_head=False)))
 SHARE_INIT = common.register(common.Method(
     name='share_init', label='Share-Init', source='learned', init_gene=share_init_gene,
-    materialize=tleg.materialize, descend=share_init, gene_param_count=share_init_param_count))
+    materialize=tleg.materialize, descend=share_init, gene_param_count=share_init_param_count,
+    gene_parts=SHARE_INIT_PARTS))
 HE_LG = common.register(common.Method(
     name='he_lg', label='He-LG', source='model', gene_from_model=_from_model(he_lg_gene, 'he_lg'),
-    descend=descend_he_lg, gene_param_count=functools.partial(common.count, include_head=False)))
+    descend=descend_he_lg, gene_param_count=functools.partial(common.count, include_head=False),
+    gene_parts=LAYERS_PARTS))
 AUTO_LG = common.register(common.Method(
     name='auto_lg', label='Auto-LG', source='model',
     gene_from_model=_from_model(auto_lg_gene, 'auto_lg'), descend=descend_auto_lg,
-    gene_param_count=functools.partial(common.count, include_head=False)))
+    gene_param_count=functools.partial(common.count, include_head=False),
+    gene_parts=LAYERS_PARTS))
 PRE_FIN = common.register(common.Method(
     name='pre_fin', label='Pre-Fin', source='model',
     gene_from_model=_from_model(pre_fin_gene, 'pre_fin'), descend=descend_pre_fin,
-    gene_param_count=functools.partial(common.count, include_head=False), gene_per_target=True))
+    gene_param_count=functools.partial(common.count, include_head=False), gene_per_target=True,
+    gene_parts=common.model_parts()))

@@ -663,4 +663,5 @@ def descend(ancestor: Params, clusters, target_cfg: ViTConfig, *, ancestor_cfg: 
 
 METHOD = common.register(common.Method(
     name='cluster', label='Cluster-LG', source='model', gene_from_model=gene_from_model,
-    descend=descend_gene, gene_param_count=gene_param_count))
+    descend=descend_gene, gene_param_count=gene_param_count,
+    gene_parts=common.model_parts(blocks=('layers',))))

@@ -7,6 +7,7 @@ the checks read only shapes, so they run before anything is drawn and under `jax
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -34,6 +35,115 @@ class GeneError(ValueError):
 
 
 # ----------------------------------------------------------------------------------------
+# The parts of a gene: its structure, checked before any of its arrays is read.
+
+PART_KINDS = {'tree': 'a tree (dict)', 'layers': 'a list of per-layer trees', 'array': 'an array'}
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One named part of a gene (or of a part): the `kinds` it may be ('tree': a dict;
+    'layers': a list of per-layer dicts; 'array': one array), whether it is `required`, and
+    for a tree or the layers of a list its own named `parts` (None: not described further)."""
+    kinds: tuple[str, ...] = ('tree',)
+    required: bool = True
+    parts: Mapping[str, 'Part'] | None = dataclasses.field(default=None, compare=False)
+
+    def __post_init__(self):
+        odd = [k for k in self.kinds if k not in PART_KINDS]
+        if not self.kinds or odd:
+            raise GeneError(f'Part kinds {self.kinds!r}: expected some of {tuple(PART_KINDS)}')
+
+
+_TOP_KINDS = {'patch_embed': 'tree', 'pos_embed': 'array', 'cls_token': 'array',
+              'dist_token': 'array', 'norm': 'tree', 'pre_logits': 'tree', 'head': 'tree',
+              'head_dist': 'tree'}
+
+
+def top_parts(required: Sequence[str] = ()) -> dict[str, Part]:
+    """The embeddings and heads of a params-like tree as parts (`EMBED_KEYS`, `HEAD_KEYS`),
+    optional but for those in `required`."""
+    return {k: Part((_TOP_KINDS[k],), k in required) for k in EMBED_KEYS + HEAD_KEYS}
+
+
+def model_parts(*, blocks: tuple[str, ...] = ('tree',), embeddings: bool = True,
+                pos_embed: bool = True) -> dict[str, Part]:
+    """The parts of a params-like tree: 'blocks' (`blocks`: 'tree' stacked, 'layers' one
+    dict per layer), the patch/position embeddings and final norm (required with
+    `embeddings`; no 'pos_embed' at all without `pos_embed`), prefix tokens, pre-logits
+    layer and heads (optional: they follow the config)."""
+    parts = {'blocks': Part(tuple(blocks)),
+             **top_parts(('patch_embed', 'pos_embed', 'norm') if embeddings else ())}
+    if not pos_embed:
+        del parts['pos_embed']
+    return parts
+
+
+def _kind_of(x: Any) -> str:
+    if isinstance(x, Mapping):
+        return 'tree'
+    if isinstance(x, (list, tuple)):
+        return 'layers'
+    return 'none' if x is None else 'array'
+
+
+def _listing(parts: Mapping[str, Part]) -> str:
+    need = [k for k, p in parts.items() if p.required]
+    rest = [k for k, p in parts.items() if not p.required]
+    return (', '.join(need) if need else 'no required part') + (
+        f" (optional: {', '.join(rest)})" if rest else '')
+
+
+def check_parts(tree: Any, parts: Mapping[str, Part], what: str, holder: str,
+                path: str = '') -> None:
+    """GeneError unless `tree` is a dict with every required part of `parts`, no other key,
+    and each part of its kind (recursively where a part names its own parts). The message
+    starts with `what` and names every missing and unexpected part ('a/b' for nested
+    ones) and what `holder` (e.g. "TLEG's gene") holds; only the containers are read."""
+    here = f"{holder}'s '{path[:-1]}'" if path else holder
+    if not isinstance(tree, Mapping):
+        got = PART_KINDS.get(_kind_of(tree), 'None')
+        raise GeneError(f"{what}: {f'its {path[:-1]!r}' if path else 'it'} is {got}; {here} is a "
+                        f'tree of {_listing(parts)}')
+    missing = [f"'{path}{k}'" for k, p in parts.items() if p.required and k not in tree]
+    extra = [f"'{path}{k}'" for k in sorted(map(str, tree)) if k not in parts]
+    if missing or extra:
+        said = [f"no {', '.join(missing)}"] if missing else []
+        said += [f"unexpected {', '.join(extra)}"] if extra else []
+        raise GeneError(f"{what}: it has {' and '.join(said)}; {here} holds {_listing(parts)}")
+    for k, p in parts.items():
+        if k not in tree:
+            continue
+        kind = _kind_of(tree[k])
+        if kind not in p.kinds:
+            raise GeneError(f"{what}: its '{path}{k}' is {PART_KINDS.get(kind, 'None')}; in "
+                            f"{holder} it is {' or '.join(PART_KINDS[x] for x in p.kinds)}")
+        if p.parts is not None and kind == 'tree':
+            check_parts(tree[k], p.parts, what, holder, f'{path}{k}/')
+        elif p.parts is not None and kind == 'layers':
+            for i, layer in enumerate(tree[k]):
+                check_parts(layer, p.parts, what, holder, f'{path}{k}/{i}/')
+
+
+# ----------------------------------------------------------------------------------------
+# Options: the keywords of a method's verbs.
+
+def forwards_options(to: Callable[..., Any]) -> Callable[[Callable], Callable]:
+    """Decorator for a function whose `**options` go on to `to`: its signature
+    (`inspect.signature`, what `Method.options` reads) lists `to`'s keyword-only parameters
+    in their place, so its options are known and checked by name."""
+    def wrap(fn: Callable) -> Callable:
+        sig = inspect.signature(fn)
+        own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        names = {p.name for p in own}
+        more = [p for p in inspect.signature(to).parameters.values()
+                if p.kind is p.KEYWORD_ONLY and p.name not in names]
+        fn.__signature__ = sig.replace(parameters=own + more)
+        return fn
+    return wrap
+
+
+# ----------------------------------------------------------------------------------------
 # The method record and the registry.
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +164,8 @@ class Method:
         the method stores (S-Params): the gene's leaves that `descend` reads.
       gene_per_target: without a source model, one gene per distinct target shape is stored
         (Pre-Fin pretrains a model at each size).
+      gene_parts: the named parts of the method's gene (`Part`s by key; None exactly for
+        source 'none'); `check_gene` refuses a gene without them, e.g. another method's.
     """
     name: str
     label: str
@@ -64,6 +176,8 @@ class Method:
     materialize: Callable[..., Params] | None = dataclasses.field(default=None, repr=False)
     gene_from_model: Callable[..., Gene] | None = dataclasses.field(default=None, repr=False)
     gene_per_target: bool = False
+    gene_parts: Mapping[str, Part] | None = dataclasses.field(default=None, repr=False,
+                                                              compare=False)
 
     def __post_init__(self):
         if self.source not in SOURCES:
@@ -75,6 +189,46 @@ class Method:
             if given != (verb in need):
                 raise GeneError(f"method {self.name!r} with source={self.source!r} "
                                 f"{'needs' if verb in need else 'takes no'} {verb}")
+        if (self.gene_parts is None) != (self.source == 'none'):
+            raise GeneError(f"method {self.name!r} with source={self.source!r} "
+                            f"{'takes no' if self.source == 'none' else 'needs'} gene_parts "
+                            '(the parts of its gene, for check_gene)')
+
+    def check_gene(self, gene: Any) -> None:
+        """GeneError unless `gene` has the parts of this method's gene (`gene_parts`; None
+        for source 'none'), naming the method and every missing or unexpected part. Reads
+        only the containers, so it runs before anything reads the gene's arrays."""
+        what = f'not a gene of {self.label} ({self.name!r})'
+        if self.source == 'none':
+            if gene is not None:
+                raise GeneError(f'{what}: {self.label} has no gene (None), got '
+                                f'{PART_KINDS.get(_kind_of(gene), type(gene).__name__)}')
+            return
+        check_parts(gene, self.gene_parts, what, f"{self.label}'s gene")
+
+    def options(self, verb: str = 'descend') -> tuple[str, ...] | None:
+        """The keyword options of `verb` ('descend', 'gene_from_model' or 'init_gene'): its
+        parameters after the leading gene/params and config ('key' excluded); None where it
+        takes any keywords (`**options` not declared with `forwards_options`)."""
+        fn = getattr(self, verb, None)
+        if fn is None:
+            raise GeneError(f'{self.label} ({self.name!r}, source {self.source!r}) has no {verb}')
+        params = list(inspect.signature(fn).parameters.values())
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return None
+        return tuple(p.name for p in params[2:] if p.name != 'key' and p.kind is not p.VAR_POSITIONAL)
+
+    def check_options(self, options: Mapping[str, Any], verb: str = 'descend',
+                      flag: str = '--option') -> None:
+        """GeneError naming the first of `options` that `verb` does not take, and the ones it
+        does."""
+        known = self.options(verb)
+        if known is None:
+            return
+        for name in options:
+            if name not in known:
+                raise GeneError(f'{flag} {name}: {self.label} ({self.name!r}) {verb} has no option '
+                                f"{name!r}; its options: {', '.join(known) or 'none'}")
 
     def gene_shapes(self, cfg: ViTConfig, **options: Any) -> Gene:
         """Shapes of the gene (`jax.ShapeDtypeStruct` leaves; None for source 'none') that
@@ -176,7 +330,10 @@ def check_no_pre_logits(source: ViTConfig | Mapping[str, Any], what: str) -> Non
 
 
 def check_model(params: Params, cfg: ViTConfig, what: str) -> Params:
-    """`params` in the stacked layout, checked to be a whole model of config `cfg`."""
+    """`params` in the stacked layout, checked to be a whole model of config `cfg` (its
+    parts first: `model_parts`)."""
+    check_parts(params, model_parts(blocks=('tree', 'layers')), f"{what}: not a model's params",
+                'a model')
     params = stacked(params, what)
     want = target_shapes(cfg)
     if layout.depth_of(params) != cfg.depth:

@@ -470,9 +470,10 @@ def _descend_with(fn: Callable[..., Params], name: str):
                              what=name, key=k_fresh, head=head, embeddings=embeddings)
     descend.__doc__ = (f'Grow the small model `gene` into `target_cfg` by `{fn.__name__}` '
                        "(options passed on); head='inherit'|'new', embeddings='inherit'|'random'.")
-    return descend
+    return common.forwards_options(fn)(descend)
 
 
+@common.forwards_options(ligo_init_operator)
 def ligo_gene(params: Params, cfg: ViTConfig, *, large_cfg: ViTConfig | None = None,
               operator: Params | None = None, key: jax.Array | None = None,
               **init_options: Any) -> Params:
@@ -508,15 +509,23 @@ def operator_gene_param_count(gene: Params, *, include_head: bool = False) -> in
 
 
 _SMALL_COUNT = functools.partial(common.count, include_head=False)
+# The gene of Net2Net, StackBERT and bert2BERT is the small model; LiGO's and Mango's add the
+# learned operator.
+SMALL_PARTS = common.model_parts()
+OPERATOR_PARTS = {'small': common.Part(parts=common.model_parts()), 'operator': common.Part()}
 NET2NET = common.register(common.Method(
     name='net2net', label='Net2Net', source='model', gene_from_model=_small_gene,
-    descend=_descend_with(net2net, 'net2net'), gene_param_count=_SMALL_COUNT))
+    descend=_descend_with(net2net, 'net2net'), gene_param_count=_SMALL_COUNT,
+    gene_parts=SMALL_PARTS))
 STACKBERT = common.register(common.Method(
     name='stackbert', label='StackBERT', source='model', gene_from_model=_small_gene,
-    descend=_descend_with(stackbert, 'stackbert'), gene_param_count=_SMALL_COUNT))
+    descend=_descend_with(stackbert, 'stackbert'), gene_param_count=_SMALL_COUNT,
+    gene_parts=SMALL_PARTS))
 BERT2BERT = common.register(common.Method(
     name='bert2bert', label='bert2BERT', source='model', gene_from_model=_small_gene,
-    descend=_descend_with(bert2bert, 'bert2bert'), gene_param_count=_SMALL_COUNT))
+    descend=_descend_with(bert2bert, 'bert2bert'), gene_param_count=_SMALL_COUNT,
+    gene_parts=SMALL_PARTS))
 LIGO = common.register(common.Method(
     name='ligo', label='LiGO', source='model', gene_from_model=ligo_gene,
-    descend=descend_ligo, gene_param_count=operator_gene_param_count))
+    descend=descend_ligo, gene_param_count=operator_gene_param_count,
+    gene_parts=OPERATOR_PARTS))

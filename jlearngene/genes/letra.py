@@ -788,6 +788,15 @@ def to_official(gene: Gene) -> dict[str, np.ndarray]:
     return sd
 
 
+# The gene's parts (`common.Part`); a width matrix without new rows is absent.
+GENE_PARTS = {
+    'learngene': common.Part(parts=common.model_parts(pos_embed=False)),
+    'width': common.Part(parts={k: common.Part(('array',), required=False) for k in WIDTH_KEYS}),
+    'depth': common.Part(parts={m: common.Part(required=False) for m in MODULES}),
+    'pos_embed': common.Part(('array',)),
+}
+
 METHOD = common.register(common.Method(
     name='letra', label='LeTra', source='learned', init_gene=init_gene, materialize=materialize,
-    descend=descend, gene_param_count=functools.partial(gene_param_count, include_head=False)))
+    descend=descend, gene_param_count=functools.partial(gene_param_count, include_head=False),
+    gene_parts=GENE_PARTS))

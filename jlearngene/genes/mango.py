@@ -377,6 +377,7 @@ def operator_cost(small_cfg: ViTConfig, large_cfg: ViTConfig, rank: int) -> dict
 # ----------------------------------------------------------------------------------------
 # Method contract.
 
+@common.forwards_options(init_operator)
 def gene_from_model(params: Params, cfg: ViTConfig, *, large_cfg: ViTConfig | None = None,
                     operator: Operator | None = None, rank: int = 1,
                     key: jax.Array | None = None, **init_options: Any) -> Params:
@@ -393,6 +394,7 @@ def gene_from_model(params: Params, cfg: ViTConfig, *, large_cfg: ViTConfig | No
     return {'small': small, 'operator': operator}
 
 
+@common.forwards_options(grow)
 def descend(gene: Params, target_cfg: ViTConfig, *, key: jax.Array | None = None,
             head: str = 'inherit', embeddings: str | None = None, **options: Any) -> Params:
     """The large model grown by the gene's operator (`grow`, whose options pass through);
@@ -405,4 +407,5 @@ def descend(gene: Params, target_cfg: ViTConfig, *, key: jax.Array | None = None
 
 METHOD = common.register(common.Method(
     name='mango', label='Mango', source='model', gene_from_model=gene_from_model,
-    descend=descend, gene_param_count=growth.operator_gene_param_count))
+    descend=descend, gene_param_count=growth.operator_gene_param_count,
+    gene_parts=growth.OPERATOR_PARTS))

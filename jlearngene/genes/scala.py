@@ -471,14 +471,18 @@ def gene_param_count(gene: Params, *, include_head: bool = False) -> int:
     return common.count(gene, include_head=include_head)
 
 
+# The gene is the whole slimmable network (every sub-network lives in it).
+GENE_PARTS = common.model_parts(blocks=('tree', 'layers'))
+
 METHOD = common.register(common.Method(
     name='scala', label='Scala', source='learned', descend=descend,
-    gene_param_count=gene_param_count, init_gene=init_gene, materialize=_materializer(descend)))
+    gene_param_count=gene_param_count, init_gene=init_gene, materialize=_materializer(descend),
+    gene_parts=GENE_PARTS))
 US_NET = common.register(common.Method(
     name='us_net', label='US-Net', source='learned', descend=descend_us_net,
     gene_param_count=gene_param_count, init_gene=init_gene,
-    materialize=_materializer(descend_us_net)))
+    materialize=_materializer(descend_us_net), gene_parts=GENE_PARTS))
 MATFORMER = common.register(common.Method(
     name='matformer', label='MatFormer', source='learned', descend=descend_matformer,
     gene_param_count=gene_param_count, init_gene=init_gene,
-    materialize=_materializer(descend_matformer)))
+    materialize=_materializer(descend_matformer), gene_parts=GENE_PARTS))

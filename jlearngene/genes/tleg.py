@@ -321,6 +321,13 @@ def gene_param_count(gene: Gene, *, include_head: bool = True) -> int:
             + common.count(shared, include_head=include_head))
 
 
+# The gene's parts (`common.Part`): θ_B and the shared params, θ_A where it is not ≡ 0.
+SHARED_PART = common.Part(parts={**common.top_parts(), 'blocks': common.Part(required=False),
+                                 'prefix': common.Part(required=False)})
+GENE_PARTS = {'theta_a': common.Part(required=False), 'theta_b': common.Part(),
+              'shared': SHARED_PART}
+
 METHOD = common.register(common.Method(
     name='tleg', label='TLEG', source='learned', init_gene=init_gene, materialize=materialize,
-    descend=descend, gene_param_count=functools.partial(gene_param_count, include_head=False)))
+    descend=descend, gene_param_count=functools.partial(gene_param_count, include_head=False),
+    gene_parts=GENE_PARTS))

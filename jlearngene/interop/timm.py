@@ -549,6 +549,41 @@ def load_state_dict(path: str | os.PathLike) -> StateDict:
     return {k: v.astype(np.float32) if v.dtype.name == 'bfloat16' else v for k, v in sd.items()}
 
 
+FILE_KINDS = ('safetensors', 'npz', 'torch', 'empty', 'unknown')
+
+
+def file_kind(path: str | os.PathLike) -> str:
+    """What an existing file holds, from its first bytes (not its name): 'safetensors' (an
+    8-byte header length and a JSON header), 'npz' (a zip archive of .npy arrays), 'torch'
+    (a torch zip archive or pickle), 'empty' (0 bytes) or 'unknown'. FileNotFoundError for
+    a path that does not exist, IsADirectoryError for a directory."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f'{path!r} is a directory, not a file')
+    if not os.path.exists(path):
+        raise FileNotFoundError(f'{path!r} does not exist')
+    size = os.path.getsize(path)
+    with open(path, 'rb') as fh:
+        head = fh.read(9)
+    if not head:
+        return 'empty' if size == 0 else 'unknown'
+    if len(head) == 9 and head[8:9] == b'{' and int.from_bytes(head[:8], 'little') <= size - 8:
+        return 'safetensors'
+    if head[:4] in (b'PK\x03\x04', b'PK\x05\x06'):    # a zip archive: .npz, or torch.save's
+        import zipfile
+        try:
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+        except (zipfile.BadZipFile, OSError, ValueError):
+            return 'unknown'
+        if any(n == 'data.pkl' or n.endswith('/data.pkl') for n in names):
+            return 'torch'
+        return 'npz' if all(n.endswith('.npy') for n in names) else 'unknown'
+    if head[:1] == b'\x80' and 2 <= head[1] <= 5:    # a pickle (torch.save's legacy format)
+        return 'torch'
+    return 'unknown'
+
+
 def _unreadable(path: str, kind: str, e: BaseException | str) -> StateDictError:
     reason = e if isinstance(e, str) else f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'
     return StateDictError(f'{path!r} is not a readable {kind} file ({reason}); it is empty, '

@@ -136,7 +136,12 @@ class ViTConfig:
         return self.num_patches + self.num_prefix_tokens
 
     def replace(self, **changes: Any) -> 'ViTConfig':
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again); ConfigError for a field that
+        ViTConfig does not have."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ConfigError(f'ViTConfig has no field(s) {unknown}; known fields: {sorted(known)}')
         if 'pool' in changes and 'class_token' not in changes:
             changes['class_token'] = None
         if ('head_dim' not in changes and ('width' in changes or 'num_heads' in changes)

@@ -29,7 +29,6 @@ unreadable files are folded into it instead of being printed.
 from __future__ import annotations
 
 import base64
-import contextlib
 import gc
 import glob
 import json
@@ -38,8 +37,9 @@ import os
 import re
 import shutil
 import sys
+import warnings
 import zlib
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -269,37 +269,49 @@ def _drop_read_aftermath() -> None:
 
 
 class _Unretrieved(logging.Filter):
-    """Drops asyncio's report of a task whose exception nobody awaited (orbax's tasks of
-    a read that failed; the failure itself is raised as a CheckpointError)."""
+    """Drops asyncio's report of a task or future whose exception nobody awaited (orbax's
+    tasks of a read that failed; the failure itself is raised as a CheckpointError)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith('Task exception was never retrieved')
+        return not record.getMessage().startswith(('Task exception was never retrieved',
+                                                    'Future exception was never retrieved'))
 
 
 _UNRETRIEVED = _Unretrieved()
 
 
-@contextlib.contextmanager
-def _orbax_read():
-    """Around an orbax read: its absl warnings are collected (the caller folds them into
-    the CheckpointError it raises; after a read that succeeded they are logged at INFO);
-    after a failed read its abandoned coroutines are collected at once, and the
-    'Event loop is closed' / 'Task exception was never retrieved' debris of its tasks is
-    not printed (`_drop_read_aftermath`, `_UNRETRIEVED`)."""
+def _orbax_read(read: Callable[[list[str]], Any], where: str | None = None) -> Any:
+    """`read(messages)`: an orbax read. Its absl warnings are collected into `messages` (the
+    read folds them into a CheckpointError it raises; after a read that succeeded they are
+    logged at INFO). Any other exception becomes a CorruptCheckpointError for `where` (when
+    given). After a failed read its abandoned tasks and futures are collected before this
+    returns, with their 'Event loop is closed' / 'exception was never retrieved' debris not
+    printed (`_drop_read_aftermath`, `_UNRETRIEVED`): orbax's own exception, whose traceback
+    holds them, is dropped first (the error raised names its cause in its message)."""
     collect = _Collect()
     logger, tasks = logging.getLogger('absl'), logging.getLogger('asyncio')
     logger.addFilter(collect)
     tasks.addFilter(_UNRETRIEVED)   # the failed read's tasks, garbage-collected on its loop
     try:
-        yield collect.messages
-    except BaseException:
+        error = None
+        try:
+            result = read(collect.messages)
+        except CheckpointError as e:
+            error = e.with_traceback(None)
+        except Exception as e:  # noqa: BLE001 - orbax raises many kinds
+            if where is None:
+                raise
+            error = _load_error(where, e, collect.messages)
+        if error is None:
+            for level, m in dict.fromkeys(collect.records):
+                logging.getLogger(__name__).log(logging.WARNING if level >= logging.ERROR else logging.INFO,
+                                                'orbax: %s', _short(m, 400))
+            return result
         _drop_read_aftermath()
-        gc.collect()   # the abandoned coroutines and tasks, now rather than at some later step
-        raise
-    else:
-        for level, m in dict.fromkeys(collect.records):
-            logging.getLogger(__name__).log(logging.WARNING if level >= logging.ERROR else logging.INFO,
-                                            'orbax: %s', _short(m, 400))
+        with warnings.catch_warnings():   # the abandoned coroutines, tasks and futures, now
+            warnings.filterwarnings('ignore', r'coroutine .* was never awaited', RuntimeWarning)
+            gc.collect()
+        raise error
     finally:
         logger.removeFilter(collect)
         tasks.removeFilter(_UNRETRIEVED)
@@ -434,18 +446,16 @@ def model_metadata(path: str) -> dict:
     _check_exists(path, 'model checkpoint')
     where = f'model checkpoint {path!r}'
     _check_array_store(os.path.join(path, 'params'), where)
-    try:
-        with _orbax_read() as messages:
-            meta = ocp.checkpointables_metadata(path)
-            custom = meta.custom_metadata or {}
-            if custom.get('format') is None and messages:   # the metadata file is unreadable
-                raise _unreadable(where, messages)
-            if meta.metadata.get('params', ...) is None:  # orbax logs the reason and returns None
-                raise _unreadable(where, messages)
-    except CheckpointError:
-        raise
-    except Exception as e:  # noqa: BLE001 - orbax raises many kinds
-        raise _load_error(where, e, messages) from e
+
+    def read(messages):
+        meta = ocp.checkpointables_metadata(path)
+        custom = meta.custom_metadata or {}
+        if custom.get('format') is None and messages:   # the metadata file is unreadable
+            raise _unreadable(where, messages)
+        if meta.metadata.get('params', ...) is None:  # orbax logs the reason and returns None
+            raise _unreadable(where, messages)
+        return meta, custom
+    meta, custom = _orbax_read(read, where)
     if custom.get('format') != MODEL_FORMAT or 'params' not in meta.metadata:
         raise CheckpointError(f'{path!r} is not a jlearngene model checkpoint '
                               f"(format {custom.get('format')!r}; a run checkpoint? use RunCheckpointer)")
@@ -467,11 +477,9 @@ def load_model(path: str, *, expect_cfg: ViTConfig | None = None, sharding=None)
         if cfg is None:
             raise CheckpointError(f'model checkpoint {path!r} stores no model config')
         config_mismatch(cfg, expect_cfg, f'model checkpoint {path!r}')
-    try:
-        with _orbax_read() as messages:
-            params = ocp.load_checkpointables(path, {'params': _abstract(meta['arrays'], sharding)})['params']
-    except Exception as e:  # noqa: BLE001
-        raise _load_error(f'model checkpoint {path!r}', e, messages) from e
+    params = _orbax_read(
+        lambda _: ocp.load_checkpointables(path, {'params': _abstract(meta['arrays'], sharding)})['params'],
+        f'model checkpoint {path!r}')
     _verify(params, meta.get('digest'), f'model checkpoint {path!r}')
     return params, cfg, from_json(meta.get('extra') or {})
 
@@ -501,19 +509,16 @@ class RunCheckpointer:
             policies.append(pp.BestN(get_metric_fn=lambda m: m[best_metric], reverse=(best_mode == 'min'),
                                      n=keep_best, keep_checkpoints_without_metrics=False))
         os.makedirs(self.directory, exist_ok=True)
-        with _orbax_read():   # listing reads every step's metadata file
-            self._ckpt = ocp.training.Checkpointer(
-                self.directory, preservation_policy=pp.AnyPreservationPolicy(policies),
-                context=_context())
+        self._ckpt = _orbax_read(   # listing reads every step's metadata file
+            lambda _: ocp.training.Checkpointer(self.directory, context=_context(),
+                                                preservation_policy=pp.AnyPreservationPolicy(policies)))
 
     # -- queries ----------------------------------------------------------------------
     def steps(self) -> list[int]:
-        with _orbax_read():
-            return sorted(c.step for c in self._ckpt.checkpoints)
+        return _orbax_read(lambda _: sorted(c.step for c in self._ckpt.checkpoints))
 
     def latest_step(self) -> int | None:
-        with _orbax_read():
-            latest = self._ckpt.latest
+        latest = _orbax_read(lambda _: self._ckpt.latest)
         return None if latest is None else int(latest.step)
 
     def best_step(self) -> int | None:
@@ -532,15 +537,13 @@ class RunCheckpointer:
         path = self._path(step)
         _check_exists(path, 'run checkpoint')
         _check_array_store(os.path.join(path, 'state'), f'run checkpoint {path!r}')
-        try:
-            with _orbax_read() as messages:
-                custom = self._ckpt.metadata(step).custom_metadata or {}
-                if custom.get('format') is None and messages:   # an unreadable metadata file
-                    raise _unreadable(f'run checkpoint {path!r}', messages)
-        except CheckpointError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise _load_error(f'run checkpoint {path!r}', e, messages) from e
+
+        def read(messages):
+            custom = self._ckpt.metadata(step).custom_metadata or {}
+            if custom.get('format') is None and messages:   # an unreadable metadata file
+                raise _unreadable(f'run checkpoint {path!r}', messages)
+            return custom
+        custom = _orbax_read(read, f'run checkpoint {path!r}')
         fmt = custom.get('format')
         if fmt == 'jlearngene.run/1':
             raise CheckpointError(f"run checkpoint {path!r} has the format 'jlearngene.run/1' (flat "
@@ -572,16 +575,13 @@ class RunCheckpointer:
         """{path: orbax ArrayMetadata} of the stored state."""
         path = self._path(step)
         _check_array_store(os.path.join(path, 'state'), f'run checkpoint {path!r}')
-        try:
-            with _orbax_read() as messages:
-                arrays = self._ckpt.checkpointables_metadata(step).metadata['state']
-                if arrays is None:  # orbax logs the reason and returns None
-                    raise _unreadable(f'run checkpoint {path!r}', messages)
-        except CheckpointError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise _load_error(f'run checkpoint {path!r}', e, messages) from e
-        return pytree.flatten(arrays)
+
+        def read(messages):
+            arrays = self._ckpt.checkpointables_metadata(step).metadata['state']
+            if arrays is None:  # orbax logs the reason and returns None
+                raise _unreadable(f'run checkpoint {path!r}', messages)
+            return arrays
+        return pytree.flatten(_orbax_read(read, f'run checkpoint {path!r}'))
 
     # -- save / restore ---------------------------------------------------------------
     def save(self, step: int, state, *, data_state: Any = None, config: Mapping | None = None,
@@ -619,11 +619,11 @@ class RunCheckpointer:
         abstract = pytree.unflatten({
             p: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=getattr(x, 'sharding', None) or default)
             for p, x in target.items()})
-        try:
-            with _context(partial_load=True), _orbax_read() as messages:
-                loaded = ocp.load_checkpointables(path, {'state': abstract})['state']
-        except Exception as e:  # noqa: BLE001
-            raise _load_error(where, e, messages) from e
+
+        def read(_):
+            with _context(partial_load=True):
+                return ocp.load_checkpointables(path, {'state': abstract})['state']
+        loaded = _orbax_read(read, where)
         flat = pytree.flatten(loaded)
         _verify_checksums(flat, meta.get('checksums') or {}, where)
         meta = dict(meta)

@@ -1,5 +1,8 @@
 """Metric output of a run: JSONL in the workdir, console lines, a tqdm bar, TensorBoard.
 
+Console lines go to stdout with the run's other results; the progress bar goes to stderr,
+with the errors, so that stdout redirected to a file holds no bar redraws.
+
 Console lines: `[train] step N  loss=...`, `[ eval] step N  eval/accuracy=...` and run
 events such as `[  run] step N  resumed from DIR at step N` (`MetricWriter.event`).
 
@@ -122,8 +125,8 @@ def read_metrics(workdir: str, kind: str | None = None) -> list[dict]:
 
 
 class Progress:
-    """tqdm bar over steps (shows steps/s and ETA); a no-op when disabled and on every
-    process but process 0 (unless `primary` says otherwise)."""
+    """tqdm bar over steps on stderr (shows steps/s and ETA); a no-op when disabled and on
+    every process but process 0 (unless `primary` says otherwise)."""
 
     def __init__(self, total: int, initial: int = 0, enabled: bool = True,
                  primary: bool | None = None):
@@ -131,7 +134,7 @@ class Progress:
         if enabled and (distributed.is_main_process() if primary is None else primary):
             from tqdm.auto import tqdm
             self._bar = tqdm(total=total, initial=initial, unit='step', dynamic_ncols=True,
-                             smoothing=0.1, file=sys.stdout)
+                             smoothing=0.1, file=sys.stderr)
 
     def update(self, n: int = 1, **postfix) -> None:
         if self._bar is not None:
