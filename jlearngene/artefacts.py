@@ -11,7 +11,8 @@ A gene directory holds two files:
   small model; 'target' where a gene makes one shape only, e.g. Mango's large model),
   `tree` (the gene's containers: objects, lists, and each leaf's array key, so genes whose
   structure carries metadata, e.g. Cluster-Learngene's per-layer centroid heads, come back
-  as they were), `arrays` (shape and dtype per key), `params` (stored parameters and
+  as they were), `arrays` (shape, dtype and `sha256` of the array's little-endian bytes
+  per key; files written before jlearngene stored checksums have none), `params` (stored parameters and
   S-Params), `gene_options` (how it was made) and `descend_options` (defaults for
   `descend`, e.g. Scala's smallest width ratio), and `provenance` ('created', 'by', and
   whatever the writer adds: the run, the data, the source checkpoint).
@@ -20,7 +21,8 @@ A gene directory holds two files:
 JSON). A reader accepts every `format_version` up to its own, whatever jlearngene version
 wrote the file; a newer format, a missing or corrupt file, arrays that disagree with the
 JSON or are not a gene of the named method are a `GeneFileError` naming the file and the
-problem in one line.
+problem in one line; so is an array whose bytes do not match its `sha256` (a damaged file:
+the error names the array).
 
 `descendant_config` turns a request (width, depth, heads, MLP size, config overrides) into
 the target config the gene's method accepts, or a `NoDescendant` error naming the request's
@@ -34,9 +36,11 @@ import datetime
 import inspect
 import json
 import math
+import hashlib
 import os
+import re
+import secrets
 import shutil
-import tempfile
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -53,6 +57,7 @@ META_FILE = 'gene.json'
 ARRAYS_FILE = 'gene.safetensors'
 _DTYPES = ('float64', 'float32', 'float16', 'int64', 'int32', 'int16', 'int8', 'uint8', 'bool')
 _FIELDS = ('format', 'format_version', 'method', 'configs', 'tree', 'arrays')
+_SHA256 = re.compile(r'[0-9a-f]{64}')
 
 
 class GeneFileError(ValueError):
@@ -130,6 +135,45 @@ def _rebuild(skeleton: Any, leaves: Mapping[str, Any]) -> Any:
     return None if skeleton is None else leaves[skeleton]
 
 
+def checksum(a: np.ndarray) -> str:
+    """The sha256 (hex) of an array's bytes as a gene file stores them: C order,
+    little-endian."""
+    a = np.asarray(a)
+    return hashlib.sha256(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder('<')).tobytes()).hexdigest()
+
+
+def has_checksums(meta: Mapping[str, Any]) -> bool:
+    """Whether `gene.json` carries a sha256 of its arrays (files written before
+    checksums were stored carry none, and are read unchecked)."""
+    return any('sha256' in v for v in meta['arrays'].values())
+
+
+def _umask() -> int:
+    """The process umask (read without changing it where /proc tells it)."""
+    try:
+        with open('/proc/self/status') as f:
+            for line in f:
+                if line.startswith('Umask:'):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _make_tmp_dir(parent: str, name: str) -> str:
+    """A new empty directory beside `name` in `parent`, made as `os.makedirs` would (its
+    mode respects the umask, unlike `tempfile.mkdtemp`'s 0700)."""
+    while True:
+        tmp = os.path.join(parent, f'.{name}.{secrets.token_hex(4)}.tmp')
+        try:
+            os.mkdir(tmp)
+            return tmp
+        except FileExistsError:
+            continue
+
+
 def _method(method: str | Method) -> Method:
     return genes.get(method) if isinstance(method, str) else method
 
@@ -200,17 +244,22 @@ def save_gene(path: str | os.PathLike, method: str | Method, gene: Any, *,
         'gene_options': jsonable(dict(gene_options or {}), 'gene_options'),
         'descend_options': jsonable(dict(descend_options or {}), 'descend_options'),
         'tree': skeleton,
-        'arrays': {k: {'shape': list(a.shape), 'dtype': a.dtype.name} for k, a in arrays.items()},
+        'arrays': {k: {'shape': list(a.shape), 'dtype': a.dtype.name, 'sha256': checksum(a)}
+                   for k, a in arrays.items()},
         'params': counts,
         'provenance': {'created': created, 'by': f'jlearngene {jlearngene.__version__}',
                        **jsonable(dict(provenance or {}), 'provenance')},
     }
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f'.{os.path.basename(path)}.', dir=parent)
+    tmp = _make_tmp_dir(parent, os.path.basename(path))
     try:
-        safetensors.numpy.save_file(arrays, os.path.join(tmp, ARRAYS_FILE),
-                                    metadata={'format': FORMAT, 'method': m.name})
+        # bytes written with open(), so the file's mode respects the umask (safetensors'
+        # save_file makes it 0600)
+        data = safetensors.numpy.save(arrays, metadata={'format': FORMAT, 'method': m.name})
+        with open(os.path.join(tmp, ARRAYS_FILE), 'wb') as f:
+            f.write(data)
+        del data
         with open(os.path.join(tmp, META_FILE), 'w') as f:
             json.dump(meta, f, indent=1)
             f.write('\n')
@@ -275,6 +324,17 @@ def read_meta(path: str | os.PathLike) -> dict:
     if keys != set(meta['arrays']):
         odd = sorted(keys ^ set(meta['arrays']))
         raise GeneFileError(f"{file}: its tree and its arrays list different keys (e.g. {odd[0]!r})")
+    for k, v in meta['arrays'].items():
+        if not isinstance(v, dict):
+            raise GeneFileError(f'{file}: arrays[{k!r}] is a JSON {type(v).__name__}, not an object')
+    if has_checksums(meta):
+        for k, v in meta['arrays'].items():
+            if 'sha256' not in v:
+                raise GeneFileError(f"{file}: arrays[{k!r}] has no sha256, though other arrays "
+                                    'have one; the file was edited')
+            if not isinstance(v['sha256'], str) or not _SHA256.fullmatch(v['sha256']):
+                raise GeneFileError(f"{file}: arrays[{k!r}].sha256 {v['sha256']!r} is not a "
+                                    'sha256 hex digest (64 lowercase hex digits)')
     method = genes.get(meta['method'])
     try:
         _counts(method, gene_shapes(meta))
@@ -361,6 +421,10 @@ def load_gene(path: str | os.PathLike) -> tuple[Method, Any, dict]:
         if arrays[k].dtype.name != v['dtype']:
             raise GeneFileError(f"{file}: array {k!r} is {arrays[k].dtype.name} but {META_FILE} "
                                 f"says {v['dtype']}")
+        if 'sha256' in v and checksum(arrays[k]) != v['sha256']:
+            raise GeneFileError(f"{file}: array {k!r} is damaged: its bytes' sha256 "
+                                f"{checksum(arrays[k])[:12]}... is not {v['sha256'][:12]}... that "
+                                f'{META_FILE} records; restore the file or write the gene again')
     method = genes.get(meta['method'])
     gene = _rebuild(meta['tree'], arrays)
     _check_method(method, gene, file)
@@ -592,6 +656,8 @@ def describe(meta: Mapping[str, Any], *, probe: bool = True) -> str:
     if p:
         lines.append(f"stored parameters: {p['stored']:,} in {len(meta['arrays'])} arrays; "
                      f"S-Params {p['s_params']:,} ({p['s_params_with_head']:,} with the head)")
+    lines.append('checksums: a sha256 of every array, verified at load' if has_checksums(meta) else
+                 'checksums: none (an older gene file; its arrays are read unverified)')
     for key in ('gene_options', 'descend_options', 'provenance'):
         if meta.get(key):
             lines.append(f'{key.replace("_", " ")}: {json.dumps(meta[key])[:300]}')
@@ -660,6 +726,7 @@ def write_descendant(out: str | os.PathLike, params: Any, cfg: ViTConfig, *, met
         result['timm'] = os.path.abspath(T.save_safetensors(
             sd, to_timm, metadata={'jlearngene_config': json.dumps(cfg.to_dict()), 'timm_class': cls,
                                    'timm_kwargs': json.dumps(result['timm_kwargs'])}))
+        os.chmod(result['timm'], 0o666 & ~_umask())    # safetensors' save_file makes it 0600
     return result
 
 

@@ -306,3 +306,84 @@ def test_gene_command_from_a_run_and_from_a_model(tmp_path, capsys):
     assert cli.main(['gene', '--method', 'tleg', '--from-model', model,
                      '--out', str(tmp_path / 'x')]) == 1
     assert "TLEG (source 'learned')" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------
+# Checksums: a damaged array is named; files without checksums still load.
+
+def _flip_bytes_in(src, dst, n=100):
+    """A copy of gene directory `src` with `n` bytes flipped inside the data of the array
+    stored last in gene.safetensors; returns (dst, that array's key)."""
+    dst = corrupt_copy(src, dst)
+    file = os.path.join(dst, artefacts.ARRAYS_FILE)
+    data = bytearray(open(file, 'rb').read())
+    size = int.from_bytes(data[:8], 'little')
+    header = json.loads(data[8:8 + size])
+    key = max((k for k in header if k != '__metadata__'), key=lambda k: header[k]['data_offsets'][1])
+    start, end = (8 + size + o for o in header[key]['data_offsets'])
+    for i in np.random.default_rng(0).choice(np.arange(start, end), min(n, end - start), replace=False):
+        data[i] ^= 0xFF
+    open(file, 'wb').write(bytes(data))
+    return dst, key
+
+
+def test_flipped_bytes_in_the_arrays_are_refused_naming_the_array(letra_dir, tmp_path, capsys):
+    bad, key = _flip_bytes_in(letra_dir[0], str(tmp_path / 'bad'))
+    file = os.path.join(bad, artefacts.ARRAYS_FILE)
+    with pytest.raises(GeneFileError, match=re.escape(file) + f".*{re.escape(repr(key))}.*damaged") as e:
+        artefacts.load_gene(bad)
+    assert '\n' not in str(e.value)
+    out = str(tmp_path / 'des')
+    assert cli.main(['descend', bad, '--out', out]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and file in err[0] and repr(key) in err[0]
+    assert not os.path.exists(out)
+    meta = artefacts.read_meta(letra_dir[0])          # every array carries one
+    assert all(len(v['sha256']) == 64 for v in meta['arrays'].values())
+
+
+def test_gene_files_without_checksums_still_load(letra_dir, tmp_path, capsys):
+    def no_checksums(meta):
+        for v in meta['arrays'].values():
+            v.pop('sha256')
+    old = corrupt_copy(letra_dir[0], str(tmp_path / 'old'), edit=no_checksums)
+    method, gene, meta = artefacts.load_gene(old)
+    assert method.name == 'letra' and not artefacts.has_checksums(meta)
+    chex.assert_trees_all_equal(gene, jax.device_get(letra_dir[1]))
+    assert cli.main(['info', old]) == 0
+    assert 'checksums: none' in capsys.readouterr().out
+    assert cli.main(['info', letra_dir[0]]) == 0
+    assert 'checksums: a sha256 of every array' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('edit,message', [
+    (lambda m: m['arrays']['pos_embed'].update(sha256='abc'), r"'pos_embed'.*'abc'.*sha256"),
+    (lambda m: m['arrays']['pos_embed'].pop('sha256'), r"'pos_embed'.*no sha256"),
+    (lambda m: m['arrays']['pos_embed'].update(sha256='0' * 64), r"'pos_embed'.*damaged"),
+], ids=['not_a_digest', 'one_missing', 'wrong'])
+def test_bad_checksum_fields_are_one_line_errors(letra_dir, tmp_path, edit, message):
+    bad = corrupt_copy(letra_dir[0], str(tmp_path / 'bad'), edit=edit)
+    with pytest.raises(GeneFileError, match=message) as e:
+        artefacts.load_gene(bad)
+    assert '\n' not in str(e.value) and bad in str(e.value)
+
+
+# ----------------------------------------------------------------------------------------
+# Permissions: gene directories and .safetensors files as the umask makes every other file.
+
+@pytest.mark.parametrize('umask', [0o022, 0o077])
+def test_gene_and_timm_files_get_the_umask_modes(letra_dir, tmp_path, umask, capsys):
+    old = os.umask(umask)
+    try:
+        path = artefacts.save_gene(tmp_path / 'g', 'letra', letra_dir[1], configs={'source': AUX})
+        pt = str(tmp_path / 'des.safetensors')
+        assert cli.main(['descend', path, '--out', str(tmp_path / 'des'), '--to-timm', pt]) == 0
+        capsys.readouterr()
+    finally:
+        os.umask(old)
+    mode = lambda p: oct(os.stat(p).st_mode & 0o777)            # noqa: E731
+    assert mode(path) == oct(0o777 & ~umask)
+    for f in (artefacts.META_FILE, artefacts.ARRAYS_FILE):
+        assert mode(os.path.join(path, f)) == oct(0o666 & ~umask), f
+    assert mode(pt) == oct(0o666 & ~umask)
+    assert sorted(os.listdir(tmp_path)) == ['des', 'des.safetensors', 'g']    # no temp dir left

@@ -195,6 +195,31 @@ def eval_batches(source, *, batch_size: int, image_size=None, mean=None, std=Non
     return iter(ds.to_iter_dataset(read_options or grain.ReadOptions(**DEFAULT_READ)))
 
 
+def check_split(source, *, what: str, batch_size: int, image_size=None,
+                num_classes: int | None = None, resize_method: str = 'bilinear',
+                full_batches: bool = True) -> None:
+    """What a run checks before its first step about a split it will read: that it has
+    examples, at least `batch_size` of them when `full_batches` (training batches are never
+    padded, so a larger batch would repeat examples), and that its first example loads and
+    decodes to the pipeline's shape with a label in range. `what` names the split in the
+    one-line DataError (e.g. "eval_split 'test'")."""
+    info = source.info
+    n = len(source)
+    if n == 0:
+        raise DataError(f'{what}: {info.name} has no examples')
+    if full_batches and batch_size > n:
+        raise DataError(f'{what}: batch_size {batch_size} is larger than the split, which has '
+                        f'{n} examples ({info.name}); lower batch_size or add data')
+    shape = _target_shape(info, image_size)
+    try:
+        _Reader(source, shape, int(num_classes or info.num_classes), resize_method)(0)
+    except DataError as e:
+        raise DataError(f'{what}: its first example does not load: {e}') from None
+    except Exception as e:  # a source's own failure (tfds feature keys, I/O)
+        raise DataError(f'{what}: its first example does not load: '
+                        f'{type(e).__name__}: {e}') from None
+
+
 # ------------------------------------------------------------------------------ from_config
 
 _SOURCE_KEYS = {
@@ -260,7 +285,8 @@ def source_from_config(data_config, split: str):
 
 
 def from_config(data_config, split: str, *, batch_size: int, seed: int, train: bool,
-                process_index: int | None = None, process_count: int | None = None):
+                process_index: int | None = None, process_count: int | None = None,
+                source=None):
     """(iterator, info) for `split` of the dataset a config describes.
 
     `data_config` (dict or ConfigDict) has `name` in KNOWN_DATASETS and, optionally,
@@ -269,10 +295,11 @@ def from_config(data_config, split: str, *, batch_size: int, seed: int, train: b
     {'test': 'train[90%:]'}), plus per source: tfds: `tfds_name`, `data_dir`, `image_key`,
     `label_key`; folder: `root`, `channels`; arrays: `images`, `labels`, `num_classes`.
     `train=True` gives `train_iterator`, else `eval_batches` (ceil(info.num_examples /
-    batch_size) batches).
+    batch_size) batches). `source`: the split's source when already built (e.g. by
+    `source_from_config` and checked with `check_split`), so it is not built again.
     """
     cfg = _as_dict(data_config)
-    source = source_from_config(cfg, split)
+    source = source_from_config(cfg, split) if source is None else source
     kwargs = dict(batch_size=batch_size, mean=cfg.get('mean'), std=cfg.get('std'),
                   process_index=process_index, process_count=process_count,
                   resize_method=cfg.get('resize_method', 'bilinear'))
@@ -285,5 +312,5 @@ def from_config(data_config, split: str, *, batch_size: int, seed: int, train: b
     return it, source.info
 
 
-__all__ = ['Augment', 'DataError', 'DataInfo', 'KNOWN_DATASETS', 'check_config', 'eval_batches',
-           'from_config', 'source_from_config', 'train_iterator']
+__all__ = ['Augment', 'DataError', 'DataInfo', 'KNOWN_DATASETS', 'check_config', 'check_split',
+           'eval_batches', 'from_config', 'source_from_config', 'train_iterator']

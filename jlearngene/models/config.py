@@ -29,6 +29,10 @@ class ConfigError(ValueError):
     """A model config field has an impossible value. The message names field and value."""
 
 
+class ConfigTypeError(ConfigError, TypeError):
+    """Something other than a `ViTConfig` was given where one is expected (e.g. a dict)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ViTConfig:
     """Shape and numerics of a Vision Transformer.
@@ -164,6 +168,16 @@ class ViTConfig:
         """Fields whose values differ: {name: (self_value, other_value)}."""
         a, b = self.to_dict(), other.to_dict()
         return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
+
+
+def expect_config(cfg: Any, what: str) -> 'ViTConfig':
+    """`cfg` itself when it is a `ViTConfig`; else ConfigTypeError saying how to make one."""
+    if isinstance(cfg, ViTConfig):
+        return cfg
+    how = ("ViTConfig.from_dict(d) (or vit_config('Ti', **fields))" if isinstance(cfg, Mapping)
+           else "vit_config('Ti', **fields), ViTConfig(...) or ViTConfig.from_dict(d)")
+    raise ConfigTypeError(f'{what}: expected a ViTConfig, got {type(cfg).__name__}; make one '
+                          f'with {how}')
 
 
 def _check(cond: bool, field: str, value: Any, why: str) -> None:

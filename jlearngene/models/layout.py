@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jlearngene import pytree
+from jlearngene.models import vit
 from jlearngene.models.config import ViTConfig
 
 
@@ -93,10 +94,12 @@ def axes(cfg: ViTConfig | None, params: Any) -> Any:
     """A tree with the structure of `params` whose leaves are `Axes` tuples.
 
     `params` may be real arrays or `jax.ShapeDtypeStruct`s (e.g. from `jax.eval_shape`).
-    `cfg` is accepted for symmetry with `init`; the names depend only on the paths (and on
-    whether the tree has a pre-logits layer, see `leaf_axes`).
+    The names depend only on the paths (and on whether the tree has a pre-logits layer, see
+    `leaf_axes`); a `cfg` (None skips the check) must match the parameters' shapes
+    (`vit.check_params`: ConfigError naming the first differing leaf).
     """
-    del cfg
+    if cfg is not None:
+        vit.check_params(params, cfg, 'axes')
     pre = has_pre_logits(params)
     return jax.tree_util.tree_map_with_path(
         lambda p, x: leaf_axes(pytree.path_str(p), len(np.shape(x)), pre_logits=pre), params)

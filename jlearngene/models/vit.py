@@ -33,14 +33,15 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from jlearngene import compiler, ops
-from jlearngene.models.config import ViTConfig
+from jlearngene import compiler, ops, pytree
+from jlearngene.models.config import ConfigError, ViTConfig, expect_config
 
 Params = dict[str, Any]
 CAPTURES = ('blocks', 'attn')
@@ -74,6 +75,7 @@ def init_block(cfg: ViTConfig, key: jax.Array, *, num_heads: int | None = None,
     The q/k/v kernels are (D, H, cfg.head_dim) and the output kernel (H, cfg.head_dim, D):
     another head count keeps the head size, so H × head_dim may differ from the width.
     """
+    expect_config(cfg, 'init_block')
     d, h, dh = cfg.width, num_heads or cfg.num_heads, cfg.head_dim
     m = mlp_dim or cfg.mlp_dim
     kq, kk, kv, ko, k1, k2 = jax.random.split(key, 6)
@@ -102,6 +104,7 @@ def init_block(cfg: ViTConfig, key: jax.Array, *, num_heads: int | None = None,
 
 def init_head(cfg: ViTConfig, key: jax.Array, num_classes: int | None = None) -> Params:
     """A classifier head; it reads the pre-logits layer's R outputs when the config has one."""
+    expect_config(cfg, 'init_head')
     k = cfg.num_classes if num_classes is None else num_classes
     fan_in = cfg.representation_size or cfg.width
     return {'kernel': _trunc_normal(cfg, key, (fan_in, k)), 'bias': jnp.zeros((k,), jnp.float32)}
@@ -110,7 +113,7 @@ def init_head(cfg: ViTConfig, key: jax.Array, num_classes: int | None = None) ->
 def init_pre_logits(cfg: ViTConfig, key: jax.Array) -> Params:
     """The pre-logits layer Dense (D -> R) of `cfg.representation_size` = R (timm-style
     trunc-normal(0.02) kernel, zero bias)."""
-    r = cfg.representation_size
+    r = expect_config(cfg, 'init_pre_logits').representation_size
     if r is None:
         raise ValueError('init_pre_logits: the config has representation_size=None (no layer)')
     return {'kernel': _trunc_normal(cfg, key, (cfg.width, r)), 'bias': jnp.zeros((r,), jnp.float32)}
@@ -119,6 +122,7 @@ def init_pre_logits(cfg: ViTConfig, key: jax.Array) -> Params:
 def init_embeddings(cfg: ViTConfig, key: jax.Array) -> Params:
     """Everything outside the blocks: patch/position embeddings, prefix tokens, final norm,
     pre-logits layer, heads."""
+    expect_config(cfg, 'init_embeddings')
     kp, kb, kc, kd, kpos, kh, khd = jax.random.split(key, 7)
     fan_in = cfg.patch_size * cfg.patch_size * cfg.channels
     bound = fan_in ** -0.5
@@ -161,7 +165,135 @@ def block_elements(cfg: ViTConfig) -> int:
     return cfg.depth * cfg.width * (4 * cfg.attn_width + 2 * cfg.mlp_dim)
 
 
-init = compiler.run_once_jit(_init, lambda cfg, key: block_elements(cfg), static_argnums=0)
+_init_jit = compiler.run_once_jit(_init, lambda cfg, key: block_elements(cfg), static_argnums=0)
+
+
+@functools.wraps(_init)
+def init(cfg: ViTConfig, key: jax.Array) -> Params:
+    return _init_jit(expect_config(cfg, 'init'), key)
+
+
+# ----------------------------------------------------------------------------------------
+# Trace-time checks of the inputs against the config (shapes only: free under jit).
+
+@functools.lru_cache(maxsize=256)
+def param_shapes(cfg: ViTConfig) -> Mapping[str, tuple[int, ...]]:
+    """{path: shape} of `init(cfg)` (stacked layout), from `jax.eval_shape` (nothing is
+    allocated); computed once per config. Do not mutate the returned dict."""
+    return _shape_table(jax.eval_shape(lambda: _init(cfg, jax.random.key(0))))
+
+
+@functools.lru_cache(maxsize=1024)
+def _block_shapes(cfg: ViTConfig, num_heads: int, mlp_dim: int) -> Mapping[str, tuple[int, ...]]:
+    """{path: shape} of one list-layout block of `num_heads` heads and MLP size `mlp_dim`."""
+    return _shape_table(jax.eval_shape(lambda: init_block(cfg, jax.random.key(0),
+                                                          num_heads=num_heads, mlp_dim=mlp_dim)))
+
+
+def _shape_table(tree: Any) -> dict[str, tuple[int, ...]]:
+    """{path: shape}, kernels first: a kernel shows most of the config's sizes (a stacked
+    q kernel is (L, D, H, Dh)), so the first mismatch reported is the most telling."""
+    flat = [(p, tuple(x.shape)) for p, x in pytree.flatten(tree).items()]
+    return dict(sorted(flat, key=lambda item: not item[0].endswith('kernel')))
+
+
+# The config field that decides whether a leaf exists (for missing / unexpected leaves).
+_PRESENCE_FIELD = (('cls_token', 'class_token'), ('dist_token', 'distill_token'),
+                   ('head_dist', 'distill_token'), ('pre_logits', 'representation_size'),
+                   ('head', 'num_classes'), ('ls1', 'layer_scale'), ('ls2', 'layer_scale'),
+                   ('bias', 'qkv_bias'))
+
+
+def _config_summary(cfg: ViTConfig, path: str | None = None) -> str:
+    fields = ['width', 'depth', 'num_heads', 'head_dim', 'mlp_dim', 'image_size', 'patch_size',
+              'channels', 'num_classes']
+    if path is not None:
+        parts = path.split('/')
+        for name, field in _PRESENCE_FIELD:
+            if name in parts and (name != 'bias' or 'attn' in parts and 'out' not in parts):
+                if field not in fields:
+                    fields.append(field)
+                break
+    return 'ViTConfig(' + ', '.join(f'{f}={getattr(cfg, f)!r}' for f in fields) + ')'
+
+
+def _compare(got: Mapping[str, Any], want: Mapping[str, tuple[int, ...]], cfg: ViTConfig,
+             what: str, prefix: str = '') -> None:
+    """ConfigError naming the first leaf of `want` that `got` lacks or shapes differently,
+    then the first leaf of `got` that `want` does not have."""
+    for path, shape in want.items():
+        name = prefix + path
+        if path not in got:
+            raise ConfigError(f"{what}: the config does not match the parameters: '{name}' is "
+                              f'missing; {_config_summary(cfg, name)} expects shape {shape}')
+        actual = tuple(np.shape(got[path]))
+        if actual != shape:
+            raise ConfigError(f"{what}: the config does not match the parameters: '{name}' has "
+                              f'shape {actual} but {_config_summary(cfg)} expects {shape}')
+    for path, leaf in got.items():
+        if path not in want:
+            name = prefix + path
+            raise ConfigError(f"{what}: the config does not match the parameters: '{name}' "
+                              f'(shape {tuple(np.shape(leaf))}) is not a parameter of '
+                              f'{_config_summary(cfg, name)}')
+
+
+def _block_sizes(block: Any, cfg: ViTConfig) -> tuple[int, int]:
+    """(heads, MLP size) of one list-layout block, the config's where the block lacks them."""
+    def size(get, default):
+        try:
+            return int(np.shape(get())[1])
+        except (KeyError, TypeError, IndexError):
+            return default
+    return (size(lambda: block['attn']['q']['kernel'], cfg.num_heads),
+            size(lambda: block['mlp']['fc1']['kernel'], cfg.mlp_dim))
+
+
+def check_params(params: Any, cfg: ViTConfig, what: str = 'apply') -> None:
+    """ConfigError unless `params` (arrays, tracers or `jax.ShapeDtypeStruct`s) has the
+    leaves and shapes of `init(cfg)`; the message names the first mismatching leaf with its
+    shape and the config's. Shapes only: it costs nothing at run time under `jax.jit`.
+
+    Stacked layout: every leaf exactly as `init(cfg)`. List layout: `cfg.depth` blocks,
+    each with the leaves of `init_block(cfg, num_heads=h, mlp_dim=m)` where h and m are the
+    block's own head count and MLP size (they may differ per block and from the config's:
+    Cluster-Learngene, MatFormer's Mix'n'Match; `apply` reads them from the parameters);
+    width, head size, depth and every leaf outside the blocks are the config's."""
+    cfg = expect_config(cfg, what)
+    if not isinstance(params, Mapping):
+        raise ConfigError(f'{what}: params must be a canonical parameter dict (from init), '
+                          f'got {type(params).__name__}')
+    want = param_shapes(cfg)
+    blocks = params.get('blocks')
+    if isinstance(blocks, (list, tuple)):
+        if len(blocks) != cfg.depth:
+            raise ConfigError(f"{what}: the config does not match the parameters: 'blocks' "
+                              f'holds {len(blocks)} blocks (list layout) but '
+                              f'{_config_summary(cfg)} has depth={cfg.depth}')
+        for i, block in enumerate(blocks):
+            heads, mlp_dim = _block_sizes(block, cfg)
+            _compare(pytree.flatten(block), _block_shapes(cfg, heads, mlp_dim), cfg, what,
+                     prefix=f'blocks/{i}/')
+        params = {k: v for k, v in params.items() if k != 'blocks'}
+        want = {p: s for p, s in want.items() if not p.startswith('blocks/')}
+    _compare(pytree.flatten(params), want, cfg, what)
+
+
+def check_images(images: Any, cfg: ViTConfig, what: str = 'apply') -> None:
+    """ValueError unless `images` is a rank-4 NHWC batch with the config's channel count
+    (the spatial size is checked by `embed`, against the patch size and `pos_embed`)."""
+    shape = tuple(np.shape(images))
+    c = cfg.channels
+    if len(shape) == 4 and shape[-1] == c:
+        return
+    hint = ''
+    if len(shape) == 3 and shape[-1] == c:
+        hint = '; a single image needs a batch axis: images[None]'
+    elif len(shape) == 4 and shape[1] == c:
+        hint = '; these look like NCHW: use images.transpose(0, 2, 3, 1)'
+    raise ValueError(f'{what}: expected NHWC images of shape (batch, {cfg.image_size}, '
+                     f'{cfg.image_size}, {c}) (H, W, C from the config: image_size='
+                     f'{cfg.image_size}, channels={c}), got shape {shape}{hint}')
 
 
 # ----------------------------------------------------------------------------------------
@@ -429,7 +561,14 @@ def apply(params: Params, images: jax.Array, cfg: ViTConfig, *, train: bool = Fa
     With class-token pooling and no `capture`, the last block computes only the prefix
     tokens that the heads read (keys and values still come from every token): the same
     logits for ≈1/depth less work.
+
+    `cfg` must match the parameters' shapes (`check_params`: ConfigError naming the first
+    differing leaf) and `images` must be NHWC with `cfg.channels` channels; both checks
+    read shapes only, at trace time.
     """
+    cfg = expect_config(cfg, 'apply')
+    check_params(params, cfg, 'apply')
+    check_images(images, cfg, 'apply')
     for name in capture:
         if name not in CAPTURES:
             raise ValueError(f'unknown capture {name!r}; expected a subset of {CAPTURES}')

@@ -7,7 +7,8 @@ Console lines: `[train] step N  loss=...`, `[ eval] step N  eval/accuracy=...` a
 events such as `[  run] step N  resumed from DIR at step N` (`MetricWriter.event`).
 
 `workdir/metrics.jsonl` gets one JSON object per line: {"step", "kind" ('train'|'eval'),
-"time", <metric>: value, ...}. TensorBoard events go to `workdir/tensorboard` when
+"time", <metric>: value, ...}. A run starting (or resuming) at step S first drops the rows
+after S that an earlier attempt left (`truncate_after`), so no step is logged twice. TensorBoard events go to `workdir/tensorboard` when
 tensorboardX is importable (optional dependency).
 
 In a multi-process run only process 0 writes (`primary`): one metrics file, one console,
@@ -49,14 +50,17 @@ class MetricWriter:
     nothing, so the other processes of a run leave the workdir to process 0."""
 
     def __init__(self, workdir: str, *, console: bool = True, tensorboard: bool = True,
-                 primary: bool | None = None):
+                 primary: bool | None = None, start_step: int | None = None):
         self.primary = distributed.is_main_process() if primary is None else bool(primary)
         self.path = os.path.join(workdir, METRICS_FILE)
         self.console = console and self.primary
         self._file = self._tb = None
+        self.dropped = 0   # rows after `start_step` from an earlier attempt (`truncate_after`)
         if not self.primary:
             return
         os.makedirs(workdir, exist_ok=True)
+        if start_step is not None:
+            self.dropped = truncate_after(workdir, start_step)
         self._file = open(self.path, 'a', encoding='utf-8')
         if tensorboard:
             try:
@@ -122,6 +126,35 @@ def read_metrics(workdir: str, kind: str | None = None) -> list[dict]:
             if kind is None or rec.get('kind') == kind:
                 by_key[(rec.get('kind'), rec['step'])] = rec
     return sorted(by_key.values(), key=lambda r: (r['step'], r.get('kind', '')))
+
+
+def truncate_after(workdir: str, step: int) -> int:
+    """Drops the rows of `workdir/metrics.jsonl` with a step after `step` (an earlier attempt's,
+    which a run starting or resuming at `step` logs again) -> how many were dropped. Rows at
+    or before `step` and lines that are not JSON records are kept (a cut-off last line gets
+    its newline back, so the next row starts on a line of its own); the file is replaced
+    atomically. No file: 0."""
+    path = os.path.join(workdir, METRICS_FILE)
+    if not os.path.exists(path):
+        return 0
+    with open(path, encoding='utf-8') as f:
+        lines = f.read().splitlines()
+    kept, dropped = [], 0
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            later = isinstance(rec, dict) and int(rec['step']) > step
+        except (ValueError, KeyError, TypeError):
+            later = False
+        if later:
+            dropped += 1
+        elif line.strip():
+            kept.append(line)
+    tmp = path + '.tmp'
+    with open(tmp, 'w', encoding='utf-8') as f:
+        f.write(''.join(line + '\n' for line in kept))
+    os.replace(tmp, path)
+    return dropped
 
 
 class Progress:

@@ -82,11 +82,44 @@ def initial_params(config, cfg: ViTConfig):
     return jax.jit(init, static_argnums=0)(cfg, jax.random.key(config.seed))
 
 
-def eval_data_fn(config):
-    """A zero-argument callable giving a fresh pass over the evaluation split."""
+def eval_data_fn(config, source=None):
+    """A zero-argument callable giving a fresh pass over the evaluation split (`source`: the
+    split's source when already built, e.g. by `check_run_data`)."""
     from jlearngene import data
     return lambda: data.from_config(config.data, config.eval_split, batch_size=config.eval_batch_size,
-                                    seed=config.seed, train=False)[0]
+                                    seed=config.seed, train=False, source=source)[0]
+
+
+def check_run_data(config, cfg: ViTConfig) -> dict:
+    """Builds and checks, before the first step, every split a classification run reads ->
+    {'train': source, 'eval': source}: each exists, fits the model (`_check_data_fits`),
+    is divisible over the devices and, for training, holds at least `batch_size` examples,
+    and its first example decodes (`data.check_split`). A one-line DataError names the
+    split (and the config field) otherwise."""
+    from jlearngene import data
+    from jlearngene.data import DataError
+    d = config.data.to_dict() if hasattr(config.data, 'to_dict') else dict(config.data)
+    image_size = None if d.get('name') == 'digits' else d.get('image_size')
+    devices = jax.device_count() // max(int(config.get('model_parallel', 1) or 1), 1)
+    out = {}
+    for role, split, field, batch_size in (
+            ('train', 'train', 'batch_size', config.batch_size),
+            ('eval', config.eval_split, 'eval_batch_size', config.eval_batch_size)):
+        what = "train split 'train'" if role == 'train' else f'eval_split {split!r}'
+        if (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1
+                or batch_size % devices):
+            raise DataError(f'{what}: {field} {batch_size!r} must be a positive multiple of the '
+                            f"{devices} devices of the mesh's 'data' axis")
+        try:
+            source = data.source_from_config(d, split)
+        except DataError as e:
+            raise DataError(f'{what}: {e}') from None
+        _check_data_fits(cfg, source.info, split)
+        data.check_split(source, what=what, batch_size=batch_size, image_size=image_size,
+                         resize_method=d.get('resize_method', 'bilinear'),
+                         full_batches=role == 'train')
+        out[role] = source
+    return out
 
 
 def _steps_per_call(value):
@@ -116,15 +149,16 @@ def run_classification(config, workdir: str, *, progress: bool = True):
         raise ValueError(f'batch_size {config.batch_size} is not a multiple of '
                          f'microbatches {microbatches}')
     steps_per_call = _steps_per_call(config.get('steps_per_call', 'auto'))
-    train_it, info = data.from_config(config.data, 'train', batch_size=config.batch_size,
-                                      seed=config.seed, train=True)
-    _check_data_fits(cfg, info, 'train')
+    sources = check_run_data(config, cfg)   # every split, before the first step
+    train_it, _ = data.from_config(config.data, 'train', batch_size=config.batch_size,
+                                   seed=config.seed, train=True, source=sources['train'])
     params = initial_params(config, cfg)
     tx = optim.make_optimizer(config.optim, params, total_steps=config.steps)
     params, history = trainer.fit(
         classification_loss(cfg, label_smoothing=config.label_smoothing), params, train_it, tx,
         workdir=workdir, steps=config.steps, eval_fn=classification_eval(cfg),
-        eval_data=eval_data_fn(config), eval_every=config.eval_every, log_every=config.log_every,
+        eval_data=eval_data_fn(config, sources['eval']), eval_every=config.eval_every,
+        log_every=config.log_every,
         checkpoint_every=config.checkpoint_every, keep_checkpoints=config.keep_checkpoints,
         best_metric=config.best_metric or None, seed=config.seed, config=config, model_config=cfg,
         sharding=config.sharding, model_parallel=config.get('model_parallel', 1),

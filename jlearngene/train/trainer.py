@@ -872,13 +872,16 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
         if steps_per_call == 'auto':
             steps_per_call = auto_steps_per_call(mesh.devices.flat[0].platform, events + [steps])
 
-        writer = metrics_lib.MetricWriter(workdir, console=console, tensorboard=tensorboard)
+        writer = metrics_lib.MetricWriter(workdir, console=console, tensorboard=tensorboard,
+                                          start_step=start)
         if start:
             writer.event(start, f'resumed from {ckpt.directory} at step {start}')
+        if writer.dropped:
+            writer.event(start, f'dropped {writer.dropped} row(s) after step {start} from an '
+                                f'earlier attempt from {writer.path}')
         history: dict[str, list] = {'train': [], 'eval': []}
         log_ = TrainLog(writer, history, every=log_every, steps=steps, start=start,
-                        last_checkpoint=lambda: f'The last good checkpoint in {ckpt.directory} '
-                                               f'(step {ckpt.latest_step()}) is unchanged.')
+                        last_checkpoint=lambda: _last_checkpoint(ckpt))
         evaluation = None
         if eval_fn is not None:
             evaluation = Evaluation(eval_fn, eval_data, state_sh['params'], mesh, writer, history,
@@ -897,6 +900,15 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
             writer.close()
         ckpt.close()
     return state['params'], history
+
+
+def _last_checkpoint(ckpt: ckpt_lib.RunCheckpointer) -> str:
+    """The sentence of a non-finite-loss stop about the run's checkpoints."""
+    step = ckpt.latest_step()
+    if step is None:
+        return (f'No checkpoint was saved yet (in {ckpt.directory}): a rerun starts from '
+                'step 0.')
+    return f'The last good checkpoint in {ckpt.directory} (step {step}) is unchanged.'
 
 
 def _console_say(text: str) -> None:
