@@ -2,6 +2,7 @@
 the files `convert` and `plot` write, distinct one-line errors for a path that does not
 exist, an empty file, a file of another kind, a directory or a file where a directory
 belongs, and every error on stderr (results, and nothing else, on stdout)."""
+import argparse
 import json
 import os
 
@@ -278,3 +279,24 @@ def test_file_kind_reads_the_contents_not_the_name(files, tmp_path):
     with pytest.raises(FileNotFoundError, match='does not exist'):
         timm.file_kind(str(tmp_path / 'nosuch'))
     assert big_vision.infer_config(big_vision.load_npz(files['big_vision'])).width == CFG.width
+
+
+def test_option_values_are_json_or_plain_strings_and_broken_json_is_an_error():
+    from jlearngene.commands.descend import parse_option
+    assert parse_option('clusters=[[0, 2]]') == ('clusters', [[0, 2]])
+    assert parse_option('head=new') == ('head', 'new')
+    assert parse_option('k=2') == ('k', 2)
+    with pytest.raises(argparse.ArgumentTypeError, match=r'--option clusters.*\[\[0,2\]'):
+        parse_option('clusters=[[0,2]')
+    with pytest.raises(argparse.ArgumentTypeError, match="'kk'"):
+        parse_option('kk')
+
+
+def test_broken_option_json_is_one_line_on_the_command_line(files, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(['gene', '--method', 'cluster', '--from-model', files['model'],
+                  '--option', 'clusters=[[0,2]', '--out', str(tmp_path / 'g')])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert '--option clusters' in err and 'not valid JSON' in err
+    assert not os.path.exists(tmp_path / 'g')

@@ -38,13 +38,18 @@ def _heads(text: str):
     return values[0] if len(values) == 1 and ',' not in text else values
 
 
-def _option(text: str):
+def parse_option(text: str):
+    """`--option key=value`: the value as JSON (numbers, lists, objects, true/false), else
+    the plain string; a value that starts as JSON ('[', '{', '"') but does not parse is an
+    error, not a string."""
     key, sep, value = text.partition('=')
     if not sep or not key:
         raise argparse.ArgumentTypeError(f'--option {text!r} is not of the form key=value')
     try:
         return key, json.loads(value)
-    except ValueError:
+    except ValueError as e:
+        if value.lstrip().startswith(('[', '{', '"')):
+            raise argparse.ArgumentTypeError(f'--option {key}: {value!r} is not valid JSON ({e})') from None
         return key, value
 
 
@@ -61,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--mlp-dim', type=int, help='MLP size (default: scaled with the width)')
     p.add_argument('--set', action='append', type=parse_override, default=[], metavar='FIELD=VALUE',
                    help='override any config field (repeatable), e.g. --set num_classes=100')
-    p.add_argument('--option', action='append', type=_option, default=[], metavar='KEY=VALUE',
+    p.add_argument('--option', action='append', type=parse_option, default=[], metavar='KEY=VALUE',
                    help="descend option (repeatable; JSON value), e.g. --option head=new")
     p.add_argument('--seed', type=int, default=0, help='PRNG seed for what is drawn fresh')
     p.add_argument('--to-timm', metavar='FILE', help='also write a timm .safetensors state dict')

@@ -24,7 +24,7 @@ HELP = 'write a gene directory from a run\'s saved gene or from a model checkpoi
 
 def _parser() -> argparse.ArgumentParser:
     from jlearngene.commands.config_args import parse_override
-    from jlearngene.commands.descend import _option
+    from jlearngene.commands.descend import parse_option
     p = argparse.ArgumentParser(prog='jlearngene gene', description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument('--from-model', metavar='CKPT', help='a model checkpoint (with --method)')
     p.add_argument('--method', help="registered method name for --from-model ('cluster', 'he_lg', ...)")
     p.add_argument('--out', required=True, help='output gene directory')
-    p.add_argument('--option', action='append', type=_option, default=[], metavar='KEY=VALUE',
+    p.add_argument('--option', action='append', type=parse_option, default=[], metavar='KEY=VALUE',
                    help='gene option for --from-model (repeatable; JSON value)')
     p.add_argument('--target-set', action='append', type=parse_override, default=[],
                    metavar='FIELD=VALUE', help='--from-model: the target config for Mango/LiGO')
