@@ -148,20 +148,6 @@ def has_checksums(meta: Mapping[str, Any]) -> bool:
     return any('sha256' in v for v in meta['arrays'].values())
 
 
-def _umask() -> int:
-    """The process umask (read without changing it where /proc tells it)."""
-    try:
-        with open('/proc/self/status') as f:
-            for line in f:
-                if line.startswith('Umask:'):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def _make_tmp_dir(parent: str, name: str) -> str:
     """A new empty directory beside `name` in `parent`, made as `os.makedirs` would (its
     mode respects the umask, unlike `tempfile.mkdtemp`'s 0700)."""
@@ -726,7 +712,6 @@ def write_descendant(out: str | os.PathLike, params: Any, cfg: ViTConfig, *, met
         result['timm'] = os.path.abspath(T.save_safetensors(
             sd, to_timm, metadata={'jlearngene_config': json.dumps(cfg.to_dict()), 'timm_class': cls,
                                    'timm_kwargs': json.dumps(result['timm_kwargs'])}))
-        os.chmod(result['timm'], 0o666 & ~_umask())    # safetensors' save_file makes it 0600
     return result
 
 

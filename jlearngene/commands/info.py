@@ -119,7 +119,7 @@ def _state_dict_file_table(path: str, fmt: str) -> str:
     from jlearngene.interop import big_vision as BV
     from jlearngene.interop import timm as T
     kind = T.file_kind(path)
-    suffix = {'safetensors': ('.safetensors',), 'npz': ('.npz',), 'torch': T._PICKLE_SUFFIXES}[kind]
+    suffix = {'safetensors': ('.safetensors',), 'npz': ('.npz',), 'torch': T.PICKLE_SUFFIXES}[kind]
     if not path.lower().endswith(suffix):
         raise ValueError(f'{path!r} holds a {kind} file but its name does not end in {suffix[0]}; '
                          f'rename it to end in {suffix[0]} to read it')

@@ -521,7 +521,7 @@ def to_timm(params: Any, cfg: ViTConfig, *, no_embed_class: bool = False,
 # ----------------------------------------------------------------------------------------
 # Files.
 
-_PICKLE_SUFFIXES = ('.pth', '.pt', '.bin', '.ckpt')
+PICKLE_SUFFIXES = ('.pth', '.pt', '.bin', '.ckpt')
 _WRAPPER_KEYS = ('model', 'state_dict', 'model_ema', 'state_dict_ema', 'module')
 
 
@@ -538,11 +538,11 @@ def load_state_dict(path: str | os.PathLike) -> StateDict:
         sd = _load_safetensors(path)
     elif low.endswith('.npz'):
         sd = _load_npz(path)
-    elif low.endswith(_PICKLE_SUFFIXES):
+    elif low.endswith(PICKLE_SUFFIXES):
         sd = _load_torch(path)
     else:
         raise StateDictError(f'{path!r}: unknown state dict format; expected .safetensors, .npz or '
-                             f'{"/".join(_PICKLE_SUFFIXES)} (torch)')
+                             f'{"/".join(PICKLE_SUFFIXES)} (torch)')
     if any(k.startswith('module.') for k in sd) and all(k.startswith('module.') for k in sd):
         sd = {k[len('module.'):]: v for k, v in sd.items()}
     # numpy has no bfloat16 of its own (safetensors may hand back ml_dtypes.bfloat16).
@@ -699,8 +699,10 @@ def save_safetensors(state_dict: Mapping[str, Any], path: str | os.PathLike, *,
         raise ValueError(f'{path!r}: the output file name must end in .safetensors')
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     meta = {'format': 'pt', **(dict(metadata) if metadata else {})}
-    safetensors.numpy.save_file({k: np.ascontiguousarray(_to_numpy(v)) for k, v in state_dict.items()},
-                                path, metadata=meta)
+    data = safetensors.numpy.save({k: np.ascontiguousarray(_to_numpy(v)) for k, v in state_dict.items()},
+                                  metadata=meta)
+    with open(path, 'wb') as f:   # open(): the umask's mode (safetensors' save_file writes 0600)
+        f.write(data)
     return path
 
 
