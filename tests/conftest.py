@@ -43,10 +43,9 @@ logging.getLogger('asyncio').addHandler(_ASYNCIO_ERRORS)
 
 @pytest.fixture(autouse=True)
 def _no_asyncio_errors():
-    """A test fails if asyncio reports an error during it. Its abandoned tasks are mostly
-    young objects, collected at its end (a young-generation collection, cheap) so that the
-    report is its own; the rest are collected when the session ends (`_no_asyncio_errors_at_exit`)."""
-    _ASYNCIO_ERRORS.records.clear()
+    """A test fails if asyncio reports an error during it. A young-generation collection at
+    its end (cheap; a full one per test costs minutes) finalises the tasks it abandoned, so
+    the report falls on this test; older garbage is collected by `_no_asyncio_errors_at_exit`."""
     yield
     gc.collect(1)
     _ASYNCIO_ERRORS.check('during this test')
@@ -54,7 +53,7 @@ def _no_asyncio_errors():
 
 @pytest.fixture(scope='session', autouse=True)
 def _no_asyncio_errors_at_exit():
-    """After the last test: a full collection, and an error if asyncio reports one."""
+    """After the last test: a full collection, and an error if asyncio reports one then."""
     yield
     gc.collect()
     _ASYNCIO_ERRORS.check('at the end of the session')

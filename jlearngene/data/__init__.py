@@ -38,12 +38,12 @@ Config names: 'digits' (scikit-learn's bundled digits; no download), 'tfds' (`tf
 """
 from jlearngene.data.augment import Augment
 from jlearngene.data.pipeline import (KNOWN_DATASETS, check_config, check_split, eval_batches,
-                                      from_config,
-                                      source_from_config, train_iterator)
+                                      from_config, pipeline_image_size, source_from_config,
+                                      train_iterator)
 from jlearngene.data.sources import (DataError, DataInfo, array_source, digits,
                                      digits_split_indices, image_folder, resize, tfds_source)
 
 __all__ = ['Augment', 'DataError', 'DataInfo', 'KNOWN_DATASETS', 'array_source', 'check_config',
-           'check_split', 'digits',
-           'digits_split_indices', 'eval_batches', 'from_config', 'image_folder', 'resize',
-           'source_from_config', 'tfds_source', 'train_iterator']
+           'check_split', 'digits', 'digits_split_indices', 'eval_batches', 'from_config',
+           'image_folder', 'pipeline_image_size', 'resize', 'source_from_config', 'tfds_source',
+           'train_iterator']

@@ -284,6 +284,13 @@ def source_from_config(data_config, split: str):
                                 split=split)
 
 
+def pipeline_image_size(data_config):
+    """The image size the pipeline resizes to for a data config: its `image_size`, None for
+    'digits' (whose source resizes already)."""
+    cfg = _as_dict(data_config)
+    return None if cfg.get('name') == 'digits' else cfg.get('image_size')
+
+
 def from_config(data_config, split: str, *, batch_size: int, seed: int, train: bool,
                 process_index: int | None = None, process_count: int | None = None,
                 source=None):
@@ -303,8 +310,8 @@ def from_config(data_config, split: str, *, batch_size: int, seed: int, train: b
     kwargs = dict(batch_size=batch_size, mean=cfg.get('mean'), std=cfg.get('std'),
                   process_index=process_index, process_count=process_count,
                   resize_method=cfg.get('resize_method', 'bilinear'))
-    if cfg.get('name') != 'digits':  # digits resizes in the source already
-        kwargs['image_size'] = cfg.get('image_size')
+    if (size := pipeline_image_size(cfg)) is not None:
+        kwargs['image_size'] = size
     if train:
         it = train_iterator(source, seed=seed, augment=cfg.get('augment'), **kwargs)
     else:
@@ -313,4 +320,5 @@ def from_config(data_config, split: str, *, batch_size: int, seed: int, train: b
 
 
 __all__ = ['Augment', 'DataError', 'DataInfo', 'KNOWN_DATASETS', 'check_config', 'check_split',
-           'eval_batches', 'from_config', 'source_from_config', 'train_iterator']
+           'eval_batches', 'from_config', 'pipeline_image_size', 'source_from_config',
+           'train_iterator']

@@ -573,8 +573,7 @@ class RunCheckpointer:
 
     def _stored_arrays(self, step: int) -> dict[str, Any]:
         """{path: orbax ArrayMetadata} of the stored state."""
-        path = self._path(step)
-        _check_array_store(os.path.join(path, 'state'), f'run checkpoint {path!r}')
+        path = self._path(step)   # its files were checked by `metadata(step)`, read first
 
         def read(messages):
             arrays = self._ckpt.checkpointables_metadata(step).metadata['state']

@@ -99,7 +99,7 @@ def check_run_data(config, cfg: ViTConfig) -> dict:
     from jlearngene import data
     from jlearngene.data import DataError
     d = config.data.to_dict() if hasattr(config.data, 'to_dict') else dict(config.data)
-    image_size = None if d.get('name') == 'digits' else d.get('image_size')
+    image_size = data.pipeline_image_size(d)
     devices = jax.device_count() // max(int(config.get('model_parallel', 1) or 1), 1)
     out = {}
     for role, split, field, batch_size in (
