@@ -725,7 +725,7 @@ def n_params(tree: Any) -> int:
 
 def save_run_gene(checkpoint_dir: str | os.PathLike, out: str | os.PathLike, *,
                   overwrite: bool = False) -> str:
-    """A gene that an experiment run saved as a model checkpoint (`workdir/genes/NAME`:
+    """A gene that an experiment run saved as a model checkpoint (`workdir/genes/NAME/seed_S`:
     the gene tree, its Aux-Net config, `extra['method']` and `extra['options']`) written as
     the gene directory `out`; the checkpoint's extra goes into the provenance."""
     from jlearngene.train import checkpoint

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from jlearngene import costs, genes
+from jlearngene.experiments import study
 from jlearngene.train import checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,41 +72,31 @@ def test_demo_runs_from_the_installed_wheel(installed, tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.startswith(f'jlearngene from {os.path.join(package, "__init__.py")}')
-    assert '| depth | method | acc. at init |' in proc.stdout            # the table is printed
-    assert 'teacher  depth' not in proc.stdout                             # --quiet: only the table
+    assert '| shape | method | budget | acc. at init |' in proc.stdout      # the table is printed
+    assert '**Verdicts**' in proc.stdout
+    assert 'scratch  w32' not in proc.stdout                               # --quiet: only the table
     for name in ('results.json', 'results.md'):
         assert os.path.getsize(os.path.join(workdir, name)) > 0, name
-    for name in ('accuracy_vs_steps.png', 'accuracy_vs_flops.png'):
-        assert open(os.path.join(workdir, name), 'rb').read(8) == PNG, name
+    assert open(os.path.join(workdir, 'accuracy_vs_flops.png'), 'rb').read(8) == PNG
 
     with open(os.path.join(workdir, 'results.json')) as f:
         results = json.load(f)
     assert open(os.path.join(workdir, 'results.md')).read().strip() in proc.stdout
     rows = results['rows']
-    assert [(r['depth'], r['method']) for r in rows] == [
-        (d, m) for d in (1, 2) for m in ('tleg', 'share_init', 'he_lg', 'scratch')]
+    assert sorted({(tuple(r['shape']), r['method']) for r in rows}) == sorted(
+        ((32, d), m) for d in (1, 2) for m in ('scratch', 'tleg', 'share_init', 'he_lg', 'pre_fin'))
     for r in rows:
-        assert 0.0 <= r['acc'] <= 1.0 and r['params'] > 0 and r['flops'] > 0
-        assert len(results['curves'][f"des{r['depth']}_{r['method']}"]) == 3   # steps 0, 2, 4
-    by = {(r['depth'], r['method']): r for r in rows}
-    # the descendant at the Aux-Net's depth is the Aux-Net: same test accuracy before fine-tuning
-    assert by[(2, 'tleg')]['acc_init'] == pytest.approx(results['aux']['tleg'], abs=1e-9)
-    assert by[(2, 'share_init')]['acc_init'] == pytest.approx(results['aux']['share_init'], abs=1e-9)
-    assert by[(2, 'scratch')]['s_params'] == 0
-    assert by[(1, 'tleg')]['s_params'] == by[(2, 'tleg')]['s_params'] == results['gene_params']['tleg']
-    assert by[(1, 'tleg')]['params'] < by[(2, 'tleg')]['params']
-    assert by[(1, 'he_lg')]['label'] == by[(2, 'he_lg')]['label'] == 'He-LG (k=1)'
-    up = {r['name']: r['flops'] for r in results['upstream']['runs']}
-    assert list(up) == ['teacher', 'aux_tleg', 'aux_share_init']
-    assert by[(1, 'tleg')]['upstream_flops'] == pytest.approx(up['teacher'] + up['aux_tleg'])
-    assert by[(1, 'he_lg')]['upstream_flops'] == pytest.approx(up['teacher'])
-    assert by[(1, 'scratch')]['upstream_flops'] == 0
-    for r in rows:   # fine-tuning: 3 forward passes per image, steps x batch images
-        assert r['finetune_flops'] == pytest.approx(
-            costs.TRAIN_FACTOR * r['flops'] * results['finetune_steps'] * results['batch_size'])
+        assert 0.0 <= r['acc'] <= 1.0 and r['params'] > 0 and r['steps'] > 0
+    by = {(tuple(r['shape']), r['method']): r for r in rows}
+    # fine-tuning: 3 forward passes per image, steps x batch images
+    cfg = study.shape_configs(results['config'], 32, 1, 10)[0]
+    r = by[((32, 1), 'tleg')]
+    assert r['finetune_flops'] == pytest.approx(
+        costs.TRAIN_FACTOR * costs.flops_per_image(cfg) * r['steps'] * results['config']['batch_size'])
+    assert r['steps'] == study.fraction_steps(0.35, results['scratch']['w32_d1']['S'])
 
     # the saved gene is a loadable artefact that initialises any depth
-    gene, aux_cfg, extra = checkpoint.load_model(os.path.join(workdir, 'genes', 'tleg'))
+    gene, aux_cfg, extra = checkpoint.load_model(os.path.join(workdir, 'genes', 'tleg', 'seed_0'))
     assert extra['kind'] == 'tleg_gene' and extra['method'] == 'tleg' and aux_cfg.depth == 2
     des = genes.get('tleg').descend(gene, aux_cfg.replace(depth=5))
     assert np.asarray(des['blocks']['attn']['q']['kernel']).shape[0] == 5

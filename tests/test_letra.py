@@ -372,15 +372,3 @@ def test_official_state_dict_names_shapes_and_round_trip(gene):
         letra.from_official({**sd, 'extra': np.zeros(1)}, head_dim=4)
     with pytest.raises(letra.GeneError, match="'__sm_0_norm1_bias'"):
         letra.from_official({k: v for k, v in sd.items() if k != '__sm_0_norm1_bias'}, head_dim=4)
-
-
-@pytest.mark.slow
-def test_experiment_smoke(tmp_path):
-    from jlearngene.experiments import configs, harness
-    results = harness.run(configs.load('letra:smoke'), str(tmp_path), quiet=True)
-    labels = {(r['width'], r['depth'], r['label']) for r in results['rows']}
-    assert (16, 4, 'TLEG') in labels and (12, 2, 'TLEG') not in labels
-    assert {r['label'] for r in results['rows']} >= {'LeTra (rank)', 'Scratch', 'IMwLM'}
-    h = results['headline']
-    assert len(h['descendants']) == 2 and h['letra_flops'] > h['letra_tuning_flops'] > 0
-    assert (tmp_path / 'results.md').read_text().count('\n| ') == len(results['rows']) + 1

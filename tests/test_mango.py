@@ -10,8 +10,6 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jlearngene import genes, parallel, pytree
-from jlearngene.experiments import configs, harness
-from jlearngene.experiments import mango as mango_experiment
 from jlearngene.genes import common, growth, mango
 from jlearngene.models import apply, init, vit_config
 
@@ -208,24 +206,3 @@ def test_method_contract(small, operator, checked):
     chex.assert_trees_all_equal_shapes(shapes['operator'], operator)
     with pytest.raises(genes.GeneError, match=r"Mango.*\['small'\]"):
         method.descend({'small': small}, LARGE)
-
-
-@pytest.mark.slow
-def test_experiment_smoke(tmp_path):
-    config = configs.load('mango:smoke')
-    results = harness.run(config, str(tmp_path), quiet=True)
-    names = [r['name'] for r in results['rows']]
-    assert names == ['scratch', 'mango_r2']
-    row = results['rows'][-1]
-    small_cfg, large_cfg = mango_experiment.model_configs(config, 10)
-    cost = mango.operator_cost(small_cfg, large_cfg, 2)
-    assert row['operator']['params'] == cost['params'] and row['operator']['grow_flops'] == cost['flops']
-    assert row['growth_flops'] == pytest.approx(
-        config.operator.steps * (results['step_flops'] + 3 * cost['flops']))
-    assert results['rows'][0]['growth_flops'] == 0.0
-    assert all(0.0 <= r['acc'] <= 1.0 for r in results['rows'])
-    assert '| Mango (R=2) |' in results['table']
-    assert mango_experiment.reach([(0.0, 0.1), (10.0, 0.5), (20.0, 0.9)], 0.7) == pytest.approx(15.0)
-    assert mango_experiment.reach([(0.0, 0.1)], 0.7) is None
-    for f in ('results.json', 'results.md', 'accuracy_vs_flops.png', 'accuracy_vs_steps.png'):
-        assert (tmp_path / f).is_file()

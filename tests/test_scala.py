@@ -9,7 +9,6 @@ import pytest
 from scipy.special import erf
 
 from jlearngene import genes, pytree
-from jlearngene.experiments import configs, harness
 from jlearngene.genes import scala
 from jlearngene.genes.common import GeneError
 from jlearngene.interop import timm
@@ -307,22 +306,3 @@ def test_baseline_losses_and_teacher_distillation(model):
     assert np.isfinite(float(loss)) and float(m['loss_full']) > 0
     with pytest.raises(ValueError, match="transfer='sideways'"):
         slimmable.scala_loss(cfg, GRID, transfer='sideways')
-
-
-# ----------------------------------------------------------------------------------------
-# The experiment.
-
-@pytest.mark.slow
-def test_experiment_smoke(tmp_path):
-    # the smoke config minus its warm-up and separate networks (their programs are the
-    # plain ViT's, exercised by the digits run), to stay within the suite's time budget
-    config = configs.load('scala:smoke', {'train.warmup_steps': 0,
-                                          'methods': ('scala', 'us_net', 'matformer')})
-    results = harness.run(config, str(tmp_path))
-    ratios = [r['ratio'] for r in results['rows']]
-    assert ratios == [0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0]
-    assert [r['seen'] for r in results['rows']] == [True, False, True, False, True, False, True]
-    assert all(0 <= r[m] <= 1 for r in results['rows'] for m in ('scala', 'us_net', 'matformer'))
-    flops = results['training_flops']
-    assert abs(flops['us_net'] / flops['scala'] - 1) < 0.35 and abs(flops['matformer'] / flops['scala'] - 1) < 0.5
-    assert (tmp_path / 'accuracy_vs_width.png').exists() and '| 0.3750 * |' in results['table']

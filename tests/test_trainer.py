@@ -89,6 +89,23 @@ def test_fit_logs_evaluates_and_checkpoints(tmp_path):
     assert meta['config'] == {'steps': 8}
 
 
+def test_stop_when_ends_the_run_at_an_evaluation(tmp_path, caplog):
+    seen = []
+
+    def stop(rec):
+        seen.append(rec['eval/accuracy'])
+        return len(seen) == 2                        # the second evaluation says stop
+
+    with caplog.at_level('INFO', logger='jlearngene.train.metrics'):
+        params, hist = _fit(tmp_path, 8, eval_fn=tasks.classification_eval(CFG), eval_data=EVAL,
+                            eval_every=2, stop_when=stop)
+    assert [r['step'] for r in hist['eval']] == [2, 4] and len(seen) == 2
+    assert hist['train'][-1]['step'] == 4
+    with checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
+        assert ck.latest_step() == 4                 # the stopped step is saved
+    assert 'step 4: stopped at step 4 of 8: stop_when is met' in caplog.text
+
+
 def test_exact_resume(tmp_path):
     full, _ = _fit(tmp_path / 'full', 6, steps_per_call=1)
     traces = TRACES[0]

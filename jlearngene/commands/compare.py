@@ -1,13 +1,13 @@
 """`jlearngene compare [--config compare[:digits|smoke|paper]] [--workdir DIR] [--config.x=y ...]`:
-every method and baseline on one task at one budget (`jlearngene.experiments.compare`).
+every method and baseline on one task under the fair protocol (`jlearngene.experiments.compare`).
 
 It is `jlearngene train --config compare --workdir DIR`: the bundled config
 jlearngene/experiments/configs/compare.py (or the one given with --config) runs through the
-experiment harness and the results table is printed at the end.
+study harness and the results table and verdicts are printed at the end.
 """
 from __future__ import annotations
 
-HELP = 'every method and baseline on one task and budget: one table, cost and break-even plots'
+HELP = 'every method against a converged Scratch on one task: FLOPs to its accuracy, break-even N'
 
 
 def train_argv(argv: list[str]) -> list[str]:

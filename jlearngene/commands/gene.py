@@ -1,14 +1,14 @@
 """`jlearngene gene --out GENE (--from-run CKPT | --method NAME --from-model CKPT)`: write a
 gene directory (`jlearngene.artefacts`) that `jlearngene descend` and `info` read.
 
-  jlearngene gene --from-run runs/tleg/genes/tleg --out genes/tleg
+  jlearngene gene --from-run runs/tleg/genes/tleg/seed_0 --out genes/tleg
   jlearngene gene --method cluster --from-model ckpt/deit_ti --out genes/cluster \
       --option 'clusters=[[0, 2], [1], ...]'
   jlearngene gene --method mango --from-model ckpt/small --out genes/mango \
       --target-set width=384 --target-set num_heads=6 --target-set mlp_dim=1536
 
 `--from-run` reads a gene that an experiment run saved as a model checkpoint
-(`workdir/genes/NAME`: the gene, its Aux-Net config and method). `--from-model` takes the
+(`workdir/genes/NAME/seed_S`: the gene, its Aux-Net config and method). `--from-model` takes the
 gene of a method of source 'model' (He-LG, Auto-LG, Pre-Fin, Cluster-Learngene, IMwLM, the
 growth methods, Mango) from a model checkpoint, e.g. one `jlearngene convert --from-timm`
 wrote; `--option KEY=VALUE` (JSON value) passes gene options, and `--target-set
@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog='jlearngene gene', description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument('--from-run', metavar='CKPT', help="a run's saved gene (workdir/genes/NAME)")
+    src.add_argument('--from-run', metavar='CKPT', help="a run's saved gene (workdir/genes/NAME/seed_S)")
     src.add_argument('--from-model', metavar='CKPT', help='a model checkpoint (with --method)')
     p.add_argument('--method', help="registered method name for --from-model ('cluster', 'he_lg', ...)")
     p.add_argument('--out', required=True, help='output gene directory')

@@ -188,6 +188,8 @@ def _other_file_table(path: str) -> str | None:
     if not isinstance(obj, dict):
         return f'JSON file {path}: a {type(obj).__name__}'
     text = f'JSON file {path}: keys {sorted(obj)}'
+    if 'rows' in obj and isinstance(obj.get('config'), dict):   # an experiment's results.json
+        return _results_text(path, obj)
     if isinstance(obj.get('model'), dict):   # a run config (config.json)
         from jlearngene.train.tasks import model_config
         cfg = model_config(obj['model'])
@@ -195,6 +197,28 @@ def _other_file_table(path: str) -> str | None:
         text = (f"run config {path} (task {obj.get('task', 'classification')!r})\n\n"
                 + param_table({name or path: cfg}))
     return text
+
+
+def _results_text(path: str, results: dict) -> str:
+    """An experiment's results.json: the experiment, its seeds and shapes, its records and,
+    for a study, its verdicts."""
+    config = results['config']
+    lines = [f"results of the experiment {config.get('experiment', '?')!r} ({path}): "
+             f"{len(results['rows'])} records"
+             + (f", seeds {results['seeds']}, shapes {results['shapes']}" if 'seeds' in results else '')]
+    lines += [f"  {v['claim']}: {v['verdict']}" for v in results.get('verdicts', [])]
+    return '\n'.join(lines)
+
+
+def _workdir_text(path: str) -> str:
+    """An experiment's workdir: its results, the model artefacts and runs it holds."""
+    text = _other_file_table(os.path.join(path, 'results.json')) or ''
+    parts = []
+    for folder in ('teacher', 'genes', 'runs'):
+        where = os.path.join(path, folder)
+        if os.path.isdir(where):
+            parts.append(f'{folder}/: {len(os.listdir(where))} entries')
+    return f'experiment workdir {path}\n' + text + ('\n' + ', '.join(parts) if parts else '')
 
 
 def _file_table(path: str) -> str:
@@ -227,8 +251,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog='jlearngene info', description=__doc__)
     parser.add_argument('variant', nargs='?', help="variant name ('S', 'B/16'; all if omitted), a config "
                         'file (file.py[:arg]), a checkpoint directory, a training workdir, a gene '
-                        'directory or a file (timm .safetensors/.npz/.pth, big_vision .npz, .png, '
-                        'metrics.jsonl, config.json)')
+                        'directory, an experiment workdir or a file (timm .safetensors/.npz/.pth, '
+                        'big_vision .npz, .png, metrics.jsonl, config.json, results.json)')
     parser.add_argument('--set', action='append', type=parse_override, default=[], metavar='FIELD=VALUE',
                         help='override a config field (repeatable), e.g. --set depth=6')
     args = parser.parse_args(argv)
@@ -244,6 +268,9 @@ def main(argv: list[str]) -> int:
     if target and os.path.isdir(target) and not os.listdir(target):
         raise ValueError(f'{target!r} is an empty directory: not a checkpoint, training workdir or '
                          'gene directory')
+    if target and os.path.isfile(os.path.join(target, 'results.json')):
+        print(_workdir_text(target))
+        return 0
     if target and os.path.isdir(target):
         print(_checkpoint_table(target))   # errors: one line on stderr, from jlearngene.cli
         return 0

@@ -75,24 +75,30 @@ def _as_hwc_uint8(image, where: str) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------ digits
 
-DIGITS_TEST_EVERY = 5   # within each class, every 5th example (by dataset order) is a test example
+# within each class, every k-th example (by dataset order) is a test example
+DIGITS_TEST_EVERY = {'': 5, 'half_': 2}
+DIGITS_SPLITS = ('train', 'test', 'half_train', 'half_test')
 
 
 def digits_split_indices(split: str) -> np.ndarray:
-    """Indices into `sklearn.datasets.load_digits()` of the fixed 'train'/'test' split.
+    """Indices into `sklearn.datasets.load_digits()` of a fixed split.
 
-    Stratified 80/20 by a rule that uses no random generator, so no library upgrade can
-    change it: within each class, taking the examples in dataset order, the 1st, 6th, 11th,
-    ... go to 'test' and the rest to 'train'. Sorted ascending.
+    'train'/'test': stratified 80/20 (1,433 / 364) by a rule that uses no random generator,
+    so no library upgrade can change it: within each class, taking the examples in dataset
+    order, the 1st, 6th, 11th, ... go to 'test' and the rest to 'train'.
+    'half_train'/'half_test': the same rule with every 2nd example (896 / 901), the split
+    the studies share (`experiments.configs.study_base`): a test split large enough that one
+    image is 0.11 points. Sorted ascending.
     """
-    if split not in ('train', 'test'):
-        raise DataError(f"digits has splits 'train' and 'test', got {split!r}")
+    if split not in DIGITS_SPLITS:
+        raise DataError(f"digits has splits {', '.join(map(repr, DIGITS_SPLITS))}, got {split!r}")
+    prefix = 'half_' if split.startswith('half_') else ''
     labels = _digits_raw()[1]
     is_test = np.zeros(len(labels), bool)
     for c in np.unique(labels):
         members = np.flatnonzero(labels == c)
-        is_test[members[::DIGITS_TEST_EVERY]] = True
-    return np.flatnonzero(is_test if split == 'test' else ~is_test)
+        is_test[members[::DIGITS_TEST_EVERY[prefix]]] = True
+    return np.flatnonzero(is_test if split.endswith('test') else ~is_test)
 
 
 def _load_digits_raw() -> tuple[np.ndarray, np.ndarray]:
@@ -153,7 +159,8 @@ def digits(split: str = 'train', image_size: int = 16,
 
     Pixel values 0..16 are scaled to 0..255, then the images are upsampled with PIL
     (bilinear by default: smooth strokes, no information lost at 2x; 'nearest' gives exact
-    pixel blocks). Split: `digits_split_indices` (1,433 train / 364 test, fixed forever).
+    pixel blocks). Splits: `digits_split_indices` ('train' 1,433 / 'test' 364, or the
+    studies' 'half_train' 896 / 'half_test' 901; fixed forever).
     Horizontal flips are wrong for digits: keep the pipeline's `flip` off.
     """
     if not isinstance(image_size, (int, np.integer)) or image_size < 1:

@@ -2,15 +2,18 @@
 
 * `configs/`: the bundled ml_collections config files (`get_config(arg)`), by name:
   `jlearngene train --config tleg:smoke --workdir DIR` (`configs.resolve`, `configs.load`).
-* `harness`: one comparison of learngene methods at equal budgets, for any config whose
-  `task` is 'experiment': data, teacher/ancestor, upstream genes trained by distillation,
-  descendants fine-tuned at the same budget, result tables and plots (`harness.run`).
-* one method part per experiment (`tleg`): what that experiment changes, as
-  `PART = harness.Part(...)`, named by the config's `experiment` field.
+  A study's config is its declaration: shapes, methods, budgets as fractions of S.
+* `study`: the study harness under the fair protocol (Scratch's lr sweep and plateau, seeds,
+  every FLOP counted, verdicts), `report`: its tables and plot from `results.json`.
+* one module per experiment, named by the config's `experiment` field: a study's own part
+  (`tleg`, `letra`, `compare`: `STUDY = study.Study(...)`, its claims and at most one small
+  function), or an experiment with its own stages (`cluster`, `scala`, `mango`: `PART`).
+* `harness`: the pieces both use (data, one training run, distillation, results files) and
+  `harness.run`, which every experiment config goes through.
 
 From Python::
 
     from jlearngene.experiments import configs, harness
-    results = harness.run(configs.load('tleg:smoke', {'seed': 1}), '/tmp/tleg')
+    results = harness.run(configs.load('tleg:smoke'), '/tmp/tleg')
     print(results['table'])
 """

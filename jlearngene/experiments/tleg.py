@@ -1,21 +1,15 @@
-"""The TLEG experiment's method part (config: `jlearngene/experiments/configs/tleg.py`).
+"""The TLEG study's own part (config: `jlearngene/experiments/configs/tleg.py`; the harness:
+`jlearngene.experiments.study`).
 
-What it changes in the harness's defaults:
-
-* descendants are `genes.tleg.descendant_config` of the model section: with
+* descendants (Scratch's too) are `genes.tleg.descendant_config` of the shape: with
   `descend.official_pool_order` they pool LN(mean(x)) with LayerNorm eps 1e-6, as the
   official Des-Net (timm `fc_norm`), while the Aux-Net pools mean(LN(x));
-* TLEG and Share-Init descendants inherit the gene's head (same task, as the paper does on
-  ImageNet), so their S-Params include it;
-* He-LG inherits the teacher's last k layers with k = `method_options.he_lg.k`, or
-  k = ⌈L_d / 2⌉ with k = 0 (the paper: the last 3 of 6), at most the teacher's depth; its
-  label shows k.
+* the claims of TLEG (Xia et al., 2024) that the digits can test, at the spec's budgets
+  (descendants 0.35·S, the Aux-Net 1.5·S).
 """
 from __future__ import annotations
 
-import math
-
-from jlearngene.experiments import harness
+from jlearngene.experiments import study
 from jlearngene.genes import tleg
 
 
@@ -24,29 +18,11 @@ def descendant_config(cfg, config):
                                   official_pool_order=bool(config['descend']['official_pool_order']))
 
 
-def _inherit_head(options, depth, teacher):
-    return {**options, 'descend': {**options['descend'], 'head': 'inherit'}}
+CLAIMS = (
+    study.Claim('TLEG descendants tuned 0.35·S reach Scratch(S) − 0.5 pt at every depth with at '
+                'most 0.6× Scratch\'s total training FLOPs', 'reaches', 'tleg', 0.35, flops_ratio=0.6),
+    study.Claim('TLEG beats Share-Init (θ_A ≡ 0) at 0.35·S', 'beats', 'tleg', 0.35, other='share_init'),
+    study.Claim('TLEG beats He-LG at 0.35·S', 'beats', 'tleg', 0.35, other='he_lg'),
+)
 
-
-def _he_lg_k(options, depth, teacher):
-    if depth is None:
-        return options
-    k = options['gene'].get('k') or math.ceil(depth / 2)
-    return {**options, 'gene': {**options['gene'], 'k': min(k, teacher.depth)}}
-
-
-_ADJUST = {'tleg': _inherit_head, 'share_init': _inherit_head, 'he_lg': _he_lg_k}
-
-
-def options(method, depth, config, teacher):
-    base = harness.config_options(method, depth, config, teacher)
-    adjust = _ADJUST.get(method.name)
-    return adjust(base, depth, teacher) if adjust else base
-
-
-def label(method, options):
-    k = options['gene'].get('k')
-    return f'{method.label} (k={k})' if k else method.label
-
-
-PART = harness.Part(descendant_config=descendant_config, options=options, label=label)
+STUDY = study.Study(descendant_config=descendant_config, claims=CLAIMS)

@@ -719,6 +719,7 @@ class Hooks:
     checkpoints: Checkpoints
     preemption: Preemption
     evaluation: Evaluation | None = None
+    stop_when: Callable[[dict], bool] | None = None
 
     def after_call(self, step: int, state: dict, bar: metrics_lib.Progress) -> tuple[bool, str | None, dict | None]:
         """Run the hooks due at `step` -> (a sync point, the checkpoint saved or None, the
@@ -761,6 +762,12 @@ def train_loop(state: dict, program: StepProgram, batches: _Batches, hooks: Hook
                             hooks.preemption.signal_name)
             hooks.log.writer.event(step, str(err))
             raise err
+        if eval_rec is not None and step < steps and hooks.stop_when is not None \
+                and hooks.stop_when(eval_rec):
+            if saved is None:
+                hooks.checkpoints.save(step, state, eval_rec)
+            hooks.log.writer.event(step, f'stopped at step {step} of {steps}: stop_when is met')
+            break
     hooks.log.flush(step)
     return state
 
@@ -792,7 +799,8 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
         model_parallel: int = 1,
         fsdp_min_size: int = 2 ** 12, microbatches: int = 1, steps_per_call: int | str = 'auto',
         resume: bool = True, progress: bool = True, console: bool = True,
-        tensorboard: bool = True, handle_sigterm: bool = True):
+        tensorboard: bool = True, handle_sigterm: bool = True,
+        stop_when: Callable[[dict], bool] | None = None):
     """Train `trainable` for `steps` optimiser steps; returns `(trainable, history)`.
 
     The pieces, in order: `create_state` (placement, init), `restore_or_start` (resume),
@@ -843,6 +851,9 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
         workdir, the tqdm bar, console lines (metrics, resume, preemption), TensorBoard
         events and the SIGTERM / Ctrl-C checkpoint (`Preemption`: agreed across processes;
         it then raises `Preempted`, a SystemExit with status 143 or 130).
+      stop_when: `(eval record) -> bool`, asked after each evaluation: True ends the run there
+        (a checkpoint is written), e.g. early stopping once a target accuracy is reached.
+        The eval record is global, so every process stops at the same step.
     """
     _check_fit_args(steps, log_every, eval_every, checkpoint_every, eval_fn, eval_data,
                     microbatches, steps_per_call)
@@ -890,7 +901,7 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
                                   config=config, model_config=model_config)
         bar = metrics_lib.Progress(steps, initial=start, enabled=progress)
         with Preemption(handle_sigterm) as preemption:
-            hooks = Hooks(log_, checkpoints, preemption, evaluation)
+            hooks = Hooks(log_, checkpoints, preemption, evaluation, stop_when)
             state = train_loop(state, program, batches, hooks, start=start, steps=steps,
                                steps_per_call=steps_per_call, events=events, bar=bar)
     finally:

@@ -1,42 +1,57 @@
-r"""Scala end to end: one slimmable ViT on the digits with width ratios 0.25 … 1 (granularity
-1/8, X = 7), against US-Net, MatFormer and separately trained networks at equal training
-FLOPs, evaluated at every grid width and at the unseen widths between them.
+r"""The Scala study: one slimmable ViT (width ratios 0.25 … 1, granularity 1/8, X = 7) with
+both slicing rules, US-Net with the same warm-up, separate training at Scala's steps and at
+its FLOPs, and a converged Scratch, at every grid width and at the widths between them, under
+the fair protocol (`jlearngene.experiments.study`).
 
-    jlearngene train --config scala:digits --workdir DIR    # ≈ 10 CPU-minutes
-    jlearngene train --config scala:smoke --workdir DIR     # seconds: the tests' miniature
+    jlearngene train --config scala:digits --workdir DIR         # 3 seeds
+    jlearngene train --config scala:digits,quick --workdir DIR   # one seed
+    jlearngene train --config scala:smoke --workdir DIR          # seconds: the tests' miniature
 
-Arguments: 'digits' (default) or 'smoke' (granularity 1/4, X = 4: upper half {0.75}, lower
-{0.5}). Override anything, e.g. `--config.slim.rule=official`, `--config.slim.granularity=0.0625`,
-`--config.teacher.steps=300` (a full-size teacher for DeiT hard distillation of the full
-network), `--config.methods="('scala','separate')"`.
-
-Scala: `train.warmup_steps` full-only steps at `warmup_lr_factor` × lr, then `train.steps`
-four-width steps. The other methods get the steps of equal training FLOPs.
+1. Scratch at every width (4 heads, MLP 2 × width, depth 4, class token): lr sweep, plateau
+   step S; the reference S is the full width's.
+2. Scala (`slim.rule` per variant: 'clean' or 'official'): 0.1·S full-width warm-up at half
+   the lr, then 2·S steps of the four-width loss; US-Net (sandwich rule, in-place
+   distillation) with the same warm-up and steps.
+3. Sub-networks evaluated as they are (0·S) at the grid widths 16 … 64 and the off-grid
+   widths 20 … 60 (never trained); separate networks trained at each width for Scala's total
+   steps (`separate/steps`) and for its FLOPs shared over the widths (`separate/flops`).
 """
 
-from jlearngene.experiments.configs import experiment_base, parse_arg, section as _d
+from jlearngene.experiments.configs import parse_arg, section as _d, study_base
 
 ARGS = ('digits', 'smoke')
 
 
 def get_config(arg=None):
-    scale, _ = parse_arg(arg, ARGS, ())
-    c = experiment_base('scala', scale, eval_batch_size=256)
+    scale, flags = parse_arg(arg, ARGS, ('quick',))
+    c = study_base('scala', scale)
+    c.eval_batch_size = 256
     c.model = _d(variant='Ti', width=64, num_heads=4, mlp_dim=128, patch_size=4,
                  image_size=16, channels=1, pool='cls')
     c.depth = 4
+    c.keep_heads = True            # every width keeps the 4 heads, as the sub-networks do
+    c.shapes = tuple((w, 4) for w in range(16, 65, 4))   # grid (every 8) and the widths between
+    c.mlp_ratio = 2
     # rule: 'clean' | 'official' (genes/scala.py); isolated=False slices every width on the left
     c.slim = _d(smallest=0.25, granularity=0.125, rule='clean', ce_weight=1.0,
-                transfer='progressive', isolated=True, matformer=(0.25, 0.5, 0.75, 1.0))
-    c.train = _d(warmup_steps=60, warmup_lr_factor=0.5, steps=540)
-    c.teacher = _d(steps=0)        # > 0: train a full-size teacher first (DeiT hard distillation)
-    c.methods = ('scala', 'us_net', 'matformer', 'separate')
+                transfer='progressive', isolated=True, warmup_fraction=0.1, warmup_lr_factor=0.5,
+                fraction=2.0)
+    c.descend = _d(fractions=(0.0,), lr=1e-3, evals=5)
+    c.methods = ('scala', 'us_net', 'separate')
+    c.variants = _d(scala=_d(descend=_d(rule=('clean', 'official'))),
+                    separate=_d(descend=_d(budget=('steps', 'flops'))))
 
     if scale == 'smoke':
+        c.seeds = (0,)
         c.batch_size = 16
         c.model.update(width=32, num_heads=4, mlp_dim=64, patch_size=8)
         c.depth = 1
+        c.shapes = ((8, 1), (32, 1))
         c.slim.granularity = 0.25
-        c.train.update(warmup_steps=2, steps=4)
+        c.scratch.update(steps=8, eval_every=4, patience=1)
+        c.descend.evals = 2
         c.optim.warmup_steps = 0
+
+    if 'quick' in flags:
+        c.seeds = c.seeds[:1]
     return c

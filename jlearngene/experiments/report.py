@@ -1,0 +1,199 @@
+"""A study's tables and plot, from its results (`study.run`): pure functions of the dict
+that `results.json` holds, so a recorded run can be re-rendered without training."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+
+def _g(x) -> str:
+    return '–' if x is None else f'{x / 1e9:.3g}'
+
+
+def _shape(s) -> str:
+    return f'w{s[0]} L{s[1]}'
+
+
+def _break_even(s: dict) -> str:
+    """'N* w/o / with source': the least number of descendants from which the method's
+    total FLOPs to the target are below Scratch's; 'never' without a saving per descendant,
+    '–' for Scratch and where a seed did not reach the target."""
+    be = s.get('break_even')
+    if not be:
+        return '–'
+    word = lambda n: 'never' if n is None else str(n)   # noqa: E731
+    return f"{word(be['without_source'])} / {word(be['with_source'])}"
+
+
+def _budget(s: dict) -> str:
+    """A row's budget: Scratch's steps and lr, a separately trained width's steps, else the
+    fraction of S and its steps (the mean taken where runs stopped at the target)."""
+    if s['name'] == 'scratch':
+        return f"{s['steps']} steps (lr {s['lr']:g})"
+    if s['name'].startswith('separate'):
+        return f"{s['steps']} steps"
+    taken = s.get('steps_taken', s.get('steps'))
+    if taken is None:
+        return f"{s['fraction']:g}·S"
+    stopped = f', {taken:.0f} taken' if taken < s['steps'] else ''
+    return f"{s['fraction']:g}·S = {s['steps']} steps{stopped}"
+
+
+def markdown(results: dict) -> str:
+    """Scratch's baseline, the upstream runs, one row per (method, shape, budget) with mean ±
+    std over the seeds and every FLOPs count, what cannot be made, and the verdicts."""
+    cfg, ref = results['config'], results['reference']
+    seeds = results['seeds']
+    amortise = list(next(iter(results['summary']))['amortised']) if results['summary'] else []
+    lines = [f"Seeds {seeds}; batch {cfg['batch_size']}; reference (teacher) shape "
+             f"w{ref['width']} L{ref['depth']}, its Scratch plateau S = {ref['S']} steps. Target at "
+             f"each shape: Scratch's mean final accuracy − {cfg['target_gap'] * 100:g} pt.", '',
+             '**Scratch** (lr sweep on the first seed, every seed at the chosen lr; S: the plateau '
+             f"step, first evaluation within {cfg['scratch']['plateau'] * 100:g} pt of the final "
+             'accuracy):', '',
+             '| shape | lr sweep (final acc.) | chosen lr | steps | S | converged | acc. (mean ± std) | target |',
+             '|---|---|---|---|---|---|---|---|']
+    for key, b in results['scratch'].items():
+        w, d = key[1:].split('_d')
+        sweep = ', '.join(f'{lr}: {a:.3f}' for lr, a in b['sweep'].items())
+        lines.append(f"| w{w} L{d} | {sweep} | {b['lr']:g} | {cfg['scratch'].get('steps') or '–'} | "
+                     f"{b['S']} | {'yes' if b['converged'] else '**no**'} | {b['acc']:.4f} ± {b['std']:.4f} | "
+                     f"{b['acc'] - cfg['target_gap']:.4f} |")
+    ups = results['upstream_flops']
+    first = ups[str(seeds[0])] if str(seeds[0]) in ups else next(iter(ups.values()))
+    lines += ['', 'Upstream runs per seed (training GFLOPs; the pretrained source: the teacher, the '
+              "reference shape's Scratch run, and the small model the growth methods grow): "
+              + ', '.join(f'{k} {_g(v)}' for k, v in sorted(first.items())) + '.']
+    info = results.get('info', {})
+    accs = {}
+    for per_seed in info.values():
+        for k, v in per_seed.items():
+            if k.endswith('_accuracy'):
+                accs.setdefault(k[:-len('_accuracy')], []).append(v)
+    if accs:
+        lines[-1] += ' Test accuracy: ' + ', '.join(
+            f'{k} {np.mean(v):.4f} ± {np.std(v):.4f}' for k, v in accs.items()) + '.'
+    head = ['shape', 'method', 'budget', 'acc. at init', 'acc. (mean ± std)', 'target reached',
+            'own GFLOPs', 'to target: own (GFLOPs)', 'upstream w/o / with source (GFLOPs)']
+    head += [f'per descendant, N={n} (w/o / with source)' for n in amortise]
+    head += ['beats Scratch from N = (w/o / with source)']
+    lines += ['', '| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    order = {n: i for i, n in enumerate(['scratch'] + results['rows_spec'])}
+    summary = sorted(results['summary'], key=lambda s: (results['shapes'].index(s['shape']),
+                                                        order.get(s['name'], 99), s['fraction']))
+    for s in summary:
+        budget = _budget(s)
+        init = '–' if s['acc_init'] is None else f"{s['acc_init']:.3f}"
+        cells = [_shape(s['shape']), s['label'], budget, init, f"**{s['acc']:.4f}** ± {s['std']:.4f}",
+                 f"{s['reached']}/{s['seeds']}", _g(s['own_flops']), _g(s['reach_flops']),
+                 f"{_g(s['upstream_flops_without_source'])} / {_g(s['upstream_flops'])}"]
+        cells += [f"{_g(a['without_source'])} / {_g(a['with_source'])}" for a in s['amortised'].values()]
+        cells.append(_break_even(s))
+        lines.append('| ' + ' | '.join(cells) + ' |')
+    lines += ['', *by_method(results)]
+    cannot = [(results['labels'][n], k, why) for n, d in results['cannot'].items() for k, why in d.items()]
+    if cannot:
+        lines += ['', 'Shapes a method cannot make: ' + '; '.join(
+            f"{lab} at {k.replace('_d', ' L')}: {why}" for lab, k, why in cannot) + '.']
+    lines += ['', "Budgets are fractions of the shape's S (upstream: of the reference S). Own FLOPs: "
+              "the descendant's fine-tuning plus any per-descendant operator; to target: own FLOPs "
+              'until the first evaluation at the target (linear between evaluations; – where a '
+              'seed never reaches it); per descendant for N descendants: upstream / N + own; '
+              "N*: the least N with upstream + N × (FLOPs to target) below N × Scratch's FLOPs "
+              'to the target. '
+              'Costs: 3× forward FLOPs per training image (`costs`); distillation adds a teacher '
+              f"forward. Wall time {results['seconds']:.0f} s."]
+    if results.get('verdicts'):
+        lines += ['', '**Verdicts** (a difference counts only beyond twice the seeds\' spread):', '']
+        lines += [f"* {v['claim']}: **{v['verdict']}**. {v['detail']}." for v in results['verdicts']]
+    return '\n'.join(lines)
+
+
+def by_method(results: dict) -> list[str]:
+    """Markdown lines: per method at its largest budget, over the shapes it makes: the
+    shapes, the runs that reached the target, the mean accuracy difference to Scratch at
+    the same shapes, its FLOPs to the target against Scratch's (own + upstream without the
+    source for one descendant; where every seed reached it) and the break-even N."""
+    summary = [s for s in results['summary'] if s['name'] != 'scratch']
+    scratch = {tuple(s['shape']): s for s in results['summary'] if s['name'] == 'scratch'}
+    lines = ['**Per method** (its largest budget; Δ: accuracy minus Scratch\'s at the same shapes; '
+             "FLOPs ratio: FLOPs to the target, upstream without the source counted for one "
+             "descendant, over Scratch's, where every seed reached it):", '',
+             '| method | budget | shapes made | runs at the target | Δ vs Scratch (mean) '
+             '| FLOPs to target / Scratch\'s | beats Scratch from N (w/o source) |', '|---|---|---|---|---|---|---|']
+    for name in results['rows_spec']:
+        mine = [s for s in summary if s['name'] == name]
+        if not mine:
+            continue
+        top = max(s['fraction'] for s in mine)
+        mine = [s for s in mine if s['fraction'] == top]
+        delta = np.mean([s['acc'] - scratch[tuple(s['shape'])]['acc'] for s in mine])
+        ratios = [(s['reach_flops'] + s['upstream_flops_without_source']) / scratch[tuple(s['shape'])]['reach_flops']
+                  for s in mine if s['reach_flops'] is not None and scratch[tuple(s['shape'])]['reach_flops']]
+        ratio = (f'{min(ratios):.2f}–{max(ratios):.2f}' if len(ratios) > 1 else f'{ratios[0]:.2f}') if ratios else '–'
+        be = [s.get('break_even', {}).get('without_source') for s in mine if s.get('break_even')]
+        be_text = ', '.join('never' if n is None else str(n) for n in be) if be else '–'
+        lines.append(f"| {mine[0]['label']} | {_budget(mine[0])} | {len(mine)} | "
+                     f"{sum(s['reached'] for s in mine)}/{sum(s['seeds'] for s in mine)} | "
+                     f'{delta:+.4f} | {ratio} | {be_text} |')
+    return lines
+
+
+def mean_curve(rows: list[dict], start_key: str = 'upstream_flops_without_source'):
+    """(total training FLOPs, mean accuracy) along runs of the same schedule, up to the
+    shortest (a run stopped early at the target ends there): each run's upstream (without
+    the pretrained source), its per-descendant extra and its fine-tuning so far."""
+    pts = []
+    for points in zip(*[r['curve'] for r in rows]):
+        step = points[0][0]
+        flops = np.mean([r[start_key] + r['extra_flops']
+                         + step * r.get('step_flops', r['finetune_flops'] / max(r['steps'], 1))
+                         for r in rows])
+        pts.append((float(flops), float(np.mean([a for _, a in points]))))
+    return pts
+
+
+def plot(results: dict, workdir: str) -> list[str]:
+    """accuracy_vs_flops.png: a panel per shape, test accuracy (mean over seeds) against total
+    training FLOPs (upstream without the pretrained source for one descendant, plus its own), each
+    method at its largest budget, Scratch's target dashed; returns its path."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    shapes = results['shapes']
+    names = ['scratch'] + results['rows_spec']
+    fig, axes = plt.subplots(1, len(shapes), figsize=(3.6 * len(shapes), 3.4), squeeze=False, sharey=True)
+    for ax, shape in zip(axes[0], shapes):
+        target = None
+        for i, name in enumerate(names):
+            rows = [r for r in results['rows'] if r.get('name', r['method']) == name and r['shape'] == shape]
+            if not rows:
+                continue
+            top = max(r['fraction'] for r in rows)
+            rows = [r for r in rows if r['fraction'] == top]
+            target = rows[0]['target']
+            pts = [(x / 1e9, y) for x, y in mean_curve(rows) if x > 0]
+            if pts:
+                ax.plot(*zip(*pts), marker='o', ms=2.5, color=f'C{i % 10}',
+                        label=results['labels'].get(name, 'Scratch'))
+        if target is not None:
+            ax.axhline(target, color='grey', ls='--', lw=0.8)
+        ax.set_xscale('log')
+        ax.set_title(_shape(shape), fontsize=9)
+        ax.set_xlabel('training GFLOPs (upstream w/o source + own)', fontsize=8)
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel('test accuracy (mean over seeds)')
+    handles, labels = [], []
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h), labels.append(lab)
+    fig.legend(handles, labels, loc='lower center', ncol=min(6, max(1, len(labels))), fontsize=7)
+    fig.tight_layout(rect=(0, 0.12 + 0.03 * (len(labels) // 7), 1, 1))
+    path = os.path.join(workdir, 'accuracy_vs_flops.png')
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return [path]

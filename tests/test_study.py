@@ -1,0 +1,334 @@
+"""The study harness (jlearngene/experiments/study.py): the protocol's rules, its arithmetic,
+the paper configs' plans on shapes alone, and miniature runs of every study (slow tier)."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from jlearngene import data
+from jlearngene.experiments import compare, configs, harness, letra, mango, report, scala, study, tleg
+
+# Scratch's schedule in each paper (../shared/specs/tleg_letra_cluster.md): DeiT's recipe,
+# 100 epochs at lr 5e-4 (batch 512) for TLEG's Table 1 and LeTra's Table 1; the comparison
+# follows TLEG. Budget fractions of S: TLEG's Aux-Net 150 / 100 epochs, descendants 35 / 100;
+# LeTra's Aux-Net 300 / 100, Des-Nets 0 and 5 / 100.
+PAPER_SCRATCH = {'tleg': (100.0, 5e-4), 'letra': (100.0, 5e-4), 'compare': (100.0, 5e-4)}
+PAPER_FRACTIONS = {'tleg': (1.5, (0.35,)), 'letra': (3.0, (0.0, 0.05)), 'compare': (1.5, (0.35,))}
+
+
+@pytest.mark.parametrize('name', sorted(PAPER_SCRATCH))
+def test_paper_config_plans_on_shapes_and_scratch_follows_the_paper(name):
+    config = configs.load(f'{name}:paper')
+    epochs, lr = PAPER_SCRATCH[name]
+    assert config.scratch.epochs == epochs and config.scratch.steps == 0
+    assert tuple(config.scratch.lrs) == (lr,)
+    aux, fractions = PAPER_FRACTIONS[name]
+    assert config.aux.fraction == aux and tuple(config.descend.fractions) == fractions
+    study.check(config)                          # a paper config may follow a single lr
+    plan = study.plan(config, 1000, harness.module(name).STUDY)   # jax.eval_shape of every descend
+    shapes = {tuple(s) for s in config.shapes}
+    assert set(plan['scratch']) == shapes
+    made = {n: {s for s, c in p.items() if not isinstance(c, str)} for n, p in plan.items()}
+    assert all(made[n] for n in made), made      # every method makes at least one shape
+    if name == 'compare':
+        assert made['tleg'] == made['he_lg'] == {(768, 6), (768, 12)}   # the Aux-Net's width only
+        assert made['scala'] == {(384, 12), (576, 12), (768, 12)}        # its depth only
+        assert (768, 6) not in made['mango']                              # growth never removes layers
+        assert plan['scala'][(576, 12)].num_heads == 12                  # Scala keeps every head
+    if name == 'tleg':
+        assert all(c.pool_norm == 'after' for c in plan['scratch'].values())   # the official Des-Net
+    if name == 'letra':
+        assert made['letra/continuous'] == shapes
+
+
+@pytest.mark.parametrize('module', [tleg, letra, compare, mango, scala], ids=lambda m: m.__name__)
+def test_every_claim_names_rows_and_budgets_its_study_runs(module):
+    name = module.__name__.rsplit('.', 1)[1]
+    config = configs.load(name)
+    rows = {n for n, _, _ in study.variants(config)} | {'scratch'}
+    fractions = set(config.descend.fractions) | {1.0}
+    shapes = {tuple(s) for s in config.shapes}
+    for claim in module.STUDY.claims:
+        assert claim.method in rows and (not claim.other or claim.other in rows), claim
+        assert claim.fraction in fractions, claim
+        assert claim.shapes is None or set(claim.shapes) <= shapes, claim
+        assert claim.kind in ('reaches', 'beats', 'close', 'cheaper'), claim
+
+
+def test_the_sweep_cannot_be_switched_off_outside_the_paper_configs():
+    for name in ('tleg', 'letra', 'compare'):
+        config = configs.load(name)
+        study.check(config)
+        assert len(config.scratch.lrs) >= study.MIN_SWEEP and len(config.seeds) >= 3
+        assert config.data.splits.test == 'half_test'
+        with pytest.raises(ValueError, match='at least 3'):
+            study.check(configs.load(name, {'scratch.lrs': (1e-3, 2e-3)}))
+    with pytest.raises(ValueError, match="'scratch' is the harness's own baseline"):
+        study.variants(configs.load('tleg', {'methods': ('scratch', 'tleg')}))
+    with pytest.raises(ValueError, match="unknown method 'nosuch'"):
+        study.variants(configs.load('tleg', {'methods': ('tleg', 'nosuch')}))
+    assert [n for n, _, _ in study.variants(configs.load('letra:smoke'))] == [
+        'letra/continuous', 'letra/random', 'imwlm']
+
+
+def test_budget_fractions_of_the_spec():
+    tleg, letra, compare = configs.load('tleg'), configs.load('letra'), configs.load('compare')
+    assert tleg.aux.fraction == 1.5 and tuple(tleg.descend.fractions) == (0.35,)
+    assert letra.aux.fraction == 3.2 and tuple(letra.descend.fractions) == (0.0, 0.05)
+    assert compare.aux.fractions.letra == 3.2 and compare.operator.fraction == 0.05
+    assert study.fraction_steps(0.35, 1000) == 350 and study.fraction_steps(0.0, 1000) == 0
+    assert study.fraction_steps(1e-4, 100) == 1
+
+
+def test_plateau_rule():
+    rising = [(50 * i, a) for i, a in enumerate([0.5, 0.8, 0.9, 0.95, 0.96, 0.965, 0.97, 0.97, 0.971])]
+    s, ok = study.plateau(rising, 0.005, 2)
+    assert s == 300 and ok                 # first within 0.5 pt of 0.971 (0.97); last two flat
+    still = rising[:5]                     # ..., 0.9, 0.95, 0.96: still gaining
+    assert study.plateau(still, 0.005, 2) == (200, False)
+    assert study.plateau([(0, 0.1), (10, 0.2)], 0.005, 4) == (10, False)   # too short to tell
+
+
+def test_reach_interpolates_between_evaluations():
+    curve = [(0, 0.1), (10, 0.3), (20, 0.7)]
+    # start 5, 2 per step: x = 5, 25, 45; 0.5 is halfway between steps 10 and 20
+    assert study.reach(curve, 5.0, 2.0, 0.5) == pytest.approx(35.0)
+    assert study.reach(curve, 5.0, 2.0, 0.05) == 5.0
+    assert study.reach(curve, 5.0, 2.0, 0.9) is None
+
+
+def test_break_even_is_the_cost_arithmetic():
+    # U + N·c < N·c_s  <=>  N > U / (c_s - c)
+    assert study.break_even(100.0, 2.0, 7.0) == 21            # 100/5 = 20: a tie at 20
+    assert study.break_even(99.0, 2.0, 7.0) == 20
+    assert study.break_even(0.0, 1.0, 3.0) == 1                # no upstream: from the first
+    assert study.break_even(10.0, 3.0, 3.0) is None            # no saving per descendant
+    for u, c, cs in ((37.5, 1.25, 4.0), (1e12, 3e9, 8e9), (5.0, 0.0, 0.5)):
+        n = study.break_even(u, c, cs)
+        assert u + n * c < n * cs and (n == 1 or u + (n - 1) * c >= (n - 1) * cs)
+
+
+def _record(name, seed, acc, *, shape=(8, 2), fraction=0.5, reach=None, up=30.0, up_wo=10.0):
+    return dict(method=name.split('/')[0], name=name, label=name, shape=list(shape), seed=seed,
+                fraction=fraction, steps=10, lr=1e-3, acc_init=0.1, acc=acc,
+                curve=[(0, 0.1), (10, acc)], params=100, extra_flops=1.0, finetune_flops=9.0,
+                target=0.795, reach_flops=reach, upstream_flops=up, upstream_flops_without_source=up_wo,
+                plateau_step=40, converged=True)
+
+
+def _results(method_accs, scratch_accs=(0.80, 0.80, 0.80), reach=5.0):
+    rows = [dict(_record('scratch', s, a, fraction=1.0, reach=20.0, up=0.0, up_wo=0.0))
+            for s, a in enumerate(scratch_accs)]
+    rows += [_record('tleg', s, a, reach=reach) for s, a in enumerate(method_accs)]
+    rows += [_record('share_init', s, 0.70, reach=None) for s in range(3)]
+    return dict(config={'amortise': (1, 4)}, shapes=[[8, 2]], rows=rows)
+
+
+def test_summary_mean_std_amortised_cost_and_break_even():
+    results = _results((0.90, 0.92, 0.94))
+    s = {x['name']: x for x in study.summarise(results, (1, 4))}
+    t = s['tleg']
+    assert t['acc'] == pytest.approx(0.92) and t['std'] == pytest.approx(np.std([0.90, 0.92, 0.94]))
+    assert t['own_flops'] == 10.0 and t['reached'] == 3 and t['reach_flops'] == 5.0
+    assert t['amortised']['1'] == {'without_source': 20.0, 'with_source': 40.0}
+    assert t['amortised']['4'] == {'without_source': 12.5, 'with_source': 17.5}
+    # 10 + N·5 < N·20 from N = 1; 30 + N·5 < N·20 from N = 3
+    assert t['break_even'] == {'without_source': 1, 'with_source': 3}
+    assert s['share_init']['reach_flops'] is None and 'break_even' not in s['share_init']
+    assert s['scratch']['converged'] and s['scratch']['plateau_step'] == 40
+
+
+def test_verdicts_count_a_difference_only_beyond_twice_the_spread():
+    beats = study.Claim('TLEG beats Share-Init', 'beats', 'tleg', 0.5, other='share_init')
+    reaches = study.Claim('TLEG reaches', 'reaches', 'tleg', 0.5, flops_ratio=0.6)
+
+    def check(accs, claim):
+        results = _results(accs)
+        results['summary'] = study.summarise(results, (1,))
+        return study.verdict(claim, results)
+
+    assert check((0.90, 0.92, 0.94), beats)['verdict'] == 'reproduced'          # Δ 0.22 > 2σ
+    noisy = check((0.40, 0.72, 1.0), beats)                                      # Δ 0.007, 2σ 0.49
+    assert noisy['verdict'] == 'not reproduced' and '2σ 0.490' in noisy['detail']
+    # reaches 0.795 at 0.92, but FLOPs: upstream 10 + own 10 = 20 vs Scratch's own 10: 2× > 0.6×
+    v = check((0.90, 0.92, 0.94), reaches)
+    assert v['verdict'] == 'not reproduced' and '2.00×' in v['detail'] and 'met' in v['detail']
+    assert check((0.70, 0.70, 0.70), dataclass_replace(reaches, flops_ratio=None))['verdict'] == 'not reproduced'
+    assert check((0.90,) * 3, dataclass_replace(reaches, flops_ratio=None))['verdict'] == 'reproduced'
+    missing = study.Claim('x', 'beats', 'mango', 0.5, other='tleg')
+    assert check((0.9,) * 3, missing)['verdict'] == 'not testable here'
+
+
+def test_close_cheaper_and_shape_limited_claims():
+    results = _results((0.79, 0.80, 0.81), reach=5.0)
+    results['summary'] = study.summarise(results, (1,))
+    close = study.Claim('TLEG close to Share-Init', 'close', 'tleg', 0.5, other='share_init', tolerance=0.01)
+    assert study.verdict(close, results)['verdict'] == 'reproduced'            # 0.80 ≥ 0.70 − 0.01
+    behind = study.Claim('x', 'close', 'share_init', 0.5, other='tleg', tolerance=0.05)
+    assert study.verdict(behind, results)['verdict'] == 'not reproduced'      # 0.10 below
+    # per seed: own to target 5 + upstream w/o source 10 = 15 against Scratch's 20 + 0
+    cheaper = study.Claim('TLEG cheaper', 'cheaper', 'tleg', 0.5)
+    v = study.verdict(cheaper, results)
+    assert v['verdict'] == 'reproduced' and '(0.75×)' in v['detail']
+    assert study.verdict(dataclass_replace(cheaper, flops_ratio=0.5), results)['verdict'] == 'not reproduced'
+    never = study.Claim('Share-Init cheaper', 'cheaper', 'share_init', 0.5)
+    assert study.verdict(never, results)['verdict'] == 'not reproduced'       # no seed reached it
+    results['rows'][0]['reach_flops'] = None                                  # a Scratch seed short of it
+    v = study.verdict(cheaper, results)
+    assert v['verdict'] == 'not testable here' and 'scratch in 2/3' in v['detail']
+    assert study.verdict(never, results)['verdict'] == 'not reproduced'       # 0/3 against Scratch's 2/3
+    elsewhere = dataclass_replace(close, shapes=((4, 4),))
+    assert study.verdict(elsewhere, results)['verdict'] == 'not testable here'
+
+
+def test_variants_name_a_gene_or_descend_option():
+    mango = configs.load('mango')
+    rows = study.variants(mango)
+    assert [n for n, _, _ in rows][:3] == ['mango/1', 'mango/2', 'mango/4']
+    assert rows[1][2] == {'gene': {'rank': 2}, 'descend': {}}
+    cfg = study.reference_config(mango, 10)
+    assert study.gene_options(mango, 'mango', cfg, cfg, rows[1][2]) == {'noise': 1e-2, 'remat': False, 'rank': 2}
+    assert study.label('mango/2', mango) == 'Mango (R=2)'
+    scala = configs.load('scala')
+    assert study.descend_options(scala, 'scala', {'descend': {'rule': 'official'}})['rule'] == 'official'
+    assert study.label('separate/flops', scala) == "Separate (Scala's flops)"
+    assert study.upstream_names('scala', 'scala/official') == ('scala/official',)
+    with pytest.raises(ValueError, match='one gene or descend option'):
+        study.variants(configs.load('mango', {'variants.mango': {'rank': (1, 2)}}))
+
+
+def test_scala_study_plan_keeps_every_head_and_its_depth():
+    config = configs.load('scala')
+    plan = study.plan(config, 10, harness.module('scala').STUDY)
+    assert plan['scratch'][(20, 4)].num_heads == 4 and plan['scratch'][(20, 4)].head_dim == 5
+    assert plan['scala/clean'][(24, 4)].num_heads == 4
+    assert plan['scala/official'][(24, 4)].ln_eps == 1e-5              # the official sub-network
+    assert all(not isinstance(c, str) for p in plan.values() for c in p.values())
+
+
+def test_info_describes_a_study_workdir_and_its_results(tmp_path, capsys):
+    from jlearngene import cli
+    results = _results((0.90, 0.92, 0.94))
+    results.update(seeds=[0, 1, 2], verdicts=[{'claim': 'TLEG beats Share-Init', 'verdict': 'reproduced',
+                                               'detail': ''}], config={'experiment': 'tleg', 'amortise': (1,)})
+    (tmp_path / 'results.json').write_text(json.dumps(results))
+    (tmp_path / 'runs').mkdir()
+    assert cli.main(['info', str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f'experiment workdir {tmp_path}') and "experiment 'tleg'" in out
+    assert '9 records, seeds [0, 1, 2]' in out and 'TLEG beats Share-Init: reproduced' in out
+    assert 'runs/: 0 entries' in out
+
+
+def dataclass_replace(claim, **changes):
+    import dataclasses
+    return dataclasses.replace(claim, **changes)
+
+
+def test_the_studies_digits_split_is_half_and_fixed():
+    train, test = data.digits_split_indices('half_train'), data.digits_split_indices('half_test')
+    assert (len(train), len(test)) == (896, 901)       # classes of odd size: one more test image
+    assert not set(train) & set(test) and len(set(train) | set(test)) == 1797
+    labels = data.digits('half_test').labels
+    counts = np.bincount(labels, minlength=10)               # stratified: half of every class
+    assert set(counts - np.bincount(data.digits('half_train').labels, minlength=10)) <= {0, 1}
+    assert len(data.digits_split_indices('test')) == 364       # the default split is unchanged
+    with pytest.raises(data.DataError, match="'half_testing'"):
+        data.digits_split_indices('half_testing')
+
+
+def _check_records(results, workdir):
+    for name in ('results.json', 'results.md', 'accuracy_vs_flops.png'):
+        assert os.path.getsize(os.path.join(workdir, name)) > 0, name
+    saved = json.load(open(os.path.join(workdir, 'results.json')))
+    rows = saved['rows']
+    assert len(rows) == len(results['rows'])
+    for r in rows:
+        assert {'method', 'shape', 'seed', 'acc', 'finetune_flops', 'fraction'} <= set(r)
+        assert 0.0 <= r['acc'] <= 1.0
+        if r['method'] == 'scratch':
+            assert r['lr'] in saved['config']['scratch']['lrs'] and r['steps'] > 0
+    assert saved['verdicts'] == results['verdicts']
+    # the report is a function of results.json: re-rendering gives the same table
+    assert study.render(workdir)['table'] == results['table']
+    assert report.markdown(saved) == results['table']
+    return saved
+
+
+@pytest.mark.slow
+def test_tleg_smoke_study(tmp_path, capsys):
+    results = harness.run(configs.load('tleg:smoke'), str(tmp_path))
+    out, err = capsys.readouterr()
+    assert not out and 'scratch  w32 L1 lr 0.001 seed 0' in err      # progress on stderr
+    saved = _check_records(results, str(tmp_path))
+    by = {(tuple(r['shape']), r['method']): r for r in saved['rows']}
+    aux = saved['info']['0']
+    # the descendant at the Aux-Net's depth is the Aux-Net: its accuracy before fine-tuning
+    assert by[((32, 2), 'tleg')]['acc_init'] == pytest.approx(aux['aux_tleg_accuracy'], abs=1e-9)
+    up = saved['upstream_flops']['0']
+    assert by[((32, 1), 'tleg')]['upstream_flops'] == pytest.approx(up['teacher'] + up['aux_tleg'])
+    assert by[((32, 1), 'tleg')]['upstream_flops_without_source'] == pytest.approx(up['aux_tleg'])
+    assert by[((32, 1), 'he_lg')]['upstream_flops_without_source'] == 0.0
+    assert len(saved['verdicts']) == 3 and all(v['verdict'] for v in saved['verdicts'])
+    from jlearngene import genes
+    from jlearngene.train import checkpoint
+    gene, aux_cfg, extra = checkpoint.load_model(str(tmp_path / 'genes' / 'tleg' / 'seed_0'))
+    assert extra['kind'] == 'tleg_gene' and aux_cfg.depth == 2
+    assert genes.get('tleg').descend(gene, aux_cfg.replace(depth=5))['blocks']['attn']['q']['kernel'].shape[0] == 5
+
+
+@pytest.mark.slow
+def test_letra_smoke_study(tmp_path):
+    results = harness.run(configs.load('letra:smoke'), str(tmp_path), quiet=True)
+    saved = _check_records(results, str(tmp_path))
+    names = {(r['name'], r['fraction']) for r in saved['rows'] if r['method'] != 'scratch'}
+    assert names == {(n, f) for n in ('letra/continuous', 'letra/random', 'imwlm') for f in (0.0, 0.05)}
+    untuned = [r for r in saved['rows'] if r['fraction'] == 0.0]
+    assert all(r['acc'] == r['acc_init'] and r['finetune_flops'] == 0 for r in untuned)
+
+
+@pytest.mark.slow
+def test_compare_smoke_study(tmp_path):
+    results = harness.run(configs.load('compare:smoke'), str(tmp_path), quiet=True)
+    saved = _check_records(results, str(tmp_path))
+    assert "pre_fin: the gene's" in saved['cannot']['pre_fin']['w12_d2']
+    assert 'Pre-Fin at w12 L2' in results['table']
+    assert {tuple(r['shape']) for r in saved['rows'] if r['method'] == 'pre_fin'} == {(16, 2)}
+
+
+@pytest.mark.slow
+def test_scala_smoke_study(tmp_path):
+    results = harness.run(configs.load('scala:smoke'), str(tmp_path), quiet=True)
+    saved = _check_records(results, str(tmp_path))
+    rows = saved['rows']
+    up = saved['upstream_flops']['0']
+    assert {'scala/clean', 'scala/official', 'us_net'} <= set(up)     # one network per row
+    steps = saved['info']['0']['scala/clean_steps']
+    for r in rows:
+        if r['method'] in ('scala', 'us_net'):
+            assert r['steps'] == 0 and r['acc'] == r['acc_init']      # sub-networks as they are
+            assert r['upstream_flops_without_source'] == up[r['name']]
+        if r['name'] == 'separate/steps':
+            assert r['steps'] == steps                                # Scala's steps at every width
+    flops = [r for r in rows if r['name'] == 'separate/flops']
+    spent = sum(r['finetune_flops'] for r in flops)                   # Scala's FLOPs over the widths
+    assert spent == pytest.approx(up['scala/clean'], rel=0.5 / flops[0]['steps'] + 1e-6)
+    assert "Separate (Scala's steps)" in results['table']
+
+
+@pytest.mark.slow
+def test_mango_smoke_study(tmp_path):
+    results = harness.run(configs.load('mango:smoke'), str(tmp_path), quiet=True)
+    saved = _check_records(results, str(tmp_path))
+    up = saved['upstream_flops']['0']
+    small = saved['scratch']['w16_d1']                  # the small model is a converged Scratch run
+    assert up['small'] > 0 and small['lr'] in saved['config']['scratch']['lrs']
+    grown = {r['name']: r for r in saved['rows'] if r['method'] != 'scratch'}
+    assert set(grown) == {'mango/2', 'bert2bert'}
+    assert grown['mango/2']['extra_flops'] > 0 and grown['bert2bert']['extra_flops'] == 0
+    for r in grown.values():                             # stopped at the target, or ran out
+        stopped = r['steps_taken'] < r['steps']
+        assert not stopped or r['acc'] >= r['target']
+        assert r['upstream_flops_without_source'] == 0 and r['upstream_flops'] == up['small']
+    assert 'Mango (R=2)' in results['table']
