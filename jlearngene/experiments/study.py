@@ -430,17 +430,20 @@ def fraction_steps(fraction: float, S: int) -> int:
     return 0 if fraction <= 0 else max(1, int(round(fraction * S)))
 
 
-def upstream(runner: Runner, rows: list, ref: ViTConfig, S_ref: int, teacher, seed: int,
-             base: dict) -> dict:
+def upstream(runner: Runner, rows: list, ref: ViTConfig, S_ref: int, teacher, t_cfg: ViTConfig,
+             seed: int, base: dict) -> dict:
     """Every upstream stage the study's methods need, for one seed: {'products': {name:
-    params or gene}, 'flops': {name: training FLOPs}, 'info': {...}, 'small_cfg'}. The
+    params or gene}, 'flops': {name: training FLOPs}, 'info': {...}, 'small_cfg',
+    'teacher_cfg'}. `ref` is the model section's config (Aux-Nets, slimmable networks),
+    `t_cfg` the teacher's: the reference shape's Scratch config (through the study's
+    `descendant_config`, e.g. TLEG's official Des-Net pooling). The
     small model the growth methods grow is the converged Scratch run of its shape where
     `small.converged` (its shape then joins Scratch's), else trained `small.fraction`·S."""
     config = runner.config
     methods = {m for _, m, _ in rows}
     needed = {u for m in methods for u in upstream_names(m)}
     products, flops, info = {'teacher': teacher}, {}, {}
-    checkpoint.save_model(os.path.join(runner.workdir, 'teacher', f'seed_{seed}'), teacher, ref,
+    checkpoint.save_model(os.path.join(runner.workdir, 'teacher', f'seed_{seed}'), teacher, t_cfg,
                           overwrite=True, extra={'kind': 'teacher', 'seed': seed})
     for method in sorted(methods & set(DISTILLED)):
         mt = genes.get(method)
@@ -451,14 +454,14 @@ def upstream(runner: Runner, rows: list, ref: ViTConfig, S_ref: int, teacher, se
                        aux=dict(harness.plain(config['aux']), steps=steps, epochs=0.0, fractions={}))
         gene, acc, secs, _ = harness.distil(
             f'aux_{method}_s{seed}', lambda g, mt=mt: mt.materialize(g, None, ref), gene0, teacher,
-            ref, ref, runner.dset, section, runner.workdir,
+            t_cfg, ref, runner.dset, section, runner.workdir,
             decay=letra.DECAY if method == 'letra' else None)
         products[method], info[f'aux_{method}_accuracy'] = gene, acc
         checkpoint.save_model(os.path.join(runner.workdir, 'genes', method, f'seed_{seed}'), gene, ref,
                               overwrite=True, extra={'kind': f'{method}_gene', 'method': method,
                                                      'seed': seed, 'aux_test_accuracy': acc})
         runner.timings[f'aux_{method}_s{seed}'] = secs
-        flops[f'aux_{method}'] = runner.run_flops(ref, steps, teacher=ref)
+        flops[f'aux_{method}'] = runner.run_flops(ref, steps, teacher=t_cfg)
         runner.say(f'aux-net  {method:<10} seed {seed}: {steps} steps, test accuracy {acc:.4f} ({secs:.0f}s)')
     for name, method, variant in rows:
         if method in SLIMMABLE:
@@ -467,7 +470,7 @@ def upstream(runner: Runner, rows: list, ref: ViTConfig, S_ref: int, teacher, se
                 runner, name, method, rule, ref, S_ref, seed)
     if 'cluster' in methods:
         products['cluster'], flops['attention_distance'], info['clusters'] = _cluster_gene(
-            config, teacher, ref)
+            config, teacher, t_cfg)
         runner.say(f"clusters seed {seed}: centroids per layer {info['clusters']}")
     small_cfg = None
     if 'small' in needed:
@@ -486,7 +489,7 @@ def upstream(runner: Runner, rows: list, ref: ViTConfig, S_ref: int, teacher, se
             info['small_accuracy'] = curve[-1][1]
         flops['small'] = runner.run_flops(small_cfg, steps)
         runner.say(f'small    seed {seed}: {steps} steps, test accuracy {info["small_accuracy"]:.4f}')
-    return dict(products=products, flops=flops, info=info, small_cfg=small_cfg)
+    return dict(products=products, flops=flops, info=info, small_cfg=small_cfg, teacher_cfg=t_cfg)
 
 
 def train_slimmable(runner: Runner, name: str, method: str, rule: str, ref: ViTConfig,
@@ -570,7 +573,7 @@ def descendant(runner: Runner, name: str, method: str, variant: dict, d_cfg: ViT
     if method == 'separate':
         return init(d_cfg, key), 0.0
     if method in TEACHER_GENES and method != 'cluster':
-        gene = genes.get(method).gene_from_model(products['teacher'], ref, **gopts)
+        gene = genes.get(method).gene_from_model(products['teacher'], up['teacher_cfg'], **gopts)
     else:
         gene = products['small' if method in GROWN else name if method in SLIMMABLE else method]
     return _jit_descend(method, d_cfg, tuple(sorted(opts.items())))(gene, key), 0.0
@@ -660,7 +663,7 @@ def run(config: Config, workdir: str, study: Study, *, quiet: bool = False) -> d
     if harness.get(harness.get(config, 'small', {}), 'converged', False):
         small_cfg = small_config(config, K)
         scratch_cfgs.setdefault((small_cfg.width, small_cfg.depth), small_cfg)
-    ref = scratch_cfgs[ref_shape] if ref_shape in the_plan['scratch'] else ref
+    t_cfg = scratch_cfgs[ref_shape]   # the teacher: the reference shape's Scratch run
     # 1. Scratch, the target and S.
     base = scratch_baseline(runner, scratch_cfgs, seeds)
     S_ref, gap = base[ref_shape]['S'], float(config['target_gap'])
@@ -683,9 +686,9 @@ def run(config: Config, workdir: str, study: Study, *, quiet: bool = False) -> d
     stop = bool(harness.get(config['descend'], 'stop_at_target', False))
     for seed in seeds:
         teacher = base[ref_shape]['params'][seed]
-        up = upstream(runner, rows_spec, ref, S_ref, teacher, seed, base)
+        up = upstream(runner, rows_spec, ref, S_ref, teacher, t_cfg, seed, base)
         upstream_flops[seed] = dict(up['flops'], teacher=base[ref_shape]['runs'][seed]['steps']
-                                    * runner.step_flops(ref))
+                                    * runner.step_flops(t_cfg))
         infos[seed] = up['info']
         for shape in shapes:
             S = base[shape]['S']
