@@ -111,7 +111,7 @@ def test_break_even_is_the_cost_arithmetic():
 
 def _record(name, seed, acc, *, shape=(8, 2), fraction=0.5, reach=None, up=30.0, up_wo=10.0):
     return dict(method=name.split('/')[0], name=name, label=name, shape=list(shape), seed=seed,
-                fraction=fraction, steps=10, lr=1e-3, acc_init=0.1, acc=acc,
+                fraction=fraction, steps=10, steps_taken=10, step_flops=0.9, lr=1e-3, acc_init=0.1, acc=acc,
                 curve=[(0, 0.1), (10, acc)], params=100, extra_flops=1.0, finetune_flops=9.0,
                 target=0.795, reach_flops=reach, upstream_flops=up, upstream_flops_without_source=up_wo,
                 plateau_step=40, converged=True)

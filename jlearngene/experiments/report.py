@@ -33,9 +33,7 @@ def _budget(s: dict) -> str:
         return f"{s['steps']} steps (lr {s['lr']:g})"
     if s['name'].startswith('separate'):
         return f"{s['steps']} steps"
-    taken = s.get('steps_taken', s.get('steps'))
-    if taken is None:
-        return f"{s['fraction']:g}·S"
+    taken = s['steps_taken']
     stopped = f', {taken:.0f} taken' if taken < s['steps'] else ''
     return f"{s['fraction']:g}·S = {s['steps']} steps{stopped}"
 
@@ -148,7 +146,7 @@ def mean_curve(rows: list[dict], start_key: str = 'upstream_flops_without_source
     for points in zip(*[r['curve'] for r in rows]):
         step = points[0][0]
         flops = np.mean([r[start_key] + r['extra_flops']
-                         + step * r.get('step_flops', r['finetune_flops'] / max(r['steps'], 1))
+                         + step * r['step_flops']
                          for r in rows])
         pts.append((float(flops), float(np.mean([a for _, a in points]))))
     return pts
@@ -168,7 +166,7 @@ def plot(results: dict, workdir: str) -> list[str]:
     for ax, shape in zip(axes[0], shapes):
         target = None
         for i, name in enumerate(names):
-            rows = [r for r in results['rows'] if r.get('name', r['method']) == name and r['shape'] == shape]
+            rows = [r for r in results['rows'] if r['name'] == name and r['shape'] == shape]
             if not rows:
                 continue
             top = max(r['fraction'] for r in rows)

@@ -745,8 +745,7 @@ def finish(results: dict, study: Study) -> dict:
     gap = float(results['config']['target_gap'])
     for r in results['rows']:
         r['target'] = results['scratch'][f"w{r['shape'][0]}_d{r['shape'][1]}"]['acc'] - gap
-        per_step = r.get('step_flops', r['finetune_flops'] / r['steps'] if r['steps'] else 0.0)
-        r['reach_flops'] = reach(r['curve'], r['extra_flops'], per_step, r['target'])
+        r['reach_flops'] = reach(r['curve'], r['extra_flops'], r['step_flops'], r['target'])
         ups = results['upstream_flops'].get(str(r['seed']), {})
         r['upstream_flops'] = sum(ups.get(u, 0.0) for u in r['upstream'])
         r['upstream_flops_without_source'] = sum(ups.get(u, 0.0) for u in r['upstream']
@@ -783,7 +782,7 @@ def summarise(results: dict, amortise: Sequence[float]) -> list[dict]:
     descendant for each N (without the source, the papers' count, and with it)."""
     groups: dict[tuple, list[dict]] = {}
     for r in results['rows']:
-        groups.setdefault((r.get('name', r['method']), tuple(r['shape']), r['fraction']), []).append(r)
+        groups.setdefault((r['name'], tuple(r['shape']), r['fraction']), []).append(r)
     out = []
     for (name, shape, fraction), rs in groups.items():
         acc, std = _mean_std([r['acc'] for r in rs])
@@ -791,11 +790,11 @@ def summarise(results: dict, amortise: Sequence[float]) -> list[dict]:
         up = float(np.mean([r['upstream_flops'] for r in rs]))
         up_wo = float(np.mean([r['upstream_flops_without_source'] for r in rs]))
         reached = [r['reach_flops'] for r in rs if r['reach_flops'] is not None]
-        s = dict(name=name, label=rs[0].get('label', 'Scratch'), shape=list(shape), fraction=fraction,
+        s = dict(name=name, label=rs[0]['label'], shape=list(shape), fraction=fraction,
                  seeds=len(rs), acc=acc, std=std, target=rs[0]['target'],
                  acc_init=None if rs[0]['acc_init'] is None else _mean_std([r['acc_init'] for r in rs])[0],
                  steps=int(round(np.mean([r['steps'] for r in rs]))),
-                 steps_taken=float(np.mean([r.get('steps_taken', r['steps']) for r in rs])),
+                 steps_taken=float(np.mean([r['steps_taken'] for r in rs])),
                  reached=len(reached), own_flops=own, upstream_flops=up,
                  upstream_flops_without_source=up_wo,
                  reach_flops=float(np.mean(reached)) if len(reached) == len(rs) else None,
@@ -827,18 +826,22 @@ def break_even(upstream: float, per_descendant: float, scratch_per_descendant: f
     return max(1, math.floor(upstream / saving) + 1)
 
 
+def _runs(rows, name, shape, fraction) -> list[dict]:
+    """The records (one per seed) of a row at a shape and budget."""
+    return [r for r in rows if r['name'] == name and tuple(r['shape']) == tuple(shape)
+            and r['fraction'] == fraction]
+
+
 def _reached(rows, name, shape, fraction) -> tuple[int, int]:
     """(seeds that reached the target, seeds) of a row at a shape."""
-    mine = [r for r in rows if r.get('name', r['method']) == name and tuple(r['shape']) == tuple(shape)
-            and r['fraction'] == fraction]
+    mine = _runs(rows, name, shape, fraction)
     return sum(r['reach_flops'] is not None for r in mine), len(mine)
 
 
 def _to_target(rows, name, shape, fraction) -> list[float] | None:
     """Per seed: own FLOPs to the target plus the upstream without the pretrained source;
     None unless every seed reached it."""
-    mine = [r for r in rows if r.get('name', r['method']) == name and tuple(r['shape']) == tuple(shape)
-            and r['fraction'] == fraction]
+    mine = _runs(rows, name, shape, fraction)
     if not mine or any(r['reach_flops'] is None for r in mine):
         return None
     return [r['reach_flops'] + r['upstream_flops_without_source'] for r in mine]
