@@ -5,24 +5,32 @@ Each subcommand lives in `jlearngene/commands/<name>.py` and exposes `HELP` (one
 trainer's imports.
 
 Errors are reported here, once for every command: an expected error (`expected_error`: a
-bad config, file, data set, gene or checkpoint, a non-finite loss, a missing optional
-package) is one line `jlearngene <command>: <message>` on stderr and exit status 1; the
+bad command line, config, file, data set, gene or checkpoint, a non-finite loss, a missing
+optional package) is one line `jlearngene <command>: <message>` on stderr and exit status 1
+(2 for the command line: `commands.config_args.UsageError`); the
 traceback follows only with `--verbose` (anywhere on the command line) or
 `JLEARNGENE_TRACEBACK=1`. Any other exception is a bug: its traceback is printed, then
 the same one line marked as an internal error. Ctrl-C during training saves a checkpoint
-like SIGTERM does (`train.trainer.Preemption`) and names it; elsewhere it stops with one
-line and status 130.
+like SIGTERM does (`train.trainer.Preemption`) and names it; elsewhere (an import, XLA's
+compilation, a checkpoint write, an evaluation) SIGINT and SIGTERM stop the process at once
+with one line and status 130 or 143 (`_stop_on_signal`). Library loggers (absl, through
+which orbax logs, and orbax) print only with `--verbose`: a command reports the problems
+it meets itself, in its one line.
 """
 from __future__ import annotations
 
 import importlib
+import logging
 import os
+import signal
 import sys
 import traceback
 
 COMMANDS = ('demo', 'train', 'compare', 'eval', 'plot', 'info', 'convert', 'gene', 'descend')
 TRACEBACK_ENV = 'JLEARNGENE_TRACEBACK'
 VERBOSE_FLAG = '--verbose'
+STOP_SIGNALS = ('SIGINT', 'SIGTERM')
+LIBRARY_LOGGERS = ('absl', 'orbax')
 
 
 def _usage() -> str:
@@ -62,7 +70,63 @@ def _message(e: BaseException) -> str:
     return text or type(e).__name__
 
 
+def _stop_line(prog: str, name: str) -> str:
+    what = 'interrupted (Ctrl-C)' if name == 'SIGINT' else f'stopped by {name}'
+    return (f'{prog}: {what}; a training run keeps its last checkpoint and resumes from it '
+            'when run again')
+
+
+def _stop_on_signal(prog: str) -> dict:
+    """Install handlers that end the process on SIGINT or SIGTERM with `_stop_line` on
+    stderr and status 128 + the signal number, at once (`os._exit`): the signal may land in
+    any library's code (an import, a gc callback of XLA, orbax's threads), where a raised
+    KeyboardInterrupt can be swallowed, or unwind into interpreter shutdown while XLA's and
+    tensorstore's threads still run. A training loop replaces them with its own, which
+    save a checkpoint first (`train.trainer.Preemption`), and puts them back after. Returns
+    the handlers replaced (none outside the main thread, where Python installs none)."""
+    def stop(signum, frame):
+        del frame
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError, RuntimeError):   # a closed pipe, or a flush in progress
+            pass
+        os.write(2, ('\n' + _stop_line(prog, signal.Signals(signum).name) + '\n').encode())
+        os._exit(128 + signum)
+
+    old = {}
+    try:
+        for name in STOP_SIGNALS:
+            old[name] = signal.signal(getattr(signal, name), stop)
+    except ValueError:   # not the main thread
+        pass
+    return old
+
+
+def _critical(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.CRITICAL
+
+
+def _quiet_libraries(verbose: bool) -> list:
+    """Unless `verbose`, the library loggers pass on CRITICAL records only: a filter on each
+    (absl resets its logger's level when a command parses its flags) and the level for
+    their child loggers. Returns what to undo."""
+    if verbose:
+        return []
+    undo = []
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        undo.append((logger, logger.level))
+        logger.addFilter(_critical)
+        logger.setLevel(logging.CRITICAL)
+    return undo
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the command of `argv` (default the process's command line). As the process's
+    entry point (no `argv`) the signal handlers and quiet loggers stay in place through the
+    interpreter's exit, where orbax's threads may still report a failed write; called with
+    `argv` (in-process), they are put back on return."""
+    entry_point = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = VERBOSE_FLAG in argv or os.environ.get(TRACEBACK_ENV, '') not in ('', '0')
     argv = [a for a in argv if a != VERBOSE_FLAG]
@@ -74,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f'jlearngene: unknown command {name!r}\n\n{_usage()}', file=sys.stderr)
         return 2
     prog = f'jlearngene {name}'
+    handlers, levels = _stop_on_signal(prog), _quiet_libraries(verbose)
     try:
         try:
             module = importlib.import_module(f'jlearngene.commands.{name}')
@@ -86,8 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         if verbose:
             traceback.print_exc()
-        print(f'\n{prog}: interrupted (Ctrl-C); a training run keeps its last checkpoint and '
-              'resumes from it when run again', file=sys.stderr)
+        print(f'\n{_stop_line(prog, "SIGINT")}', file=sys.stderr)
         return 130
     except SystemExit as e:
         preempted = _loaded('jlearngene.train.trainer', 'Preempted')
@@ -100,11 +164,20 @@ def main(argv: list[str] | None = None) -> int:
             if verbose:
                 traceback.print_exc()
             print(f'{prog}: {_message(e)}', file=sys.stderr)
+            return getattr(e, 'exit_code', 1)   # 2: a usage error (commands.config_args.UsageError)
         else:
             traceback.print_exc()
             print(f'{prog}: internal error: {type(e).__name__}: {_message(e)} (a bug: please '
                   'report it with the traceback above)', file=sys.stderr)
         return 1
+    finally:
+        if entry_point:
+            handlers, levels = {}, []
+        for sig, handler in handlers.items():
+            signal.signal(getattr(signal, sig), signal.SIG_DFL if handler is None else handler)
+        for logger, level in levels:
+            logger.removeFilter(_critical)
+            logger.setLevel(level)
 
 
 if __name__ == '__main__':

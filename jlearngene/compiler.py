@@ -10,6 +10,7 @@ import functools
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 
 
 def jit(fun: Callable, **kwargs) -> Callable:
@@ -27,6 +28,12 @@ def jit(fun: Callable, **kwargs) -> Callable:
 RUN_ONCE_MAX_ELEMENTS = 2_000_000
 
 
+def _building_a_program() -> bool:
+    """Whether a jaxpr is being built here (inside jit or eval_shape): an array made now is
+    then a tracer of that trace, and a program with compiler options cannot be nested."""
+    return isinstance(jnp.zeros((), jnp.int32), jax.core.Tracer)
+
+
 def run_once_jit(fun: Callable, num_elements: Callable[..., int], **jit_kwargs) -> Callable:
     """`jax.jit(fun, **jit_kwargs)` for a program run once per static configuration: a
     top-level call whose output has at most `RUN_ONCE_MAX_ELEMENTS` values
@@ -39,13 +46,8 @@ def run_once_jit(fun: Callable, num_elements: Callable[..., int], **jit_kwargs) 
     @functools.wraps(fun)
     def call(*args, **kwargs):
         traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs)))
-        if (traced or jax.default_backend() != 'cpu'
+        if (traced or jax.default_backend() != 'cpu' or _building_a_program()
                 or num_elements(*args, **kwargs) > RUN_ONCE_MAX_ELEMENTS):
             return full(*args, **kwargs)
-        try:
-            return quick(*args, **kwargs)
-        except ValueError as e:   # concrete arguments, but called inside another trace
-            if 'top-level' not in str(e):
-                raise
-            return full(*args, **kwargs)
+        return quick(*args, **kwargs)
     return call

@@ -7,10 +7,10 @@ settings come from, first match wins (`resolve`):
 1. arguments (the `jlearngene train` flags `--coordinator_address`, `--num_processes`,
    `--process_id`);
 2. the environment: `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`;
-3. SLURM (`srun`): `SLURM_NTASKS` > 1 with `SLURM_PROCID` (jax derives the coordinator
-   from `SLURM_STEP_NODELIST` and the job id);
-4. a Cloud TPU VM: jax reads the pod slice's workers from the TPU metadata;
-5. otherwise one process, and nothing is started.
+3. a cluster that `jax.distributed.initialize` detects itself (its `ClusterEnv`s: SLURM
+   under `srun`, a Cloud TPU pod slice, Open MPI, Kubernetes) with more than one process:
+   jax derives the coordinator, the process count and this process's id;
+4. otherwise one process, and nothing is started.
 
 On CPU the cross-process collectives are gloo's (`jax_cpu_collectives_implementation`),
 so the same code runs as several processes on one machine (the tests do: 2 processes x 4
@@ -21,11 +21,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Mapping
 
 log = logging.getLogger(__name__)
 
-SOURCES = ('args', 'env', 'slurm', 'tpu', 'single')
+SOURCES = ('args', 'env', 'cluster', 'single')
 ENV_ADDRESS, ENV_COUNT, ENV_ID = 'JAX_COORDINATOR_ADDRESS', 'JAX_NUM_PROCESSES', 'JAX_PROCESS_ID'
 
 
@@ -35,12 +34,14 @@ class DistributedError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
-    """Where this process stands: `source` is one of SOURCES; address / count / id are None
-    where jax detects them itself (SLURM's coordinator, a TPU pod slice)."""
+    """Where this process stands: `source` is one of SOURCES; `cluster` names the jax
+    `ClusterEnv` that detected a cluster (source 'cluster'), whose coordinator address jax
+    finds when it starts."""
     source: str
     coordinator_address: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
+    cluster: str | None = None
 
     @property
     def multi_process(self) -> bool:
@@ -56,20 +57,19 @@ def _int(value, name: str) -> int | None:
         raise DistributedError(f'{name} must be an integer, got {value!r}') from None
 
 
-def _on_tpu_vm() -> bool:
-    """A Cloud TPU VM: libtpu is installed and TPU chips are visible (/dev/accel* or vfio)."""
-    import importlib.util
-    if importlib.util.find_spec('libtpu') is None:
-        return False
-    return any(n.startswith('accel') for n in os.listdir('/dev')) or os.path.isdir('/dev/vfio')
+def detected_cluster():
+    """The cluster environment `jax.distributed.initialize` would detect (the first of its
+    auto-detected `ClusterEnv`s present), or None."""
+    from jax._src import clusters   # the registry jax.distributed.initialize consults
+    return next((c for c in clusters.ClusterEnv._cluster_types
+                 if not c.opt_in_only_method and c.is_env_present()), None)
 
 
 def resolve(coordinator_address: str | None = None, num_processes: int | None = None,
-            process_id: int | None = None, *, environ: Mapping[str, str] | None = None,
-            tpu: bool | None = None) -> Setup:
+            process_id: int | None = None) -> Setup:
     """The multi-process settings of this process (see the module docstring for the order);
-    nothing is started. `environ` defaults to `os.environ`, `tpu` to `_on_tpu_vm()`."""
-    env = os.environ if environ is None else environ
+    nothing is started."""
+    env = os.environ
     for source, (addr, count, pid) in (
             ('args', (coordinator_address, num_processes, process_id)),
             ('env', (env.get(ENV_ADDRESS), env.get(ENV_COUNT), env.get(ENV_ID)))):
@@ -88,15 +88,15 @@ def resolve(coordinator_address: str | None = None, num_processes: int | None = 
         if ':' not in str(addr):
             raise DistributedError(f'{names[0]}={addr!r} must be host:port')
         return Setup(source, str(addr), count, pid)
-    ntasks = _int(env.get('SLURM_NTASKS'), 'SLURM_NTASKS')
-    if ntasks is not None and ntasks > 1:
-        pid = _int(env.get('SLURM_PROCID'), 'SLURM_PROCID')
-        if pid is None:
-            raise DistributedError('SLURM_NTASKS > 1 but SLURM_PROCID is unset: start the '
-                                   'processes with srun')
-        return Setup('slurm', None, ntasks, pid)
-    if _on_tpu_vm() if tpu is None else tpu:
-        return Setup('tpu')
+    cluster = detected_cluster()
+    if cluster is not None:
+        try:
+            count, pid = cluster.get_process_count(), cluster.get_process_id()
+        except (KeyError, ValueError) as e:   # a variable jax reads is missing or not a number
+            raise DistributedError(f'{cluster.__name__} detected, but its settings are '
+                                   f'incomplete: {type(e).__name__}: {e}') from None
+        if count > 1:
+            return Setup('cluster', None, count, pid, cluster.__name__)
     return Setup('single')
 
 
@@ -104,13 +104,12 @@ _STARTED: Setup | None = None
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, *, environ: Mapping[str, str] | None = None,
-               tpu: bool | None = None, timeout_s: int = 300) -> Setup:
+               process_id: int | None = None, *, timeout_s: int = 300) -> Setup:
     """Start jax's distributed runtime as `resolve` says (no-op for one process, and when
     this process started it already). Must run before any jax device is used. Returns the
     `Setup`. `timeout_s` bounds the wait for the other processes to connect."""
     global _STARTED
-    setup = resolve(coordinator_address, num_processes, process_id, environ=environ, tpu=tpu)
+    setup = resolve(coordinator_address, num_processes, process_id)
     if _STARTED is not None:
         if setup.multi_process and setup != _STARTED:
             raise DistributedError(f'the distributed runtime runs as {_STARTED}; cannot start it '
@@ -121,16 +120,13 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     import jax
     # The CPU devices' collectives across processes (GPU and TPU devices ignore it).
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-    kwargs = dict(initialization_timeout=int(timeout_s))
-    if setup.source in ('args', 'env'):
-        kwargs.update(coordinator_address=setup.coordinator_address,
-                      num_processes=setup.num_processes, process_id=setup.process_id)
-    elif setup.source == 'slurm':
-        kwargs.update(num_processes=setup.num_processes, process_id=setup.process_id)
-    jax.distributed.initialize(**kwargs)
-    _STARTED = Setup(setup.source, setup.coordinator_address, jax.process_count(), jax.process_index())
+    # A detected cluster (no coordinator address): jax finds it as it detected the cluster.
+    jax.distributed.initialize(setup.coordinator_address, setup.num_processes, setup.process_id,
+                               initialization_timeout=int(timeout_s))
+    _STARTED = Setup(setup.source, setup.coordinator_address, jax.process_count(),
+                     jax.process_index(), setup.cluster)
     log.info('distributed runtime: process %d of %d (%s)', jax.process_index(),
-             jax.process_count(), setup.source)
+             jax.process_count(), setup.cluster or setup.source)
     return _STARTED
 
 

@@ -26,6 +26,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jlearngene import pytree
+from jlearngene.models.layout import has_pre_logits, leaf_axes
 
 DATA, MODEL = 'data', 'model'
 FSDP_AXES = ('embed', 'mlp', 'heads', 'classes', 'head_dim')
@@ -85,7 +86,6 @@ def batch_sharding(mesh: Mesh, *, stacked: bool = False) -> NamedSharding:
 def _logical_axes(params, axes) -> Any:
     if axes is not None:
         return axes
-    from jlearngene.models.layout import has_pre_logits, leaf_axes  # models never import parallel
     pre_logits = has_pre_logits(params)
 
     def one(path, x):

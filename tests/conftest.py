@@ -76,8 +76,9 @@ def _set_compilation_cache(path):
 
 @pytest.fixture(autouse=True)
 def _compilation_cache_per_test():
-    """A test that turns the persistent compilation cache on (an experiment's run does, in
-    its workdir) leaves it as it found it for the next test."""
+    """A test that turns the persistent compilation cache on (`jlearngene train` does for an
+    experiment config with compile_cache set, in its workdir) leaves it as it found it for
+    the next test."""
     before = jax.config.jax_compilation_cache_dir
     yield
     if jax.config.jax_compilation_cache_dir != before:

@@ -15,7 +15,8 @@ from jlearngene import artefacts, cli, genes
 from jlearngene.artefacts import GeneFileError
 from jlearngene.interop import timm
 from jlearngene.models import vit_config
-from jlearngene.train import checkpoint, tasks
+from jlearngene.commands import run
+from jlearngene.train import checkpoint
 
 
 AUX = vit_config('Ti', width=16, num_heads=4, mlp_dim=32, depth=4, image_size=8, patch_size=4,
@@ -119,8 +120,8 @@ BAD = [
      r'gene\.json.*format_version 2'),
     ('format', dict(edit=lambda m: m.update(format='jlearngene.model/1')),
      r"gene\.json.*'jlearngene\.model/1'"),
-    ('unknown_method', dict(edit=lambda m: m.update(method='mini_init')),
-     r"gene\.json.*'mini_init'"),
+    ('unknown_method', dict(edit=lambda m: m.update(method='no_such_method')),
+     r"gene\.json.*'no_such_method'"),
     ('wrong_method', dict(edit=lambda m: m.update(method='tleg')),
      r"gene\.json.*'tleg'"),
     ('future_config', dict(edit=lambda m: m['configs']['source'].update(hyper_heads=3)),
@@ -230,9 +231,9 @@ def test_descend_command_writes_a_trainable_and_timm_descendant(letra_dir, tmp_p
     chex.assert_trees_all_equal(params, jax.device_get(want))
     # the train init path reads it for the same model config (and refuses another)
     config = ml_collections.ConfigDict({'init': out, 'seed': 0})
-    chex.assert_trees_all_equal(tasks.initial_params(config, cfg), params)
+    chex.assert_trees_all_equal(run.initial_params(config, cfg), params)
     with pytest.raises(checkpoint.CheckpointError, match='depth.*8.*4'):
-        tasks.initial_params(config, cfg.replace(depth=4))
+        run.initial_params(config, cfg.replace(depth=4))
     # timm: the state dict reads back into the same params and config
     tcfg, tparams = timm.from_timm(timm.load_state_dict(pt), num_heads=3, pool='avg',
                                    class_token=False, pool_norm='before')

@@ -1,8 +1,10 @@
-"""Baselines: Scratch, Share-Init, He-LG, Auto-LG, Pre-Fin."""
+"""Baselines: Scratch, Share-Init, Mini-Init, He-LG, Auto-LG, Pre-Fin."""
 import chex
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl.testing import parameterized
 
 from jlearngene import pytree
 from jlearngene.genes import baselines, tleg
@@ -48,16 +50,117 @@ def test_share_init_identical_layers():
     np.testing.assert_array_equal(x[0], x[1])
 
 
+# ----------------------------------------------------------------------------------------
+# Mini-Init.
+
+def trained_mini(cfg, n_shared, seed=0):
+    """A Mini-Init gene moved off its init constants, as after training."""
+    rng = np.random.default_rng(seed)
+    gene = baselines.mini_init_gene(cfg, jax.random.key(seed), n_shared=n_shared)
+    return jax.tree.map(lambda x: jnp.asarray(np.asarray(x) + 0.1 * rng.standard_normal(x.shape),
+                                              jnp.float32), gene)
+
+
+def common_top(tree):
+    return {k: v for k, v in jax.device_get(tree).items() if k != 'blocks'}
+
+
+def test_mini_init_gene_shapes_and_layer_sharing():
+    gene = baselines.mini_init_gene(cfg_(6), jax.random.key(0), n_shared=3)
+    chex.assert_trees_all_equal_shapes_and_dtypes(
+        gene, jax.eval_shape(lambda: init(cfg_(3), jax.random.key(0))))
+    assert baselines.MINI_INIT.gene_shapes(cfg_(12))['blocks']['mlp']['fc1']['kernel'].shape[0] == 6
+    np.testing.assert_array_equal(baselines.shared_parts(6, 12), np.arange(12) // 2)   # the paper's
+    np.testing.assert_array_equal(baselines.shared_parts(3, 4), [0, 0, 1, 2])
+    np.testing.assert_array_equal(baselines.shared_parts(4, 2), [0, 2])          # skips evenly
+    gene = trained_mini(cfg_(6), 3)
+    aux = baselines.MINI_INIT.materialize(gene, None, cfg_(6))
+    src, dst = blocks_np(gene), blocks_np(aux)
+    for path in src:
+        for l in range(6):
+            np.testing.assert_array_equal(dst[path][l], src[path][l // 2])
+    for tdepth, parts in ((4, [0, 0, 1, 2]), (8, [0, 0, 0, 1, 1, 1, 2, 2]), (2, [0, 1])):
+        des = blocks_np(baselines.descend_mini_init(gene, cfg_(tdepth)))
+        np.testing.assert_array_equal(baselines.shared_parts(3, tdepth), parts)
+        for path in src:
+            np.testing.assert_array_equal(des[path], src[path][parts])
+    assert pytree.trees_equal(common_top(aux), common_top(gene))
+
+
+def test_mini_init_with_n_shared_equal_to_depth_is_the_aux_net():
+    gene = trained_mini(cfg_(4), 4)
+    aux = baselines.MINI_INIT.materialize(gene, None, cfg_(4))
+    assert pytree.trees_equal(jax.device_get(aux), jax.device_get(gene))
+    assert pytree.trees_equal(baselines.descend_mini_init(gene, cfg_(4)), aux)
+
+
+def test_mini_init_share_init_is_the_one_part_case():
+    gene = trained_mini(cfg_(4), 1)
+    des = blocks_np(baselines.descend_mini_init(gene, cfg_(5)))
+    for path, x in blocks_np(gene).items():
+        np.testing.assert_array_equal(des[path], np.repeat(x, 5, axis=0))
+
+
+def test_mini_init_gradient_sums_over_the_layers_of_a_part():
+    cfg = cfg_(4)
+    gene = trained_mini(cfg, 2)
+
+    def total(g):
+        return jnp.sum(baselines.MINI_INIT.materialize(g, None, cfg)['blocks']['mlp']['fc1']['kernel'])
+
+    grad = jax.jit(jax.grad(total))(gene)['blocks']['mlp']['fc1']['kernel']
+    np.testing.assert_array_equal(np.asarray(grad), 2.0)      # two layers per part
+
+
+def test_mini_init_heads_embeddings_and_errors():
+    gene = trained_mini(cfg_(4), 2)
+    des = baselines.descend_mini_init(gene, cfg_(6, num_classes=3), key=jax.random.key(1),
+                                      head='new', embeddings='random')
+    assert des['head']['kernel'].shape == (32, 3)
+    assert not np.array_equal(des['pos_embed'], gene['pos_embed'])
+    with pytest.raises(tleg.GeneError, match=r'n_shared=5.*\[1, depth=4\]'):
+        baselines.mini_init_gene(cfg_(4), jax.random.key(0), n_shared=5)
+    with pytest.raises(tleg.GeneError, match='n_shared=0'):
+        baselines.mini_init_gene(cfg_(4), jax.random.key(0), n_shared=0)
+    with pytest.raises(tleg.GeneError, match='2 shared parts.*depth 1'):
+        baselines.MINI_INIT.materialize(gene, None, cfg_(1))
+    with pytest.raises(tleg.GeneError, match=r"mini_init.*head/.*num_classes=3.*head='new'"):
+        baselines.descend_mini_init(gene, cfg_(4, num_classes=3))
+    with pytest.raises(tleg.GeneError, match=r"mini_init.*width=64"):
+        baselines.descend_mini_init(gene, cfg_(4, width=64))
+    with pytest.raises(tleg.GeneError, match=r"mini_init: .*\['theta_b'\]"):
+        baselines.descend_mini_init({'theta_b': {}}, cfg_(4))
+
+
+class MiniInitJitTest(chex.TestCase, parameterized.TestCase):
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(('inherit',), ('new',))
+    def test_jit_and_eager_agree_and_draws_are_deterministic(self, head):
+        gene = trained_mini(cfg_(4), 2, seed=3)
+        tcfg = cfg_(5)
+        fn = self.variant(lambda g, k: baselines.descend_mini_init(g, tcfg, key=k, head=head))
+        got = fn(gene, jax.random.key(6))
+        chex.assert_trees_all_equal(got, baselines.descend_mini_init(gene, tcfg, key=jax.random.key(6),
+                                                                     head=head))
+        chex.assert_trees_all_equal(fn(gene, jax.random.key(6)), got)
+
+
 @pytest.mark.parametrize('depth', [2, 6])
 def test_he_lg_last_k_layers(ancestor, depth):
-    des = baselines.he_lg(ancestor, cfg_(depth, num_classes=3), 2, jax.random.key(1))
+    des = baselines.he_lg(ancestor, cfg_(depth, num_classes=3), 2, jax.random.key(1), head='new')
     src, dst = blocks_np(ancestor), blocks_np(des)
     for path in src:
         np.testing.assert_array_equal(dst[path][depth - 2:], src[path][2:4])
     if depth > 2:
         assert not np.array_equal(dst['attn/q/kernel'][0], src['attn/q/kernel'][0])
-    assert not np.array_equal(des['patch_embed']['kernel'], ancestor['patch_embed']['kernel'])
+    for k in ('patch_embed', 'pos_embed', 'norm'):       # the official code copies them
+        chex.assert_trees_all_equal(des[k], ancestor[k])
     assert des['head']['kernel'].shape == (32, 3)
+    fresh = baselines.he_lg(ancestor, cfg_(depth, num_classes=3), 2, jax.random.key(1),
+                            embeddings='random', head='new')
+    assert not np.array_equal(fresh['patch_embed']['kernel'], ancestor['patch_embed']['kernel'])
+    chex.assert_trees_all_equal(fresh['blocks'], des['blocks'])
 
 
 def test_auto_lg_first_k_layers(ancestor):
@@ -67,6 +170,9 @@ def test_auto_lg_first_k_layers(ancestor):
         np.testing.assert_array_equal(dst[path][:3], src[path][:3])
     assert not np.array_equal(dst['attn/q/kernel'][3], src['attn/q/kernel'][3])
     chex.assert_trees_all_equal(des['pos_embed'], ancestor['pos_embed'])
+    chex.assert_trees_all_equal(des['head'], ancestor['head'])     # inherited by default
+    new = baselines.auto_lg(ancestor, cfg_(6), 3, jax.random.key(1), head='new')
+    assert not np.array_equal(new['head']['kernel'], ancestor['head']['kernel'])
 
 
 def test_list_layout_ancestor_accepted(ancestor):

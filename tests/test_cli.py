@@ -47,15 +47,20 @@ def test_train_writes_resolved_config_metrics_and_model(run):
 
 
 def test_bad_configs_fail_clearly(tmp_path, capsys):
-    with pytest.raises(SystemExit) as e:
-        cli.main(['train', '--config', os.path.join(ROOT, CONFIG), '--config.stpes=3', '--workdir', str(tmp_path)])
-    assert e.value.code == 2
+    assert _code(['train', '--config', os.path.join(ROOT, CONFIG), '--config.stpes=3',
+                  '--workdir', str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert 'stpes' in err and '"steps"' in err
-    with pytest.raises(SystemExit):
-        cli.main(['train', '--config', os.path.join(ROOT, CONFIG), '--config.model.nosuch=1',
-                  '--workdir', str(tmp_path)])
-    assert "'nosuch'" in capsys.readouterr().err
+    assert "'stpes'" in err and "did you mean 'steps'" in err
+    assert _code(['train', '--config', os.path.join(ROOT, CONFIG), '--config.model.nosuch=1',
+                  '--workdir', str(tmp_path)]) == 2
+    assert "'model.nosuch'" in capsys.readouterr().err
+    for override, message in (('--config.steps=many', r"steps must be an integer, got 'many'"),
+                              ('--config.model.pool=', r"pool=''"),
+                              ('--config.steps', r'--config\.FIELD=VALUE')):
+        assert _code(['train', '--config', os.path.join(ROOT, CONFIG), override,
+                      '--workdir', str(tmp_path / 'typed')]) == 2
+        assert re.search(message, _one_line(capsys.readouterr(), 'jlearngene train: ')), override
+    assert not os.path.exists(tmp_path / 'typed')
     for override, message in (('--config.optim.lr=-0.001', r'\blr\b.*-0\.001'),
                               ('--config.steps=-1', r'\bsteps\b.*-1'),
                               ('--config.batch_size=0', r'\bbatch_size\b.*\b0\b')):
@@ -226,7 +231,7 @@ def test_overrides_are_checked_before_anything_runs(tmp_path, capsys):
 
 def test_demo_says_where_it_writes_first(tmp_path, capsys, monkeypatch):
     from jlearngene.commands import train
-    monkeypatch.setattr(train, 'main', lambda argv, prog: 0)
+    monkeypatch.setattr(train, 'run', lambda args: 0)
     assert cli.main(['demo', '--workdir', str(tmp_path / 'd')]) == 0
     assert f'(tens of MB) to {tmp_path / "d"}' in capsys.readouterr().err
 
@@ -244,7 +249,17 @@ def test_option_overrides_are_typed_and_bundled_config_names_resolve():
     assert config_args.parse_override('head=new') == ('head', 'new')
     with pytest.raises(argparse.ArgumentTypeError, match="'kk'"):
         config_args.parse_override('kk')
-    argv = config_args.resolve_config_arg(['--config', 'tleg:smoke', '--config=digits_vit', '--x', 'tleg'])
-    assert argv[1].endswith(os.path.join('configs', 'tleg.py') + ':smoke')
-    assert argv[2].startswith('--config=') and argv[2].endswith('digits_vit.py')
-    assert argv[3:] == ['--x', 'tleg']
+    p = config_args.Parser('p')
+    config_args.add_config(p)
+    args, overrides = config_args.parse(p, ['--config', 'tleg:paper', '--config.seeds=3,4,5',
+                                            '--config.shapes=((32,1),)', '--config.data.data_dir=~/d',
+                                            '--config.descend.official_pool_order=true'])
+    config = config_args.load(args.config, overrides)
+    assert config.seeds == (3, 4, 5) and config.shapes == ((32, 1),) and config.data.data_dir == '~/d'
+    assert config.descend.official_pool_order is True
+    with pytest.raises(config_args.UsageError, match=r'unrecognized arguments: --x tleg'):
+        config_args.parse(p, ['--config', 'tleg', '--x', 'tleg'])
+    with pytest.raises(config_args.UsageError, match="'huge'"):
+        config_args.load('tleg:huge', {})
+    with pytest.raises(config_args.UsageError, match="descend.official_pool_order must be true or false, got 'yes'"):
+        config_args.load('tleg', {'descend.official_pool_order': 'yes'})

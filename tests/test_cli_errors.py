@@ -293,10 +293,57 @@ def test_option_values_are_json_or_plain_strings_and_broken_json_is_an_error():
 
 
 def test_broken_option_json_is_one_line_on_the_command_line(files, tmp_path, capsys):
-    with pytest.raises(SystemExit) as e:
-        cli.main(['gene', '--method', 'cluster', '--from-model', files['model'],
-                  '--option', 'clusters=[[0,2]', '--out', str(tmp_path / 'g')])
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert '--option clusters' in err and 'not valid JSON' in err
+    line = _error(capsys, ['gene', '--method', 'cluster', '--from-model', files['model'],
+                           '--option', 'clusters=[[0,2]', '--out', str(tmp_path / 'g')], 'gene', code=2)
+    assert '--option clusters' in line and 'not valid JSON' in line
     assert not os.path.exists(tmp_path / 'g')
+
+
+# ------------------------------------------------------------------ faulted runs' stderr
+
+_TINY_RUN = ['train', '--config', 'digits_vit:smoke', '--config.model.depth=1', '--config.batch_size=32',
+             '--config.log_every=2', '--config.checkpoint_every=2', '--config.steps=6', '--noprogress']
+
+
+def _stderr_of_run(workdir, shell_prefix: str = '') -> tuple[int, list[str]]:
+    """`python -m jlearngene train` of the tiny run in a fresh process (the console as a
+    user sees it: library loggers, uvloop's and asyncio's reports, threads' tracebacks),
+    after the `sh` commands `shell_prefix`."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    argv = [sys.executable, '-m', 'jlearngene', *_TINY_RUN, '--workdir', str(workdir)]
+    proc = subprocess.run(['sh', '-c', shell_prefix + 'exec "$@"', 'sh', *argv], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    return proc.returncode, [ln for ln in proc.stderr.splitlines() if ln.strip()]
+
+
+def _no_debris(lines):
+    debris = ('Traceback', 'WARNING', 'ERROR', 'asyncio', 'uvloop', 'Exception ignored', 'absl')
+    assert not [ln for ln in lines if any(d in ln for d in debris)], lines
+
+
+@pytest.mark.slow
+def test_a_truncated_checkpoint_is_one_line_on_resume(tmp_path):
+    """A damaged `_CHECKPOINT_METADATA` in the newest checkpoint: the resumed run says in
+    one line that it skips it, and nothing else (orbax logs its own errors about it)."""
+    workdir = tmp_path / 'run'
+    assert cli.main(_TINY_RUN + ['--workdir', str(workdir)]) == 0
+    meta = workdir / 'checkpoints' / '6' / '_CHECKPOINT_METADATA'
+    meta.write_bytes(meta.read_bytes()[:len(meta.read_bytes()) // 2])
+    rc, lines = _stderr_of_run(workdir)
+    assert rc == 0, lines
+    assert len(lines) == 1 and lines[0].startswith('[  run] skipping the checkpoint of step 6'), lines
+    assert 'checkpoints.unreadable' in lines[0]
+    _no_debris(lines)
+
+
+def test_a_full_disk_is_one_line(tmp_path):
+    """A checkpoint write that fails (a file-size limit stands in for a full disk: the same
+    failed write(2)) is the command's one line, without orbax's logged tracebacks."""
+    # Files of at most 40 blocks of 512 bytes; SIGXFSZ ignored: a failed write, not a kill.
+    rc, lines = _stderr_of_run(tmp_path / 'run', shell_prefix="ulimit -f 40 && trap '' XFSZ && ")
+    assert rc == 1, lines
+    assert len(lines) == 1 and lines[0].startswith('jlearngene train: run checkpoint '), lines
+    assert 'could not be written' in lines[0] and 'File too large' in lines[0], lines
+    _no_debris(lines)

@@ -101,10 +101,16 @@ def test_density_clusters_reproduce_the_official_deit_b_lists():
     assert cluster.centroid_lists(clusters) == cluster.OFFICIAL_CENTROIDS['B']
     assert [len(c.centroids) for c in clusters] == [5, 3, 4, 6, 5, 4, 4, 4, 4, 1, 2, 1]
     assert clusters[9].members == (tuple(range(12)),)
-    # the paper's FFN rule: adjacent layers with the same count (spec §3.4)
-    assert cluster.ffn_groups([5, 3, 4, 6, 5, 4, 4, 4, 4, 1, 2, 1]) == ((5, 6, 7, 8),)
-    assert cluster.ffn_groups([3, 2, 2, 3, 3, 2, 3, 2, 3, 2, 1, 1]) == ((1, 2), (3, 4), (10, 11))
+    # the paper's FFN rule (spec §3.4, the rebuttal): adjacent clustered layers, same count
+    assert cluster.ffn_groups([5, 3, 4, 6, 5, 4, 4, 4, 4, 1, 2, 1], heads=12) == ((5, 6, 7, 8),)
+    ti = [3, 2, 2, 3, 3, 2, 3, 2, 3, 2, 1, 1]
+    assert cluster.ffn_groups(ti, heads=3) == ((1, 2), (10, 11))   # the official Ti groups
+    assert cluster.ffn_groups(ti, 'same_count') == ((1, 2), (3, 4), (10, 11))
     assert cluster.ffn_groups([3, 3], 'none') == ()
+    assert cluster.ffn_groups([4, 4, 4], heads=4) == ()             # every head its own centroid
+    assert cluster.ffn_groups([1, 1, 1], heads=4) == ((0, 1, 2),)   # one centroid per layer
+    with pytest.raises(genes.GeneError, match='heads='):
+        cluster.ffn_groups(ti)
 
 
 def test_centroid_ties_priority_order_eps_zero_noise_and_kmeans():
@@ -135,6 +141,16 @@ def test_centroid_ties_priority_order_eps_zero_noise_and_kmeans():
             cluster.cluster_heads(DEIT_B_MAD, **bad)
 
 
+def test_random_centroids_keep_the_counts_and_so_the_ffn_groups():
+    clusters = cluster.cluster_heads(DEIT_B_MAD, eps=10, min_heads=1)
+    rand = cluster.random_centroids(clusters, 12, seed=0)
+    assert [len(c) for c in rand] == [len(c.centroids) for c in clusters]
+    assert all(len(set(c)) == len(c) and 0 <= min(c) and max(c) < 12 for c in rand)
+    assert rand == cluster.random_centroids(clusters, 12, seed=0)
+    assert rand != cluster.random_centroids(clusters, 12, seed=1)
+    assert rand != cluster.OFFICIAL_CENTROIDS['B']
+
+
 def test_head_schedules():
     assert cluster.head_schedule(12, 3, omega=2) == (6, 6, 6)
     assert cluster.head_schedule(12, 2, omega=1.5) == (8, 8)
@@ -160,16 +176,27 @@ def _np(tree):
     return jax.tree.map(np.asarray, tree)
 
 
-def test_eps_zero_at_omega_one_without_ffn_sharing_is_the_ancestor(ancestor):
+def test_eps_zero_at_omega_one_is_the_ancestor_under_the_defaults(ancestor):
     params, cfg = ancestor
-    distances = np.arange(cfg.depth * cfg.num_heads, dtype=float).reshape(cfg.depth, -1) % 5
-    clusters = cluster.cluster_heads(distances * 7.0, eps=0)
-    des = jax.jit(lambda p: cluster.descend(p, clusters, cfg, ancestor_cfg=cfg, ffn='none',
-                                            head='inherit'))(params)
+    distances = np.arange(cfg.depth * cfg.num_heads, dtype=float).reshape(cfg.depth, -1) * 7.0
+    gene = cluster.gene_from_model(params, cfg, distances=distances, eps=0)
+    assert cluster.gene_groups(gene) == ()          # no head clustered: no FFN clustered
+    heads = cluster.head_schedule(cfg.num_heads, cfg.depth, omega=1)
+    des = jax.jit(lambda g: cluster.descend(g, cfg, heads=heads))(gene)
     assert pytree.trees_equal(des, params)
-    identity = jax.jit(lambda p: cluster.descend_gene(cluster.gene_from_model(p, cfg), cfg,
-                                                      head='inherit'))(params)
+    identity = jax.jit(lambda p: cluster.descend(cluster.gene_from_model(p, cfg), cfg))(params)
     assert pytree.trees_equal(identity, params)
+    # the grouping of every equal-count run ('same_count') with the identity φ still starts
+    # each grouped layer as its representative FFN; the official φ does not
+    same = cluster.gene_from_model(params, cfg, distances=distances, eps=0, ffn='same_count')
+    assert cluster.gene_groups(same) == ((0, 1, 2),)
+    kept = cluster.descend(same, cfg)
+    for t in range(cfg.depth):
+        chex.assert_trees_all_equal(jax.tree.map(lambda x: x[t], kept['blocks']['mlp']),
+                                    jax.tree.map(lambda x: x[0], params['blocks']['mlp']))
+    official = cluster.descend(same, cfg, phi='official', key=jax.random.key(0))
+    assert not np.allclose(official['blocks']['mlp']['fc1']['kernel'][0],
+                           params['blocks']['mlp']['fc1']['kernel'][0], atol=1e-3)
 
 
 def test_priority_weight_sharing_takes_true_heads_and_their_out_rows(ancestor):
@@ -179,7 +206,7 @@ def test_priority_weight_sharing_takes_true_heads_and_their_out_rows(ancestor):
     tcfg = cluster.descendant_config(cfg, heads, num_classes=7)
     gene = cluster.gene_from_model(params, cfg, clusters=cents, ffn='none')
     assert cluster.centroid_counts(gene) == (2, 3, 1) and cluster.gene_groups(gene) == ()
-    des = jax.jit(lambda g, k: cluster.descend_gene(g, tcfg, key=k, heads=heads))(
+    des = jax.jit(lambda g, k: cluster.descend(g, tcfg, key=k, heads=heads, head='new'))(
         gene, jax.random.key(1))
     assert isinstance(des['blocks'], list) and des['head']['kernel'].shape == (32, 7)
     anc = _np(params['blocks'])
@@ -225,7 +252,7 @@ def test_official_indexing_row_chunks_no_bias_first_columns(ancestor):
     tcfg = cluster.descendant_config(cfg, heads, official=True)
     gene = cluster.gene_from_model(params, cfg, clusters=cents, ffn='none', official=True)
     assert cluster.is_official(gene)
-    des = jax.jit(lambda g: cluster.descend_gene(g, tcfg, key=jax.random.key(1), heads=heads))(gene)
+    des = jax.jit(lambda g: cluster.descend(g, tcfg, key=jax.random.key(1), heads=heads))(gene)
     for l, h in enumerate(heads):
         qkv, out = _official_reference(params, cfg, l, cents[l], h)
         b = _np(des['blocks'][l]['attn'])
@@ -234,15 +261,15 @@ def test_official_indexing_row_chunks_no_bias_first_columns(ancestor):
             np.testing.assert_array_equal(b[n]['kernel'], qkv[n])
         np.testing.assert_array_equal(b['out']['kernel'], out)
     # the official rows differ from the true heads' (roles mixed across q/k/v)
-    correct = jax.jit(lambda p: cluster.descend(p, cents, cluster.descendant_config(cfg, heads),
-                                                ancestor_cfg=cfg, ffn='none',
-                                                key=jax.random.key(1), heads=heads))(params)
+    correct_gene = cluster.gene_from_model(params, cfg, clusters=cents, ffn='none')
+    correct = jax.jit(lambda g: cluster.descend(g, cluster.descendant_config(cfg, heads),
+                                                key=jax.random.key(1), heads=heads))(correct_gene)
     assert not np.allclose(correct['blocks'][0]['attn']['q']['kernel'], des['blocks'][0]['attn']['q']['kernel'])
     with pytest.raises(genes.GeneError, match='qkv_bias=False'):
-        cluster.descend_gene(gene, cluster.descendant_config(cfg, heads), key=jax.random.key(1), heads=heads)
+        cluster.descend(gene, cluster.descendant_config(cfg, heads), key=jax.random.key(1), heads=heads)
     with pytest.raises(genes.GeneError, match='multiple of 4'):
-        cluster.descend_gene(gene, cluster.descendant_config(cfg, (6, 6, 6), official=True),
-                             key=jax.random.key(1), heads=(6, 6, 6))
+        cluster.descend(gene, cluster.descendant_config(cfg, (6, 6, 6), official=True),
+                        key=jax.random.key(1), heads=(6, 6, 6))
 
 
 class DescendantJitTest(chex.TestCase, parameterized.TestCase):
@@ -255,12 +282,13 @@ class DescendantJitTest(chex.TestCase, parameterized.TestCase):
         gene = cluster.gene_from_model(params, cfg, clusters=cents)
         assert cluster.gene_groups(gene) == ((0, 1),) and 'mlp' not in gene['blocks'][1]
         tcfg = cluster.descendant_config(cfg, (4, 4, 4), num_classes=2)
-        fn = self.variant(lambda g, k: cluster.descend_gene(g, tcfg, key=k, heads=(4, 4, 4)))
+        opts = dict(heads=(4, 4, 4), head='new', phi='official')
+        fn = self.variant(lambda g, k: cluster.descend(g, tcfg, key=k, **opts))
         des = fn(gene, jax.random.key(2))
-        eager = cluster.descend_gene(gene, tcfg, key=jax.random.key(2), heads=(4, 4, 4))
+        eager = cluster.descend(gene, tcfg, key=jax.random.key(2), **opts)
         chex.assert_trees_all_close(des, eager, rtol=1e-6, atol=1e-7)
         chex.assert_trees_all_equal_shapes_and_dtypes(des, jax.eval_shape(lambda: init(tcfg, jax.random.key(0))))
-        state = cluster.descendant_state(gene, tcfg, key=jax.random.key(2), heads=(4, 4, 4))
+        state = cluster.descendant_state(gene, tcfg, key=jax.random.key(2), **opts)
         phi = _np(state['ffn_groups'][0]['phi'])
         assert phi['fc2']['kernel'].shape == (2, 2)
         assert np.abs(phi['fc1']['kernel']).max() <= 1 and np.abs(phi['fc2']['bias']).max() <= 2 ** -0.5
@@ -279,6 +307,15 @@ class DescendantJitTest(chex.TestCase, parameterized.TestCase):
         g = jax.jit(jax.grad(loss))(state)
         assert all(np.abs(np.asarray(v)).max() > 0 for v in jax.tree.leaves(g['ffn_groups']))
         assert 'mlp' not in state['params']['blocks'][0] and 'mlp' in state['params']['blocks'][2]
+        # the default φ is the identity on every output, and trains as well
+        ident = cluster.descendant_state(gene, tcfg, key=jax.random.key(2), heads=(4, 4, 4),
+                                         head='new')
+        start = self.variant(cluster.materialize_descendant)(ident)
+        for t in range(2):
+            chex.assert_trees_all_equal(jax.tree.map(lambda x: x[t], start['blocks']['mlp']),
+                                        jax.tree.map(lambda x: x[0], params['blocks']['mlp']))
+        g = jax.jit(jax.grad(loss))(ident)
+        assert all(np.abs(np.asarray(v)).max() > 0 for v in jax.tree.leaves(g['ffn_groups']))
 
 
 def test_deeper_targets_registered_method_and_timm_export(ancestor):
@@ -294,9 +331,8 @@ def test_deeper_targets_registered_method_and_timm_export(ancestor):
     np.testing.assert_array_equal(deeper['blocks']['norm1']['scale'][3:], 1.0)
     # ancestors from timm, descendants back to timm where the shapes allow (H·Dh = width)
     _, from_timm = timm.from_timm(timm.to_timm(params, cfg), num_heads=cfg.num_heads)
-    des = jax.jit(lambda p, k: cluster.descend(p, cluster.OFFICIAL_CENTROIDS['Ti'][:3], cfg,
-                                               ancestor_cfg=cfg, key=k, head='inherit'))(
-        from_timm, jax.random.key(0))
+    ti_gene = cluster.gene_from_model(from_timm, cfg, clusters=cluster.OFFICIAL_CENTROIDS['Ti'][:3])
+    des = jax.jit(lambda g, k: cluster.descend(g, cfg, key=k))(ti_gene, jax.random.key(0))
     sd = timm.to_timm(des, cfg)
     assert sd['blocks.0.attn.qkv.weight'].shape == (3 * 32, 32)
 
@@ -306,17 +342,18 @@ def test_errors_name_the_problem(ancestor):
     gene = cluster.gene_from_model(params, cfg, clusters=((0,), (1,), (2,)), ffn='none')
     tcfg = cluster.descendant_config(cfg, (2, 2, 2))
     cases = [
-        (lambda: cluster.descend_gene(gene, tcfg, heads=(2, 3, 2), key=jax.random.key(0)),
+        (lambda: cluster.descend(gene, tcfg, heads=(2, 3, 2), key=jax.random.key(0)),
          'layer 1 .*3.*num_heads=2'),
-        (lambda: cluster.descend_gene(gene, tcfg, heads=(2, 2), key=jax.random.key(0)),
+        (lambda: cluster.descend(gene, tcfg, heads=(2, 2), key=jax.random.key(0)),
          r'heads=\(2, 2\)'),
-        (lambda: cluster.descend_gene(gene, ancestor_cfg(width=64, num_heads=2), key=jax.random.key(0)),
+        (lambda: cluster.descend(gene, ancestor_cfg(width=64, num_heads=2), key=jax.random.key(0)),
          r"blocks/0/attn/k/bias.*\(2, 8\).*width=64.*\(2, 32\)"),
-        (lambda: cluster.descend_gene(gene, tcfg.replace(mlp_dim=16), key=jax.random.key(0)),
+        (lambda: cluster.descend(gene, tcfg.replace(mlp_dim=16), key=jax.random.key(0)),
          'mlp_dim=16'),
-        (lambda: cluster.descend_gene(gene, tcfg.replace(depth=4)), 'PRNG key'),
-        (lambda: cluster.descend_gene(gene, tcfg), 'PRNG key'),
-        (lambda: cluster.descend_gene({'blocks': {}}, tcfg), 'Cluster-Learngene'),
+        (lambda: cluster.descend(gene, tcfg.replace(depth=4)), 'PRNG key'),
+        (lambda: cluster.descend(gene, tcfg, head='new'), 'PRNG key'),
+        (lambda: cluster.descend(gene, tcfg, phi='random'), "phi='random'"),
+        (lambda: cluster.descend({'blocks': {}}, tcfg), 'Cluster-Learngene'),
         (lambda: cluster.gene_from_model(params, cfg.replace(num_heads=2)), 'num_heads=2'),
         (lambda: cluster.gene_from_model(params, cfg, clusters=((0,), (1,))), '2 layers.*depth 3'),
         (lambda: cluster.gene_from_model(params, cfg, clusters=((0,), (4,), (1,))),
@@ -328,24 +365,3 @@ def test_errors_name_the_problem(ancestor):
     for fn, msg in cases:
         with pytest.raises(genes.GeneError, match=msg):
             fn()
-
-
-# ----------------------------------------------------------------------------------------
-# The experiment, end to end.
-
-@pytest.mark.slow
-def test_experiment_smoke(tmp_path):
-    from jlearngene.experiments import configs, harness
-    results = harness.run(configs.load('cluster:smoke'), str(tmp_path), quiet=True)
-    labels = [(r['label'], r['schedule']) for r in results['rows']]
-    assert labels == [('C-LG', 'ω=1'), ('Scratch', '4 heads')]
-    rows = {r['label']: r for r in results['rows']}
-    assert rows['Scratch']['i_params'] == rows['Scratch']['upstream_flops'] == 0
-    assert rows['C-LG']['t_params'] - rows['C-LG']['i_params'] == 16 * 5 + 5     # the new head
-    assert rows['C-LG']['upstream_flops'] > results['ancestor']['flops'] > 0
-    mad = np.asarray(results['attention_distance']['correct'])
-    assert mad.shape == (1, 4) and np.all(mad > 0)
-    for f in ('results.md', 'results.json', 'attention_distance.png', 'accuracy_vs_steps.png',
-              'accuracy_vs_flops.png'):
-        assert os.path.exists(tmp_path / f), f
-    assert 'T-Params' in results['table'] and 'I-Params' in results['table']

@@ -23,11 +23,11 @@ def test_plan_names_what_a_method_cannot_make():
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
-    rc = cli.main(['compare', '--config', 'compare:smoke', "--config.methods=('imwlm','nosuch')",
+    rc = cli.main(['compare', 'smoke', "--config.methods=('imwlm','nosuch')",
                    '--workdir', str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1 and len(err) == 1 and "'nosuch'" in err[0]
-    rc = cli.main(['compare', '--config', 'compare:smoke', '--config.on_missing=error',
+    rc = cli.main(['compare', 'smoke', '--config.on_missing=error',
                    '--workdir', str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1 and len(err) == 1 and 'pre_fin' in err[0] and '(width 12, depth 2)' in err[0]
@@ -40,4 +40,4 @@ def test_configs_resolve_and_the_paper_scale_needs_data():
     paper = configs.load('compare:paper')
     assert paper.data.name == 'tfds' and paper.model.image_size == 224
     with pytest.raises(ValueError, match='data_dir'):
-        harness.run(configs.load('compare:paper', {'compile_cache': False}), '/nonexistent', quiet=True)
+        study.run_experiment(configs.load('compare:paper', {'compile_cache': False}), '/nonexistent', quiet=True)

@@ -75,3 +75,13 @@ def test_run_once_jit_inside_another_trace_is_the_plain_jitted_function(jit_opti
     assert QUICK not in jit_options
     np.testing.assert_allclose(f(x), 2.0 * np.sin(x), rtol=1e-6)     # top level: quick
     assert jit_options[-1] == QUICK
+
+
+def test_run_once_jit_with_concrete_arguments_inside_a_trace_is_the_plain_jitted_function(jit_options):
+    """Concrete arguments, but a jaxpr is being built (jit, eval_shape): a program with
+    compiler options cannot nest there, so the plain one runs (decided before the call)."""
+    f = compiler.run_once_jit(lambda x: jnp.sin(x) * 2.0, lambda x: x.size)
+    x = jnp.linspace(0.0, 1.0, 5)
+    np.testing.assert_allclose(jax.jit(lambda: f(x))(), 2.0 * np.sin(x), rtol=1e-6)
+    assert jax.eval_shape(lambda: f(x)).shape == (5,)
+    assert jit_options and QUICK not in jit_options

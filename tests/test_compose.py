@@ -163,7 +163,7 @@ def test_cluster_head_sharing_on_a_tleg_descendant(tleg_gene):
     i.e. θ_B + (l/6)·θ_A at that head; norms are inherited, the head drawn fresh."""
     link = compose.step('cluster', lambda c: cluster.descendant_config(c, HEADS),
                         gene_options={'clusters': CENTROIDS, 'ffn': 'none'},
-                        key=jax.random.key(7), heads=HEADS)
+                        key=jax.random.key(7), heads=HEADS, head='new')
 
     @jax.jit
     def run(gene):

@@ -48,3 +48,40 @@ def test_attn_scale_overrides_the_head_size_default():
     assert jnp.allclose(default, same, atol=1e-6) and not jnp.allclose(default, other, atol=1e-4)
     with pytest.raises(ConfigError, match='attn_scale'):
         cfg.replace(attn_scale=-1.0)
+
+
+# ---------------------------------------------------------------- config files (configs.validate)
+
+def _file_config(tmp_path, body: str, arg: str = 'smoke'):
+    """Loads a config file that edits the bundled tleg config `arg` (`body`: lines on `c`)."""
+    from jlearngene.experiments import configs
+    path = tmp_path / 'mine.py'
+    path.write_text('from jlearngene.experiments.configs import tleg\n\n'
+                    'def get_config(arg=None):\n'
+                    '    c = tleg.get_config(arg)\n'
+                    + ''.join(f'    {line}\n' for line in body.splitlines()) + '    return c\n')
+    return configs.load(f'{path}:{arg}')
+
+
+@pytest.mark.parametrize('body, message', [
+    ('c.aux.fracton = 2.0', r"unknown config key 'aux\.fracton' \(did you mean 'fraction'\?\)"),
+    ('c.descend = dict(fractions=(0.35,), lr=1e-3, evals="five", official_pool_order=False)',
+     r"descend\.evals must be an integer \(the template has 5\), got 'five'"),
+    ('c.descend = dict(fractions=(0.35,), lr=1e-3, evals=5, official_pool_order=1)',
+     r'descend\.official_pool_order must be true or false'),
+    ('c.aux = 3', r"field 'aux'.*3.*ConfigDict"),     # ml_collections' type safety in the file
+    ('c.batch_size = 0', r'batch_size must be a positive integer, got 0'),
+    ('c.scratch.steps = 0\nc.scratch.epochs = 0.0', r'scratch has steps = 0 and epochs = 0'),
+    ('c.model.widht = 3', r"unknown config key 'model\.widht' \(did you mean 'width'\?\)"),
+    ('c.optim.lr = -1.0', r'lr must be a positive number'),
+])
+def test_config_file_errors_are_one_line_and_name_the_field(tmp_path, body, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        _file_config(tmp_path, 'c.unlock()\n' + body)
+    assert '\n' not in str(e.value) and 'mine.py' in str(e.value)
+
+
+def test_config_file_values_of_the_template_types_and_open_sections_load(tmp_path):
+    c = _file_config(tmp_path, 'c.unlock()\nc.descend.lr = 1\nc.seeds = [4, 5]\n'
+                     'c.method_options.cluster = dict(gene=dict(eps=0.2))')
+    assert c.descend.lr == 1.0 and tuple(c.seeds) == (4, 5) and c.method_options.cluster.gene.eps == 0.2

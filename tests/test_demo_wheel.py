@@ -67,7 +67,7 @@ def test_demo_runs_from_the_installed_wheel(installed, tmp_path):
     run_dir.mkdir()
     driver = ('import sys, jlearngene; print("jlearngene from", jlearngene.__file__); '
               'from jlearngene import cli; sys.exit(cli.main(sys.argv[1:]))')
-    proc = subprocess.run([sys.executable, '-c', driver, 'demo', '--scale', 'smoke', '--quiet',
+    proc = subprocess.run([sys.executable, '-c', driver, 'demo', 'smoke', '--noprogress',
                            '--workdir', workdir], cwd=run_dir, env=_env(site),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -89,7 +89,7 @@ def test_demo_runs_from_the_installed_wheel(installed, tmp_path):
         assert 0.0 <= r['acc'] <= 1.0 and r['params'] > 0 and r['steps'] > 0
     by = {(tuple(r['shape']), r['method']): r for r in rows}
     # fine-tuning: 3 forward passes per image, steps x batch images
-    cfg = study.shape_configs(results['config'], 32, 1, 10)[0]
+    cfg = study.shape_configs(results['config'], (32, 1), 10)[0]
     r = by[((32, 1), 'tleg')]
     assert r['finetune_flops'] == pytest.approx(
         costs.TRAIN_FACTOR * costs.flops_per_image(cfg) * r['steps'] * results['config']['batch_size'])

@@ -28,30 +28,53 @@ needs_gloo = pytest.mark.skipif(sys.platform != 'linux',
 
 # ------------------------------------------------------------------------------ settings
 
-def test_resolve_order_and_errors():
-    env = {'JAX_COORDINATOR_ADDRESS': '10.0.0.1:1234', 'JAX_NUM_PROCESSES': '4', 'JAX_PROCESS_ID': '3',
-           'SLURM_NTASKS': '8', 'SLURM_PROCID': '5'}
-    assert distributed.resolve('127.0.0.1:9', 2, 1, environ=env, tpu=False) == \
-        distributed.Setup('args', '127.0.0.1:9', 2, 1)
-    assert distributed.resolve(environ=env, tpu=False) == distributed.Setup('env', '10.0.0.1:1234', 4, 3)
-    slurm = {'SLURM_NTASKS': '8', 'SLURM_PROCID': '5'}
-    assert distributed.resolve(environ=slurm, tpu=False) == distributed.Setup('slurm', None, 8, 5)
-    assert distributed.resolve(environ={'SLURM_NTASKS': '1', 'SLURM_PROCID': '0'}, tpu=False).source == 'single'
-    assert distributed.resolve(environ={}, tpu=True).source == 'tpu'
-    assert not distributed.resolve(environ={}, tpu=False).multi_process
+SLURM_TASK = {'SLURM_JOB_ID': '77', 'SLURM_STEP_NODELIST': 'node[3-4]', 'SLURM_NTASKS': '8',
+              'SLURM_PROCID': '5', 'SLURM_LOCALID': '1'}
+
+
+@pytest.fixture
+def environ(monkeypatch):
+    """Sets os.environ for `resolve`, starting from no JAX_ / SLURM_ / OMPI_ / Kubernetes variable."""
+    for k in list(os.environ):
+        if k.startswith(('JAX_COORDINATOR', 'JAX_NUM_PROCESSES', 'JAX_PROCESS_ID', 'SLURM_', 'OMPI_',
+                         'KUBERNETES_')):
+            monkeypatch.delenv(k)
+
+    def set_env(**values):
+        for k, v in values.items():
+            monkeypatch.setenv(k, v)
+    return set_env
+
+
+def test_resolve_order_and_errors(environ):
+    environ(JAX_COORDINATOR_ADDRESS='10.0.0.1:1234', JAX_NUM_PROCESSES='4', JAX_PROCESS_ID='3',
+            **SLURM_TASK)
+    assert distributed.resolve('127.0.0.1:9', 2, 1) == distributed.Setup('args', '127.0.0.1:9', 2, 1)
+    assert distributed.resolve() == distributed.Setup('env', '10.0.0.1:1234', 4, 3)
     with pytest.raises(distributed.DistributedError, match='JAX_PROCESS_ID missing'):
-        distributed.resolve(environ={'JAX_COORDINATOR_ADDRESS': 'h:1', 'JAX_NUM_PROCESSES': '2'}, tpu=False)
-    with pytest.raises(distributed.DistributedError, match='--process_id=2.*--num_processes=2'):
-        distributed.resolve('h:1', 2, 2, environ={}, tpu=False)
-    with pytest.raises(distributed.DistributedError, match="'localhost'"):
-        distributed.resolve('localhost', 2, 0, environ={}, tpu=False)
+        environ(JAX_PROCESS_ID='')
+        distributed.resolve()
     with pytest.raises(distributed.DistributedError, match="JAX_NUM_PROCESSES.*'two'"):
-        distributed.resolve(environ={'JAX_COORDINATOR_ADDRESS': 'h:1', 'JAX_NUM_PROCESSES': 'two',
-                                     'JAX_PROCESS_ID': '0'}, tpu=False)
-    with pytest.raises(distributed.DistributedError, match='SLURM_PROCID'):
-        distributed.resolve(environ={'SLURM_NTASKS': '2'}, tpu=False)
-    # One process: nothing starts.
-    assert distributed.initialize(environ={}, tpu=False) == distributed.Setup('single')
+        environ(JAX_NUM_PROCESSES='two', JAX_PROCESS_ID='0')
+        distributed.resolve()
+    with pytest.raises(distributed.DistributedError, match='--process_id=2.*--num_processes=2'):
+        distributed.resolve('h:1', 2, 2)
+    with pytest.raises(distributed.DistributedError, match="'localhost'"):
+        distributed.resolve('localhost', 2, 0)
+
+
+def test_a_cluster_is_what_jax_detects(environ):
+    assert distributed.resolve() == distributed.Setup('single')
+    assert not distributed.resolve().multi_process
+    environ(**SLURM_TASK)     # srun's variables: jax's SlurmCluster, which derives the coordinator
+    assert distributed.resolve() == distributed.Setup('cluster', None, 8, 5, 'SlurmCluster')
+    environ(SLURM_NTASKS='1', SLURM_PROCID='0')
+    assert distributed.resolve().source == 'single'
+    environ(SLURM_NTASKS='many')
+    with pytest.raises(distributed.DistributedError, match='SlurmCluster.*many'):
+        distributed.resolve()
+    environ(SLURM_NTASKS='1')
+    assert distributed.initialize() == distributed.Setup('single')   # one process: nothing starts
 
 
 # ------------------------------------------------------------------------------ the worker
@@ -117,10 +140,12 @@ def _train(pid: int, workdir: str, out: str, interrupt: int) -> int:
         np.savez(out[:-len('.npz')] + '.init.npz', **{k: np.asarray(v) for k, v in pytree.flatten(params).items()})
     tx = optax.adamw(3e-3)
     try:
-        params, _ = trainer.fit(tasks.classification_loss(cfg), params, Data(), tx, workdir=workdir,
-                                steps=STEPS, log_every=2, sharding='fsdp',
-                                fsdp_min_size=0, steps_per_call=1, progress=False,
-                                tensorboard=False, config={'steps': STEPS})
+        params, _ = trainer.fit(tasks.classification_loss(cfg), params, Data(), tx,
+                                trainer.FitConfig(workdir=workdir, steps=STEPS, log_every=2,
+                                                  sharding='fsdp', fsdp_min_size=0,
+                                                  steps_per_call=1, progress=False,
+                                                  tensorboard=False,
+                                                  experiment_config={'steps': STEPS}))
     except trainer.Preempted as e:
         print(f'process {pid}: {e}', flush=True)
         return int(e.code)

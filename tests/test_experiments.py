@@ -2,11 +2,12 @@
 smoke run from an installed wheel is tests/test_demo_wheel.py)."""
 import os
 
+import numpy as np
 import pytest
 
 from jlearngene import cli
 from jlearngene.commands import demo, train
-from jlearngene.experiments import cluster, configs, harness, study, tleg
+from jlearngene.experiments import configs, harness, study, tleg
 from jlearngene.models import vit_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,7 +56,7 @@ def test_overrides_are_typed_and_locked():
     assert c.descend.evals == 3 and c.seed == 5
     with pytest.raises(ValueError, match=r"'descend\.evls'"):
         configs.load('tleg:smoke', {'descend.evls': 3})
-    with pytest.raises(TypeError):
+    with pytest.raises(configs.ConfigError, match="descend.evals must be an integer.*'many'"):
         configs.load('tleg:smoke', {'descend.evals': 'many'})
 
     fv = train.parse_flags(['--config', 'tleg:smoke', '--config.descend.evals=3',
@@ -66,17 +67,14 @@ def test_overrides_are_typed_and_locked():
 
 
 def test_cli_config_errors_are_one_line(tmp_path, capsys):
-    with pytest.raises(SystemExit) as e:
-        cli.main(['train', '--config', 'nosuch', '--workdir', str(tmp_path)])
-    assert e.value.code == 2
+    assert cli.main(['train', '--config', 'nosuch', '--workdir', str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert 'jlearngene train: ' in err and "'nosuch'" in err
-    with pytest.raises(SystemExit):
-        cli.main(['train', '--config', 'tleg:smoke', '--config.descend.evls=3', '--workdir', str(tmp_path)])
+    assert cli.main(['train', '--config', 'tleg:smoke', '--config.descend.evls=3',
+                     '--workdir', str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert 'evls' in err and '"evals"' in err
-    with pytest.raises(SystemExit):
-        cli.main(['train', '--config', 'tleg:huge', '--workdir', str(tmp_path)])
+    assert 'evls' in err and "'descend.evals'" in err
+    assert cli.main(['train', '--config', 'tleg:huge', '--workdir', str(tmp_path)]) == 2
     assert "'huge'" in capsys.readouterr().err
     rc = cli.main(['train', '--config', 'tleg:smoke', "--config.methods=('tleg','nosuch')",
                    '--config.compile_cache=false', '--workdir', str(tmp_path / 'm')])
@@ -84,32 +82,38 @@ def test_cli_config_errors_are_one_line(tmp_path, capsys):
     assert rc == 1 and err[-1].startswith('jlearngene train: ') and "'nosuch'" in err[-1]
 
 
-def test_demo_flags_become_config_overrides():
-    argv = demo.train_argv(['--quick', '--official-pool-order', '--quiet',
-                            '--config.descend.lr=0.01'])
-    assert argv == ['--config', 'tleg:digits,quick', '--workdir', 'workdirs/demo',
-                    '--config.descend.official_pool_order=true', '--noprogress',
-                    '--config.descend.lr=0.01']
-    fv = train.parse_flags(argv, 'jlearngene demo')
-    assert fv.config.seeds == (0,) and fv.config.descend.official_pool_order and not fv.progress
-    assert fv.config.descend.lr == 0.01
-    assert demo.train_argv(['--seeds', '3,4,5'])[-1] == '--config.seeds=(3,4,5)'
-    assert demo.train_argv(['--scale', 'paper', '--data-dir', '/d', '--variant', 'B'])[:2] == [
-        '--config', 'tleg:paper']
-    with pytest.raises(SystemExit):
-        demo.train_argv(['--qiuck'])
+def _demo_args(argv):
+    return train.parse_named(argv, 'jlearngene demo', demo.CONFIG, demo.WORKDIR, demo.__doc__,
+                             demo.VARIANTS)
+
+
+def test_demo_is_the_tleg_config_with_its_variant_and_overrides():
+    args = _demo_args(['quick', '--noprogress', '--config.descend.official_pool_order=true',
+                       '--config.descend.lr=0.01'])
+    assert args.config.seeds == (0,) and args.config.descend.official_pool_order and not args.progress
+    assert args.config.descend.lr == 0.01 and args.workdir == 'workdirs/demo'
+    assert args.config.scale == 'digits'
+    assert _demo_args([]).config.to_dict() == configs.load('tleg:digits').to_dict()
+    assert _demo_args(['--config.seeds=3,4,5']).config.seeds == (3, 4, 5)
+    paper = _demo_args(['paper', '--config.data.data_dir=/d', '--config.model.variant=B']).config
+    assert (paper.scale, paper.data.data_dir, paper.model.variant) == ('paper', '/d', 'B')
+    from jlearngene.commands.config_args import UsageError
+    with pytest.raises(UsageError, match="'qiuck'"):
+        _demo_args(['qiuck'])
+    with pytest.raises(UsageError, match='--quick'):
+        _demo_args(['--quick'])      # no flag re-spells a config field or variant
 
 
 def test_paper_scale_needs_data_dir(tmp_path):
     with pytest.raises(ValueError, match='data_dir'):
-        harness.run(configs.load('tleg:paper', {'compile_cache': False}), str(tmp_path), quiet=True)
+        study.run_experiment(configs.load('tleg:paper', {'compile_cache': False}), str(tmp_path), quiet=True)
 
 
 def test_unknown_method_or_experiment(tmp_path):
     with pytest.raises(ValueError, match="'nosuch'"):
-        harness.run(configs.load('tleg:smoke', {'methods': ('tleg', 'nosuch')}), str(tmp_path))
+        study.run_experiment(configs.load('tleg:smoke', {'methods': ('tleg', 'nosuch')}), str(tmp_path))
     with pytest.raises(ValueError, match="'nosuch'"):
-        harness.run(configs.load('tleg:smoke', {'experiment': 'nosuch'}), str(tmp_path))
+        study.run_experiment(configs.load('tleg:smoke', {'experiment': 'nosuch'}), str(tmp_path))
     assert not os.listdir(tmp_path)                        # nothing ran, nothing written
 
 
@@ -130,7 +134,7 @@ def test_tleg_study_options():
     assert k(6, c=configs.load('tleg:digits', {'method_options.he_lg.gene.k': 1})) == 1
     assert study.gene_options(config, 'tleg', teacher, teacher) == {'expand': ('msa', 'mlp', 'ln'),
                                                                     'from_layer': 0}
-    assert study.descend_options(config, 'tleg') == {'head': 'inherit'}
+    assert study.descend_options(config, 'tleg') == {} and study.descend_options(config, 'he_lg') == {'head': 'new'}
     assert study.label('he_lg', config) == 'He-LG' and study.label('letra/step', config) == 'LeTra (step)'
     d_cfg = teacher.replace(depth=3)
     assert tleg.STUDY.descendant_config(d_cfg, config) == d_cfg
@@ -150,19 +154,29 @@ def test_eval_fn_is_one_object_per_config():
 def test_study_shapes_split_into_heads_of_the_model():
     config = configs.load('letra:smoke')
     base = study.reference_config(config, 10)
-    cfg = study.shape_configs(config, 2 * base.head_dim, 3, 10)[0]
+    cfg = study.shape_configs(config, (2 * base.head_dim, 3), 10)[0]
     assert (cfg.width, cfg.depth, cfg.num_heads, cfg.head_dim) == (2 * base.head_dim, 3, 2, base.head_dim)
     assert cfg.mlp_dim == int(config['mlp_ratio']) * cfg.width
     with pytest.raises(ValueError, match=f'width {base.head_dim + 1}'):
-        study.shape_configs(config, base.head_dim + 1, 3, 10)
+        study.shape_configs(config, (base.head_dim + 1, 3), 10)
+    # (width, depth, heads): that many heads of the model's head_dim (Cluster-Learngene's ω)
+    wide = study.shape_configs(config, (2 * base.head_dim, 3, 5), 10)
+    assert [(c.num_heads, c.head_dim) for c in wide] == [(5, base.head_dim)]
+    with pytest.raises(ValueError, match=r'\(32, 0\)'):
+        study.study_shapes({'shapes': ((32, 0),)})
 
 
-def test_cluster_task_data_relabels_its_classes_and_refuses_others():
+def test_task_data_relabels_its_classes_and_refuses_others():
     config = configs.load('cluster:smoke')
-    task = cluster.TaskData(config, (7, 3))
+    task = harness.Data(config, (7, 3))
     labels = {int(task.sources['train'][i]['label']) for i in range(len(task.sources['train']))}
     assert task.num_classes == 2 and labels == {0, 1}
+    batch = next(iter(task.train(0)))
+    assert set(np.asarray(batch['label']).tolist()) <= {0, 1}
+    assert sum(int(b['mask'].sum()) for b in task.test()) == len(task.sources['test'])
+    (raw,) = task.raw_batches(8, 64)
+    assert raw.shape[0] == 8 and 0 <= raw.min() and raw.max() <= 1
     with pytest.raises(ValueError, match=r'\(3, 3\)'):
-        cluster.TaskData(config, (3, 3))
+        harness.Data(config, (3, 3))
     with pytest.raises(ValueError, match=r'\[12\]'):
-        cluster.TaskData(config, (1, 12))
+        harness.Data(config, (1, 12))

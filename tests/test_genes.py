@@ -13,9 +13,10 @@ from jlearngene.models import init, unstack_blocks, vit_config
 
 
 NAMES = genes.names()
-GENERIC = ('scratch', 'tleg', 'share_init', 'he_lg', 'auto_lg', 'pre_fin', 'cluster')
+GENERIC = ('scratch', 'tleg', 'share_init', 'mini_init', 'he_lg', 'auto_lg', 'pre_fin', 'cluster')
 CONTRACT = tuple(n for n in NAMES if n in GENERIC)
-LABELS = {'scratch': 'Scratch', 'tleg': 'TLEG', 'share_init': 'Share-Init', 'he_lg': 'He-LG',
+LABELS = {'scratch': 'Scratch', 'tleg': 'TLEG', 'share_init': 'Share-Init', 'mini_init': 'Mini-Init',
+          'he_lg': 'He-LG',
           'auto_lg': 'Auto-LG', 'pre_fin': 'Pre-Fin', 'cluster': 'Cluster-LG', 'net2net': 'Net2Net',
           'stackbert': 'StackBERT', 'bert2bert': 'bert2BERT', 'ligo': 'LiGO', 'letra': 'LeTra',
           'mango': 'Mango', 'scala': 'Scala', 'us_net': 'US-Net', 'matformer': 'MatFormer',
@@ -81,7 +82,7 @@ def test_registry_lists_every_method_with_its_verbs():
         assert (m.init_gene is not None) == (m.materialize is not None) == (m.source == 'learned')
         assert (m.gene_from_model is not None) == (m.source == 'model')
     assert {n for n in NAMES if genes.get(n).source == 'learned'} == {
-        'tleg', 'share_init', 'letra', 'scala', 'us_net', 'matformer'}
+        'tleg', 'share_init', 'mini_init', 'letra', 'scala', 'us_net', 'matformer'}
     assert {n for n in NAMES if genes.get(n).source == 'model'} == {
         'he_lg', 'auto_lg', 'pre_fin', 'cluster', 'net2net', 'stackbert', 'bert2bert', 'ligo',
         'mango', 'imwlm'}
@@ -92,8 +93,8 @@ def test_registry_lists_every_method_with_its_verbs():
 
 def test_get_unknown_name_lists_the_known_ones():
     with pytest.raises(genes.GeneError) as e:
-        genes.get('mini_init')
-    assert "'mini_init'" in str(e.value)
+        genes.get('no_such_method')
+    assert "'no_such_method'" in str(e.value)
     for name in NAMES:
         assert repr(name) in str(e.value)
 
@@ -154,7 +155,7 @@ def test_gene_param_count_is_what_descend_reads(name, made):
     # embeddings='random' reads none of the gene's embeddings, wherever the gene keeps them
     emb = pytree.count_params(gene, groups=[(
         'emb', r'(.*/)?(patch_embed/.*|pos_embed|cls_token|dist_token|norm/.*)')])['emb']
-    assert (emb > 0) == (name != 'he_lg')            # He-LG stores only layers by default
+    assert emb > 0                                   # every gene holds embeddings by default
     assert m.gene_param_count(gene) - emb == read_count(m, gene, tcfg, head='new', embeddings='random')
 
 
@@ -253,8 +254,8 @@ def test_model_taking_forms_equal_gene_then_descend(name, legacy):
 def test_embeddings_option_decides_what_he_lg_stores_and_reads():
     cfg = cfg_()
     model = trained_model(cfg)
-    lean = baselines.HE_LG.gene_from_model(model, cfg, k=2)
-    full = baselines.HE_LG.gene_from_model(model, cfg, k=2, embeddings='inherit')
+    lean = baselines.HE_LG.gene_from_model(model, cfg, k=2, embeddings='random')
+    full = baselines.HE_LG.gene_from_model(model, cfg, k=2)     # the official code's embeddings
     assert set(lean) == {'blocks', 'head'}
     assert set(full) == {'blocks', 'head', 'patch_embed', 'pos_embed', 'norm'}
     emb = sum(pytree.size(x) for k in ('patch_embed', 'pos_embed', 'norm')

@@ -92,8 +92,9 @@ def test_stackbert_layer_l_is_small_layer_l_mod_L1(small):
 
 def test_ligo_operator_init_tying_and_kept_units(small):
     op = growth.ligo_init_operator(SMALL, LARGE, jax.random.key(4))
-    assert set(op['width']) == {'embed', 'q', 'k', 'v', 'mlp'}
+    assert set(op['width']) == {'embed', 'head', 'q', 'k', 'v', 'mlp'}
     assert op['width']['embed'].shape == (8, 8) and op['width']['q'].shape == (4, 8, 8)
+    np.testing.assert_array_equal(op['width']['head'], op['width']['embed'])   # starts tied
     assert op['width']['mlp'].shape == (4, 16, 16)
     for c in jax.tree.leaves(op['width']):                          # 'rand': U(0, 1) rows summing to 1
         assert np.all(np.asarray(c) >= 0)
@@ -125,9 +126,43 @@ def test_ligo_operator_init_tying_and_kept_units(small):
     moved = dict(op, width=dict(op['width'], embed=op['width']['embed'] + 1.0))
     diff = pytree.max_abs_diff(grow(moved, small), base)
     assert all(diff[p] > 0 for p in ('patch_embed/kernel', 'pos_embed', 'cls_token', 'norm/scale',
-                                     'head/kernel', 'blocks/norm1/bias', 'blocks/attn/q/kernel',
+                                     'blocks/norm1/bias', 'blocks/attn/q/kernel',
                                      'blocks/attn/out/kernel', 'blocks/mlp/fc2/bias'))
-    assert diff['head/bias'] == 0 and diff['blocks/attn/q/bias'] == 0
+    assert diff['head/kernel'] == diff['head/bias'] == 0 and diff['blocks/attn/q/bias'] == 0
+    # the head's input has its own expansion, reaching the head kernel only
+    moved = dict(op, width=dict(op['width'], head=op['width']['head'] + 1.0))
+    diff = pytree.max_abs_diff(grow(moved, small), base)
+    assert {p for p, d in diff.items() if d > 0} == {'head/kernel'}
+    a = np.concatenate([np.eye(8), np.asarray(op['width']['embed'])])          # [I; C_embed]
+    np.testing.assert_allclose(base['head']['kernel'], a @ np.asarray(small['head']['kernel']),
+                               rtol=1e-5, atol=1e-6)
+    # the head's matrix is drawn apart from the others: without a head they are the same
+    headless = growth.ligo_init_operator(SMALL.replace(num_classes=0), LARGE.replace(num_classes=0),
+                                         jax.random.key(4))
+    assert 'head' not in headless['width']
+    chex.assert_trees_all_equal(headless, dict(op, width={k: v for k, v in op['width'].items()
+                                                          if k != 'head'}))
+
+
+def test_ligo_head_expansion_is_its_own_trainable_leaf(small):
+    op = growth.ligo_init_operator(SMALL, LARGE, jax.random.key(4))
+    x = jax.random.normal(jax.random.key(9), (2, 8, 8, 3))
+
+    def loss(part):
+        def f(op):
+            grown = growth.ligo_grow(op, small, LARGE)
+            if part == 'logits':
+                return jnp.sum(apply(grown, x, LARGE)[0] ** 2)
+            return jnp.sum(grown['head']['kernel'] if part == 'head' else grown['pos_embed'])
+        return jax.jit(jax.grad(f))(op)['width']
+
+    g = loss('logits')
+    assert np.abs(g['head']).max() > 0 and np.abs(g['embed']).max() > 0
+    assert not np.allclose(g['head'], g['embed'])
+    g = loss('head')                                          # only the head's matrix moves it
+    assert np.abs(g['head']).max() > 0 and not np.any(g['embed'])
+    g = loss('embeddings')                                    # the head's matrix does not
+    assert np.abs(g['embed']).max() > 0 and not np.any(g['head'])
 
 
 def test_impossible_pairs(small):
@@ -167,6 +202,9 @@ def test_registered_methods_descend(small):
         same = method.descend(gene, LARGE, key=KEY, **options.get(name, {}))
         chex.assert_trees_all_close(same['blocks'], des['blocks'])
         want = common.count(small, include_head=False)
-        if name == 'ligo':
-            want += common.count(gene['operator'])
+        if name == 'ligo':        # the head input's expansion goes with the head
+            head = common.count(gene['operator']['width']['head'])
+            want += common.count(gene['operator']) - head
+            assert method.gene_param_count(gene, include_head=True) == (
+                want + head + common.count(small['head']))
         assert method.gene_param_count(gene) == want

@@ -31,6 +31,7 @@ RECIPES = {
     'tleg': ({}, ANCESTOR.replace(depth=3), {}),
     'scratch': ({}, ANCESTOR.replace(depth=3), {}),
     'share_init': ({}, ANCESTOR.replace(depth=3), {}),
+    'mini_init': ({}, ANCESTOR.replace(depth=3), {}),
     'he_lg': ({'k': 1}, ANCESTOR.replace(depth=3), {}),
     'auto_lg': ({'k': 1}, ANCESTOR.replace(depth=3), {}),
     'pre_fin': ({}, ANCESTOR.replace(num_classes=3), {'head': 'new'}),

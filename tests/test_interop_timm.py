@@ -293,6 +293,30 @@ def test_bfloat16_safetensors_is_read_exactly(tmp_path):
     assert np.array_equal(got['b'], np.ones(2, np.float32))
 
 
+def _safetensors_file(path, header: dict, data: bytes):
+    h = json.dumps(header).encode()
+    h += b' ' * (-len(h) % 8)
+    path.write_bytes(len(h).to_bytes(8, 'little') + h + data)
+    return path
+
+
+def test_safetensors_dtype_numpy_cannot_hold_and_damaged_files_are_one_line_errors(tmp_path):
+    f8 = _safetensors_file(tmp_path / 'f8.safetensors',
+                           {'a': {'dtype': 'F8_E4M3', 'shape': [4], 'data_offsets': [0, 4]}}, bytes(4))
+    with pytest.raises(T.StateDictError, match=r"f8\.safetensors.*'a' has dtype F8_E4M3.*not supported"):
+        T.load_state_dict(f8)
+    short = _safetensors_file(tmp_path / 'short.safetensors',
+                              {'a': {'dtype': 'F32', 'shape': [4], 'data_offsets': [0, 16]}}, bytes(8))
+    for read in (T.load_state_dict, T.read_safetensors_metadata):
+        with pytest.raises(T.StateDictError, match=r"short\.safetensors' is not a readable "
+                                                   r"\.safetensors file \(.*header") as e:
+            read(short)
+        assert '\n' not in str(e.value)
+    plain = _safetensors_file(tmp_path / 'plain.safetensors',
+                              {'a': {'dtype': 'F32', 'shape': [1], 'data_offsets': [0, 4]}}, bytes(4))
+    assert T.read_safetensors_metadata(plain) == {}
+
+
 def test_pth_without_torch_names_the_extra(tmp_path, monkeypatch):
     (tmp_path / 'model.pth').write_bytes(b'not really')
     monkeypatch.setitem(sys.modules, 'torch', None)  # import torch -> ImportError

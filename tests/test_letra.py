@@ -1,5 +1,7 @@
 """LeTra: gene, Aux-Net materialisation, row selection, depth maps, descendants, the official
 state dict, and the experiment's smoke run."""
+import re
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -9,6 +11,8 @@ from absl.testing import parameterized
 
 from jlearngene import costs, interop, pytree
 from jlearngene.genes import letra
+from jlearngene.interop import lets
+from jlearngene.interop.timm import StateDictError
 from jlearngene.models import apply, init, vit_config
 
 
@@ -162,7 +166,7 @@ def test_learngene_width_gives_coefficient_combinations_of_learngene_layers(gene
     des, g = np_tree(letra.descend(gene, tcfg)), np_tree(gene)
     lg = g['learngene']
     pairs, sets = letra.depth_map(letra.sizes(gene), 3)
-    for path, (module, kind) in letra._LEAF_MODULE.items():
+    for path, (module, kind) in letra.LEAF_MODULES.items():
         x = pytree.flatten(lg['blocks'])[path]
         c = g['depth'][module][kind]
         for i in range(3):
@@ -338,6 +342,34 @@ class JitTest(chex.TestCase, parameterized.TestCase):
             aux_forward(letra.init_gene(AUX, jax.random.key(seed)), images(seed=seed))
 
 
+class TruncatedHeadTest(chex.TestCase):
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_truncate_takes_the_first_classes_of_the_widened_head(self):
+        gene = trained_like(letra.init_gene(AUX, jax.random.key(1)), seed=2)
+        whole = aux_cfg(width=12, num_heads=3, mlp_dim=24, depth=2)
+        inherited = np_tree(letra.descend(gene, whole))                # 5 classes
+        fn = self.variant(lambda g: letra.descend(g, whole.replace(num_classes=3), head='truncate'))
+        des = np_tree(fn(gene))
+        np.testing.assert_array_equal(des['head']['kernel'], inherited['head']['kernel'][:, :3])
+        np.testing.assert_array_equal(des['head']['bias'], inherited['head']['bias'][:3])
+        chex.assert_trees_all_equal({k: v for k, v in des.items() if k != 'head'},
+                                    {k: v for k, v in inherited.items() if k != 'head'})
+        same = np_tree(letra.descend(gene, whole, head='truncate'))   # all classes: 'inherit'
+        chex.assert_trees_all_equal(same, inherited)
+
+
+def test_truncate_errors(gene):
+    with pytest.raises(letra.GeneError, match=r"head='truncate'.*5 classes.*num_classes=7.*head='new'"):
+        letra.descend(gene, aux_cfg(num_classes=7), head='truncate')
+    headless = dict(gene, learngene={k: v for k, v in gene['learngene'].items() if k != 'head'},
+                    width={k: v for k, v in gene['width'].items() if k != 'head'})
+    with pytest.raises(letra.GeneError, match=r"head='truncate'.*no head"):
+        letra.descend(headless, AUX, head='truncate')
+    with pytest.raises(letra.GeneError, match=r"head='cut'.*'truncate'"):
+        letra.descend(gene, AUX, head='cut')
+
+
 def test_head_and_embedding_options_and_timm_export(gene):
     tcfg = aux_cfg(width=12, num_heads=3, mlp_dim=24, depth=2, num_classes=3)
     des = letra.descend(gene, tcfg, head='new', embeddings='random', key=jax.random.key(1))
@@ -351,7 +383,7 @@ def test_head_and_embedding_options_and_timm_export(gene):
 # The official state dict.
 
 def test_official_state_dict_names_shapes_and_round_trip(gene):
-    sd = letra.to_official(gene)
+    sd = lets.to_lets(gene)
     assert sd['__sm_patch_embed_proj_weight'].shape == (8, 3, 4, 4)      # torch (D, C, p, p)
     assert sd['__sm_1_attn_q_weight'].shape == (8, 8) and sd['__sm_0_mlp_fc1_weight'].shape == (16, 8)
     assert sd['__sm_head_weight'].shape == (5, 8) and sd['__sm_fc_norm_bias'].shape == (8,)
@@ -362,13 +394,26 @@ def test_official_state_dict_names_shapes_and_round_trip(gene):
     assert 'blocks.1.norm1.trans_depth_weight.trans_weight' not in sd    # layers 2k+1 share 2k's
     assert sd['pos_embed'].shape == (1, 4, 16)
     assert len(sd) == 6 + 2 * 16 + 1 + 1 + 2 * 4 + 2 * 8 * 2 + 1
-    back = letra.from_official(sd, head_dim=4)
+    back = lets.from_lets(sd, head_dim=4)
     assert pytree.trees_equal(back, np_tree(gene))
-    again = letra.to_official(back)
+    again = lets.to_lets(back)
     assert sd.keys() == again.keys() and all(np.array_equal(sd[k], again[k]) for k in sd)
     np.testing.assert_array_equal(sd['__sm_0_attn_q_weight'],
                                   np.asarray(gene['learngene']['blocks']['attn']['q']['kernel'][0]).reshape(8, 8).T)
-    with pytest.raises(letra.GeneError, match="'extra'"):
-        letra.from_official({**sd, 'extra': np.zeros(1)}, head_dim=4)
-    with pytest.raises(letra.GeneError, match="'__sm_0_norm1_bias'"):
-        letra.from_official({k: v for k, v in sd.items() if k != '__sm_0_norm1_bias'}, head_dim=4)
+    np.testing.assert_array_equal(sd['__sm_1_attn_proj_weight'],
+                                  np.asarray(gene['learngene']['blocks']['attn']['out']['kernel'][1]).reshape(8, 8).T)
+    assert sd['blocks.0.mlp.fc2.trans_depth_weight.trans_weight'].shape == (2,)
+    with pytest.raises(StateDictError, match="'extra'"):
+        lets.from_lets({**sd, 'extra': np.zeros(1)}, head_dim=4)
+    with pytest.raises(StateDictError, match="'__sm_0_norm1_bias'"):
+        lets.from_lets({k: v for k, v in sd.items() if k != '__sm_0_norm1_bias'}, head_dim=4)
+    with pytest.raises(StateDictError, match=r'Aux layers \[0, 4\]'):
+        lets.from_lets({k.replace('blocks.2.', 'blocks.4.'): v for k, v in sd.items()}, head_dim=4)
+    with pytest.raises(StateDictError, match=r"trans_width_q.*\(8, 8\), \(8, 4\)"):
+        lets.from_lets({**sd, 'blocks.1.trans_width_q.trans_weight': np.zeros((8, 4))}, head_dim=4)
+    with pytest.raises(letra.GeneError, match='Q, K, V add 4, 8, 8 rows'):   # names right, sizes not
+        lets.from_lets({**sd, **{f'blocks.{j}.trans_width_q.trans_weight': np.zeros((4, 8))
+                                 for j in range(2)}}, head_dim=4)
+    # without q/k/v biases and head (qkv_bias=False, a headless learngene) it still round-trips
+    lean = {k: v for k, v in sd.items() if not re.search(r'attn_[qkv]_bias|__sm_head|trans_width_cls', k)}
+    assert lets.to_lets(lets.from_lets(lean, head_dim=4)).keys() == lean.keys()

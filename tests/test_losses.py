@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jlearngene.train import losses
+from jlearngene import losses
 
 RNG = np.random.default_rng(0)
 S = RNG.normal(size=(4, 5)).astype(np.float32)       # student logits

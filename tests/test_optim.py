@@ -105,13 +105,23 @@ def test_warmup_longer_than_the_run_is_clipped_with_a_warning(caplog):
     assert lrs[0] == 0.0 and lrs[1] == pytest.approx(0.5) and lrs[2] == pytest.approx(1.0)
 
 
-def test_equal_configs_share_one_transformation(params):
-    """Runs with equal optimiser configs on one tree structure get one transformation object
-    (the trainer's compiled steps are cached by it); any difference gives another."""
+def test_cache_key_names_the_transformation(params, caplog):
+    """Equal optimiser configs on one tree structure and frozen set have one `cache_key`
+    (what the trainer's compile key is built from); any difference gives another. Computing
+    it logs nothing (the warm-up clip is `make_optimizer`'s to report)."""
     cfg = dict(lr=1e-3, warmup_steps=2, weight_decay=0.05, freeze=('pos_embed',))
-    tx = optim.make_optimizer(cfg, params, total_steps=10)
-    assert optim.make_optimizer(dict(cfg), params, total_steps=10) is tx
-    assert optim.make_optimizer(cfg, params, total_steps=11) is not tx
-    assert optim.make_optimizer(dict(cfg, lr=2e-3), params, total_steps=10) is not tx
+    key = optim.cache_key(cfg, params, total_steps=10)
+    hash(key)
+    assert optim.cache_key(dict(cfg), params, total_steps=10) == key
+    assert optim.cache_key({**cfg, 'freeze': ['pos_embed']}, params, total_steps=10) == key
+    assert optim.cache_key(cfg, params, total_steps=11) != key
+    assert optim.cache_key(dict(cfg, lr=2e-3), params, total_steps=10) != key
+    assert optim.cache_key(dict(cfg, freeze=('head',)), params, total_steps=10) != key
     fewer = {k: v for k, v in params.items() if k != 'head'}
-    assert optim.make_optimizer(cfg, fewer, total_steps=10) is not tx
+    assert optim.cache_key(cfg, fewer, total_steps=10) != key
+    with caplog.at_level('WARNING'):
+        optim.cache_key(dict(cfg, warmup_steps=50), params, total_steps=10)
+    assert not caplog.records
+    # make_optimizer builds a fresh transformation each time (no memoised factory)
+    assert optim.make_optimizer(cfg, params, total_steps=10) is not optim.make_optimizer(
+        cfg, params, total_steps=10)

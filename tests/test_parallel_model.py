@@ -100,10 +100,10 @@ def test_training_on_data_x_model_mesh_matches_one_device(cfg4, tmp_path):
     loss, tx = tasks.classification_loss(cfg), optax.sgd(0.5, momentum=0.9)
     kw = dict(steps=2, log_every=2, steps_per_call=1, progress=False, console=False,
               tensorboard=False, handle_sigterm=False)
-    one, _ = trainer.fit(loss, params, itertools.cycle(batches), tx, workdir=str(tmp_path / 'one'),
-                         mesh=parallel.make_mesh(1), **kw)
-    mp, _ = trainer.fit(loss, params, itertools.cycle(batches), tx, workdir=str(tmp_path / 'mp'),
-                        sharding='fsdp', fsdp_min_size=0, model_parallel=4, **kw)
+    one, _ = trainer.fit(loss, params, itertools.cycle(batches), tx, trainer.FitConfig(
+        workdir=str(tmp_path / 'one'), mesh=parallel.make_mesh(1), **kw))
+    mp, _ = trainer.fit(loss, params, itertools.cycle(batches), tx, trainer.FitConfig(
+        workdir=str(tmp_path / 'mp'), sharding='fsdp', fsdp_min_size=0, model_parallel=4, **kw))
     q = mp['blocks']['attn']['q']['kernel']
     assert q.sharding.spec == P(None, 'data', 'model', None) and len(q.sharding.device_set) == 8
     assert q.addressable_shards[0].data.shape == (1, 16, 1, 8)

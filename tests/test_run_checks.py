@@ -9,6 +9,7 @@ import pytest
 from PIL import Image
 
 from jlearngene import data
+from jlearngene.commands import run
 from jlearngene.experiments import configs
 from jlearngene.models import init, vit_config
 from jlearngene.train import metrics, optim, tasks, trainer
@@ -46,9 +47,9 @@ class Batches:
 
 def _fit(workdir, steps, data=None, **kw):
     kw.setdefault('log_every', 2)
-    return trainer.fit(LOSS, PARAMS, data or Batches(), TX, workdir=str(workdir), steps=steps,
-                       seed=1, progress=False, console=False, tensorboard=False,
-                       steps_per_call=1, **kw)
+    return trainer.fit(LOSS, PARAMS, data or Batches(), TX, trainer.FitConfig(
+        workdir=str(workdir), steps=steps, seed=1, progress=False, console=False,
+        tensorboard=False, steps_per_call=1, **kw))
 
 
 def _rows(workdir):
@@ -86,15 +87,15 @@ def _assert_nothing_ran(workdir):
 def test_missing_eval_split_is_refused_before_training(tmp_path):
     _folder(tmp_path / 'img', splits=('train',))
     with pytest.raises(data.DataError, match=r"eval_split 'test'.*does not exist"):
-        tasks.run_classification(_config(tmp_path / 'img'), str(tmp_path / 'w'), progress=False)
+        run.run_classification(_config(tmp_path / 'img'), str(tmp_path / 'w'), progress=False)
     _assert_nothing_ran(tmp_path / 'w')
 
 
 def test_batch_size_larger_than_the_train_split_is_refused(tmp_path):
     _folder(tmp_path / 'img')   # 12 training images
     with pytest.raises(data.DataError, match=r"'train'.*batch_size 16.*12 examples"):
-        tasks.run_classification(_config(tmp_path / 'img', batch_size=16), str(tmp_path / 'w'),
-                                 progress=False)
+        run.run_classification(_config(tmp_path / 'img', batch_size=16), str(tmp_path / 'w'),
+                               progress=False)
     _assert_nothing_ran(tmp_path / 'w')
 
 
@@ -106,14 +107,14 @@ def test_an_undecodable_first_sample_is_refused_before_training(tmp_path, split)
     Image.fromarray(noise, 'L').save(path)
     path.write_bytes(path.read_bytes()[:200])   # the header survives, the pixels do not
     with pytest.raises(data.DataError, match=rf"'{split}'.*0\.png"):
-        tasks.run_classification(_config(tmp_path / 'img'), str(tmp_path / 'w'), progress=False)
+        run.run_classification(_config(tmp_path / 'img'), str(tmp_path / 'w'), progress=False)
     _assert_nothing_ran(tmp_path / 'w')
 
 
 def test_good_folder_trains_and_evaluates(tmp_path):
     _folder(tmp_path / 'img')
-    _, hist = tasks.run_classification(_config(tmp_path / 'img'), str(tmp_path / 'w'),
-                                       progress=False)
+    _, hist = run.run_classification(_config(tmp_path / 'img'), str(tmp_path / 'w'),
+                                     progress=False)
     assert [r['step'] for r in hist['eval']] == [2] and hist['eval'][0]['eval/count'] == 12
 
 
@@ -163,6 +164,6 @@ def test_eval_batch_size_that_does_not_split_over_the_devices_is_refused(tmp_pat
     _folder(tmp_path / 'img')
     n = jax.device_count()
     with pytest.raises(data.DataError, match=rf"eval_split 'test'.*eval_batch_size {n + 1}.*{n}"):
-        tasks.run_classification(_config(tmp_path / 'img', eval_batch_size=n + 1),
+        run.run_classification(_config(tmp_path / 'img', eval_batch_size=n + 1),
                                  str(tmp_path / 'w'), progress=False)
     _assert_nothing_ran(tmp_path / 'w')

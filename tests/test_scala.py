@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from jlearngene import genes, pytree
+from jlearngene import genes, losses, pytree
 from jlearngene.genes import scala
 from jlearngene.genes.common import GeneError
 from jlearngene.interop import timm
 from jlearngene.models import apply, init, vit_config
-from jlearngene.train import losses, slimmable
 
 D, H, M, DEPTH, K = 32, 2, 64, 2, 5
 GRID = scala.width_grid(0.25, 0.25)            # X = 4: 0.25, 0.5, 0.75, 1
@@ -270,7 +269,7 @@ def test_scala_loss_is_the_sum_of_its_progressive_terms(model):
     cfg, params = model
     batch = {'image': images(4), 'label': jnp.array([0, 1, 2, 3])}
     key = jax.random.key(7)
-    loss_fn = slimmable.scala_loss(cfg, GRID)
+    loss_fn = scala.scala_loss(cfg, GRID)
     grad_fn = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
     (loss, metrics), grads = grad_fn(params, batch, key)
     assert float(metrics['ratio_upper']) == 0.75 and float(metrics['ratio_lower']) == 0.5
@@ -278,7 +277,7 @@ def test_scala_loss_is_the_sum_of_its_progressive_terms(model):
     @jax.jit
     def by_hand(p):   # full CE, then each width's KL to the next larger width + CE
         keys = jax.random.split(key, 5)
-        logits = {r: slimmable.width_forward(cfg, r)(p, batch['image'], k)[0]
+        logits = {r: scala.width_forward(cfg, r)(p, batch['image'], k)[0]
                   for r, k in zip((1.0, 0.75, 0.5, 0.25), keys[1:])}
         total = losses.cross_entropy(logits[1.0], batch['label'])
         for big, small in ((1.0, 0.75), (0.75, 0.5), (0.5, 0.25)):
@@ -295,14 +294,14 @@ def test_baseline_losses_and_teacher_distillation(model):
     batch = {'image': images(4), 'label': jnp.array([0, 1, 2, 3])}
     key = jax.random.key(8)
     grid = scala.width_grid(0.25, 0.125)
-    us = jax.jit(slimmable.usnet_loss(cfg, grid))(params, batch, key)[1]
+    us = jax.jit(scala.usnet_loss(cfg, grid))(params, batch, key)[1]
     assert {float(us['ratio_a']), float(us['ratio_b'])} <= set(grid[1:-1])
-    mf = jax.jit(slimmable.matformer_loss(cfg))(params, batch, key)
+    mf = jax.jit(scala.matformer_loss(cfg))(params, batch, key)
     np.testing.assert_allclose(mf[0], sum(v for k, v in mf[1].items() if k.startswith('loss_ffn')), rtol=1e-6)
     dcfg = make_cfg(distill_token=True, depth=1)
     student = init(dcfg, jax.random.key(4))
     teacher = (init(make_cfg(depth=1), jax.random.key(5)), make_cfg(depth=1))
-    loss, m = jax.jit(slimmable.scala_loss(dcfg, GRID, teacher=teacher, rule='official'))(student, batch, key)
+    loss, m = jax.jit(scala.scala_loss(dcfg, GRID, teacher=teacher, rule='official'))(student, batch, key)
     assert np.isfinite(float(loss)) and float(m['loss_full']) > 0
     with pytest.raises(ValueError, match="transfer='sideways'"):
-        slimmable.scala_loss(cfg, GRID, transfer='sideways')
+        scala.scala_loss(cfg, GRID, transfer='sideways')

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jlearngene import data
-from jlearngene.experiments import compare, configs, harness, letra, mango, report, scala, study, tleg
+from jlearngene.experiments import cluster, compare, configs, harness, letra, mango, report, scala, study, tleg
 
 # Scratch's schedule in each paper (../shared/specs/tleg_letra_cluster.md): DeiT's recipe,
 # 100 epochs at lr 5e-4 (batch 512) for TLEG's Table 1 and LeTra's Table 1; the comparison
@@ -42,7 +42,8 @@ def test_paper_config_plans_on_shapes_and_scratch_follows_the_paper(name):
         assert made['letra/continuous'] == shapes
 
 
-@pytest.mark.parametrize('module', [tleg, letra, compare, mango, scala], ids=lambda m: m.__name__)
+@pytest.mark.parametrize('module', [tleg, letra, compare, mango, scala, cluster],
+                         ids=lambda m: m.__name__)
 def test_every_claim_names_rows_and_budgets_its_study_runs(module):
     name = module.__name__.rsplit('.', 1)[1]
     config = configs.load(name)
@@ -207,6 +208,21 @@ def test_scala_study_plan_keeps_every_head_and_its_depth():
     assert all(not isinstance(c, str) for p in plan.values() for c in p.values())
 
 
+def test_cluster_study_plan_two_tasks_and_head_counts():
+    config = configs.load('cluster')
+    plan = study.plan(config, 5, cluster.STUDY)
+    shapes = [(32, 6, 4), (32, 6, 8), (32, 6, 16)]
+    assert [(c.num_heads, c.head_dim) for c in (plan['scratch'][s] for s in shapes)] == [(4, 4), (8, 4), (16, 4)]
+    assert all(not isinstance(plan[n][s], str) for n in ('cluster/clustered', 'cluster/random') for s in shapes)
+    for baseline in ('pre_fin', 'he_lg', 'auto_lg'):     # the ancestor's 8 heads only
+        assert [isinstance(plan[baseline][s], str) for s in shapes] == [True, False, True]
+    # another task: every inherited head is replaced by a new one
+    assert study.descend_options(config, 'cluster')['head'] == 'new'
+    assert study.descend_options(config, 'pre_fin')['head'] == 'new'
+    assert 'head' not in study.descend_options(configs.load('tleg'), 'pre_fin')   # its default: inherit
+    assert study.descend_options(configs.load('tleg'), 'he_lg')['head'] == 'new'
+
+
 def test_info_describes_a_study_workdir_and_its_results(tmp_path, capsys):
     from jlearngene import cli
     results = _results((0.90, 0.92, 0.94))
@@ -258,7 +274,7 @@ def _check_records(results, workdir):
 
 @pytest.mark.slow
 def test_tleg_smoke_study(tmp_path, capsys):
-    results = harness.run(configs.load('tleg:smoke'), str(tmp_path))
+    results = study.run_experiment(configs.load('tleg:smoke'), str(tmp_path))
     out, err = capsys.readouterr()
     assert not out and 'scratch  w32 L1 lr 0.001 seed 0' in err      # progress on stderr
     saved = _check_records(results, str(tmp_path))
@@ -280,7 +296,7 @@ def test_tleg_smoke_study(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_letra_smoke_study(tmp_path):
-    results = harness.run(configs.load('letra:smoke'), str(tmp_path), quiet=True)
+    results = study.run_experiment(configs.load('letra:smoke'), str(tmp_path), quiet=True)
     saved = _check_records(results, str(tmp_path))
     names = {(r['name'], r['fraction']) for r in saved['rows'] if r['method'] != 'scratch'}
     assert names == {(n, f) for n in ('letra/continuous', 'letra/random', 'imwlm') for f in (0.0, 0.05)}
@@ -290,7 +306,7 @@ def test_letra_smoke_study(tmp_path):
 
 @pytest.mark.slow
 def test_compare_smoke_study(tmp_path):
-    results = harness.run(configs.load('compare:smoke'), str(tmp_path), quiet=True)
+    results = study.run_experiment(configs.load('compare:smoke'), str(tmp_path), quiet=True)
     saved = _check_records(results, str(tmp_path))
     assert "pre_fin: the gene's" in saved['cannot']['pre_fin']['w12_d2']
     assert 'Pre-Fin at w12 L2' in results['table']
@@ -299,7 +315,7 @@ def test_compare_smoke_study(tmp_path):
 
 @pytest.mark.slow
 def test_scala_smoke_study(tmp_path):
-    results = harness.run(configs.load('scala:smoke'), str(tmp_path), quiet=True)
+    results = study.run_experiment(configs.load('scala:smoke'), str(tmp_path), quiet=True)
     saved = _check_records(results, str(tmp_path))
     rows = saved['rows']
     up = saved['upstream_flops']['0']
@@ -318,8 +334,28 @@ def test_scala_smoke_study(tmp_path):
 
 
 @pytest.mark.slow
+def test_cluster_smoke_study(tmp_path):
+    results = study.run_experiment(configs.load('cluster:smoke'), str(tmp_path), quiet=True)
+    anc = results['ancestor']
+    assert anc['classes'] == [0, 1, 2, 3, 4] and anc['descendant_classes'] == [5, 6, 7, 8, 9]
+    assert set(anc['sweep']) == {'0.001', '0.002', '0.004'}
+    info = results['info']['0']['attention_distance']
+    assert np.asarray(info['distances']).shape == (2, 4) and len(info['centroids']) == 2
+    names = {(r['name'], tuple(r['shape'])) for r in results['rows']}
+    assert ('pre_fin', (16, 2, 4)) in names and ('pre_fin', (16, 2, 2)) not in names
+    assert {('cluster/random', s) for s in ((16, 2, 2), (16, 2, 4))} <= names
+    for r in results['rows']:
+        if r['name'].startswith('cluster'):
+            assert r['upstream'] == ['teacher', 'attention_distance']
+    assert len(results['verdicts']) == len(cluster.STUDY.claims)
+    assert 'Mean attention distance' in results['table'] and 'Ancestor' in results['table']
+    for f in ('results.md', 'results.json', 'accuracy_vs_flops.png'):
+        assert (tmp_path / f).exists(), f
+
+
+@pytest.mark.slow
 def test_mango_smoke_study(tmp_path):
-    results = harness.run(configs.load('mango:smoke'), str(tmp_path), quiet=True)
+    results = study.run_experiment(configs.load('mango:smoke'), str(tmp_path), quiet=True)
     saved = _check_records(results, str(tmp_path))
     up = saved['upstream_flops']['0']
     small = saved['scratch']['w16_d1']                  # the small model is a converged Scratch run

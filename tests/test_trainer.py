@@ -58,13 +58,27 @@ TX = optim.make_optimizer(OPT, PARAMS, total_steps=8)
 EVAL = [{'image': X[:24], 'label': Y[:24], 'mask': np.arange(24) < 20}]
 
 
+HOOK_ARGS = ('eval_fn', 'eval_data', 'eval_every', 'stop_when')
+
+
 def _fit(workdir, steps, data=None, **kw):
-    """Shared params, loss and optimiser objects: fits with equal shardings compile once."""
+    """Shared params, loss and optimiser under one compile key: fits with equal shardings
+    compile once. `eval_fn`/`eval_data`/`eval_every` add an Evaluation hook, `stop_when` a
+    StopWhen after it; the rest are FitConfig fields."""
+    hooks = []
+    ev = {k: kw.pop(k) for k in HOOK_ARGS if k in kw}
+    if 'eval_fn' in ev:
+        hooks.append(trainer.Evaluation(ev['eval_fn'], ev.get('eval_data'), every=ev.get('eval_every')))
+    if ev.get('stop_when') is not None:
+        hooks.append(trainer.StopWhen(ev['stop_when']))
+    if 'config' in kw:
+        kw['experiment_config'] = kw.pop('config')
     kw.setdefault('log_every', 2)
     kw.setdefault('console', False)
-    return trainer.fit(LOSS, PARAMS, data or Batches(), TX,
-                       workdir=str(workdir), steps=steps, seed=1, progress=False,
-                       model_config=CFG, **kw)
+    kw.setdefault('compile_key', ('test_trainer.LOSS', 'test_trainer.TX'))
+    config = trainer.FitConfig(workdir=str(workdir), steps=steps, seed=1, progress=False,
+                               model_config=CFG, **kw)
+    return trainer.fit(LOSS, PARAMS, data or Batches(), TX, config, hooks)
 
 
 def test_fit_logs_evaluates_and_checkpoints(tmp_path):
@@ -103,7 +117,7 @@ def test_stop_when_ends_the_run_at_an_evaluation(tmp_path, caplog):
     assert hist['train'][-1]['step'] == 4
     with checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
         assert ck.latest_step() == 4                 # the stopped step is saved
-    assert 'step 4: stopped at step 4 of 8: stop_when is met' in caplog.text
+    assert 'step 4: stopped at step 4 of 8: the stop condition is met' in caplog.text
 
 
 def test_exact_resume(tmp_path):
@@ -131,8 +145,9 @@ def test_resume_refuses_other_model(tmp_path):
     params = jax.jit(init, static_argnums=0)(other, jax.random.key(0))
     tx = optim.make_optimizer({'lr': 1e-3}, params, total_steps=4)
     with pytest.raises(checkpoint.CheckpointError, match='num_classes.*3.*4'):
-        trainer.fit(tasks.classification_loss(other), params, Batches(), tx, workdir=str(tmp_path),
-                    steps=4, progress=False, console=False, model_config=other)
+        trainer.fit(tasks.classification_loss(other), params, Batches(), tx,
+                    {'workdir': str(tmp_path), 'steps': 4, 'progress': False, 'console': False,
+                     'model_config': other})
 
 
 def _assert_same_training(a, b):
@@ -434,3 +449,164 @@ def test_ctrl_c_saves_like_sigterm(tmp_path, capsys):
     assert signal.getsignal(signal.SIGINT) is old   # handler restored
     with checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
         assert ck.steps() == [2]
+
+
+# ----------------------------------------------------------------------------------------
+# The trainer's parts on their own (state, step program, loop, hooks), without `fit`.
+
+def _counting_sgd(counts):
+    """SGD whose `init` counts its traces (one per compiled initialisation)."""
+    sgd = optax.sgd(0.1)
+
+    def init(params):
+        counts.append(1)
+        return sgd.init(params)
+    return optax.GradientTransformation(init, sgd.update)
+
+
+def test_state_placement_init_and_resume_without_fit(tmp_path):
+    mesh, counts = parallel.make_mesh(), []
+    state, sh = trainer.create_state(PARAMS, _counting_sgd(counts), mesh, sharding='fsdp',
+                                     fsdp_min_size=0, seed=5, key=('sgd', 0.1))
+    assert int(state['step']) == 0 and pytree.trees_equal(jax.device_get(state['params']), PARAMS)
+    np.testing.assert_array_equal(state['rng'], jax.random.key_data(jax.random.key(5)))
+    assert state['params']['blocks']['mlp']['fc1']['kernel'].sharding == \
+        sh['params']['blocks']['mlp']['fc1']['kernel']
+    trainer.create_state(PARAMS, _counting_sgd(counts), mesh, sharding='fsdp', fsdp_min_size=0,
+                         seed=5, key=('sgd', 0.1))
+    assert len(counts) == 1          # an equal key: the same program, traced once
+    trainer.create_state(PARAMS, _counting_sgd(counts), mesh, sharding='fsdp', fsdp_min_size=0,
+                         seed=5)
+    assert len(counts) == 2          # no key: its own program
+    # restore_or_start: a fresh start, then the saved step and data position
+    with checkpoint.RunCheckpointer(str(tmp_path / 'ck')) as ck:
+        batches = trainer.Batches(Batches())
+        assert trainer.restore_or_start(ck, state, batches, str(tmp_path), resume=True)[1] == 0
+        moved = dict(state, step=jnp_int(3))
+        ck.save(3, moved, data_state={'kind': 'iterator', 'state': {'i': 7}, 'consumed': 3})
+        again = trainer.Batches(Batches())
+        restored, start = trainer.restore_or_start(ck, state, again, str(tmp_path), resume=True)
+    assert start == 3 and int(restored['step']) == 3
+    assert again.it.i == 7 and again.consumed == 3
+
+
+def jnp_int(n):
+    return jax.numpy.asarray(n, jax.numpy.int32)
+
+
+def test_step_program_without_fit_is_shared_by_its_key():
+    mesh = parallel.make_mesh()
+    state, sh = trainer.create_state(PARAMS, TX, mesh)
+    rng = jax.device_put(jax.random.key_data(jax.random.key(1)), parallel.replicated(mesh))
+    host = [{'image': X[:16], 'label': Y[:16]}, {'image': X[16:32], 'label': Y[16:32]}]
+    program = trainer.StepProgram(LOSS, TX, sh, mesh, rng, key=('test_program', 1))
+    out, metrics_ = program(state, host)
+    assert metrics_['loss'].shape == (2,) and int(out['step']) == 2
+    # the same two steps as the pure step, one at a time
+    step = jax.jit(trainer.make_train_step(LOSS, TX))
+    ref = trainer.init_state(PARAMS, TX)
+    for b in host:
+        ref, _ = step(ref, b, rng)
+    chex.assert_trees_all_close(jax.device_get(out['params']), jax.device_get(ref['params']),
+                                rtol=1e-5, atol=1e-6)
+    traces = TRACES[0]
+    again, _ = trainer.create_state(PARAMS, TX, mesh)
+    trainer.StepProgram(LOSS, TX, sh, mesh, rng, key=('test_program', 1))(again, host)
+    assert TRACES[0] == traces                         # equal key: compiled once
+    trainer.StepProgram(LOSS, TX, sh, mesh, rng)(trainer.create_state(PARAMS, TX, mesh)[0], host)
+    assert TRACES[0] == traces + 1                     # no key: its own program
+
+
+class _Record(trainer.Hook):
+    """Records the steps it sees; stops after `stop_at`."""
+
+    def __init__(self, every=None, stop_at=None):
+        self.every, self.stop_at, self.steps, self.started = every, stop_at, [], None
+
+    def start(self, run):
+        self.started = run.start
+
+    def after_call(self, run, step, state):
+        self.steps.append((step, state['n']))
+        if step == self.stop_at:
+            run.stop = 'enough'
+
+
+def test_train_loop_without_fit(tmp_path, caplog):
+    """Any program and iterator, an open list of hooks: calls end at every hook's interval,
+    each hook sees each call, a hook's `run.stop` ends the run."""
+    def program(state, host_batches):
+        return {'n': state['n'] + len(host_batches)}, {'loss': np.float32(len(host_batches))}
+    writer = metrics.MetricWriter(str(tmp_path), console=False, tensorboard=False)
+    every3, plain = _Record(every=3), _Record(stop_at=9)
+    run = trainer.Run(10, writer, start=1)
+    with caplog.at_level('INFO', logger='jlearngene.train.metrics'):
+        state = trainer.train_loop({'n': 1}, program, iter(range(100)), [every3, plain], run,
+                                   steps_per_call=3)
+    writer.close()
+    assert every3.started == 1 and state == {'n': 9}
+    # single steps up to the multiple 3, then calls of 3 steps that end on 6 and 9
+    assert [s for s, _ in plain.steps] == [2, 3, 6, 9]
+    assert plain.steps == every3.steps and run.stop == 'enough'
+    assert 'stopped at step 9 of 10: enough' in caplog.text
+
+
+def test_hooks_without_fit(tmp_path):
+    writer = metrics.MetricWriter(str(tmp_path), console=False, tensorboard=False)
+    run = trainer.Run(4, writer)
+    log_ = trainer.TrainLog(2)
+    evaluation = trainer.Evaluation(tasks.classification_eval(CFG), EVAL, every=4)
+    stop = trainer.StopWhen(lambda rec: True, 'always')
+    with checkpoint.RunCheckpointer(str(tmp_path / 'ck')) as ck:
+        saves = trainer.Checkpoints(ck, trainer.Batches(Batches()), every=2)
+        hooks = [log_, evaluation, stop, saves]
+        for h in hooks:
+            h.start(run)
+        state = trainer.init_state(PARAMS, TX)
+        for step, loss in ((1, 1.0), (2, 3.0), (3, 2.0), (4, 2.0)):
+            run.begin_call({'loss': jax.numpy.float32(loss)})
+            for h in hooks:
+                h.after_call(run, step, state)
+            assert run.synced == (step % 2 == 0)
+            assert (run.saved is not None) == (step % 2 == 0)
+        assert ck.steps() == [2, 4]
+    writer.close()
+    assert [(r['step'], r['loss']) for r in run.history['train']] == [(2, 2.0), (4, 2.0)]
+    assert [r['step'] for r in run.history['eval']] == [4] and run.eval_record['eval/count'] == 20
+    assert run.stop is None                  # the last step: nothing left to stop
+    run.begin_call({'loss': jax.numpy.float32(np.nan)})
+    log_.after_call(run, 5, state)                       # not due: kept for the next sync
+    with pytest.raises(trainer.NonFiniteLossError, match=r'loss is nan at step 5 \(of 4\)'):
+        log_.flush(5)
+    run.eval_record, run.steps = {'eval/accuracy': 1.0}, 10
+    stop.after_call(run, 6, state)
+    assert run.stop == 'always'
+    with pytest.raises(ValueError, match='Evaluation needs eval_data'):
+        trainer.Evaluation(tasks.classification_eval(CFG), None)
+    with pytest.raises(ValueError, match='log_every must be a positive integer, got 0'):
+        trainer.TrainLog(0)
+
+
+def test_fit_runs_an_open_list_of_hooks(tmp_path):
+    seen = []
+
+    class After(trainer.Hook):
+        def after_call(self, run, step, state):
+            seen.append((step, None if run.eval_record is None else run.eval_record['eval/count']))
+    params, hist = trainer.fit(LOSS, PARAMS, Batches(), TX, trainer.FitConfig(
+        workdir=str(tmp_path / 'hooks'), steps=4, log_every=2, steps_per_call=1, seed=1,
+        progress=False, console=False, compile_key=('test_trainer.LOSS', 'test_trainer.TX')),
+        [trainer.Evaluation(tasks.classification_eval(CFG), EVAL, every=2), After()])
+    assert seen == [(1, None), (2, 20.0), (3, None), (4, 20.0)]
+    assert [r['step'] for r in hist['eval']] == [2, 4]
+
+
+def test_fit_config_refuses_unknown_fields_and_bad_values(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['eval_every'\]"):
+        trainer.fit(LOSS, PARAMS, Batches(), TX, {'workdir': str(tmp_path), 'steps': 2,
+                                                  'eval_every': 2})
+    with pytest.raises(ValueError, match='steps must be a non-negative integer, got -1'):
+        trainer.FitConfig(workdir=str(tmp_path), steps=-1)
+    with pytest.raises(ValueError, match='checkpoint_every must be a non-negative integer'):
+        trainer.FitConfig(workdir=str(tmp_path), steps=2, checkpoint_every=1.5)
+    assert not os.listdir(tmp_path)

@@ -10,7 +10,6 @@ import jax
 from jlearngene import compiler
 from jlearngene.genes import scala
 from jlearngene.models import init
-from jlearngene.train import slimmable
 
 import overhead   # benchmarks/overhead, beside the runner
 
@@ -18,7 +17,7 @@ GRID = scala.width_grid(0.25, 1 / 16)
 
 
 def drawn_widths(rng_data) -> tuple[float, ...]:
-    """The four widths `slimmable.scala_loss` runs at step 0 with base key data `rng_data`."""
+    """The four widths `scala.scala_loss` runs at step 0 with base key data `rng_data`."""
     key = jax.random.fold_in(jax.random.wrap_key_data(rng_data), 0)
     i_up, i_low = scala.sample_widths(jax.random.split(key, 5)[0], GRID)
     upper, lower = scala.stable_halves(GRID)
@@ -27,7 +26,7 @@ def drawn_widths(rng_data) -> tuple[float, ...]:
 
 def case(quick: bool) -> dict:
     cfg, batch = overhead.config(quick)
-    method = overhead.train_step(slimmable.scala_loss(cfg, GRID), init(cfg, jax.random.key(0)),
+    method = overhead.train_step(scala.scala_loss(cfg, GRID), init(cfg, jax.random.key(0)),
                                  cfg, batch)
     widths = drawn_widths(method[1][2])
     steps = [overhead.plain(scala.subnet_config(cfg, r), batch) for r in widths]

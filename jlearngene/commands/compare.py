@@ -1,27 +1,22 @@
-"""`jlearngene compare [--config compare[:digits|smoke|paper]] [--workdir DIR] [--config.x=y ...]`:
-every method and baseline on one task under the fair protocol (`jlearngene.experiments.compare`).
+"""`jlearngene compare [VARIANT] [--workdir DIR] [--config.FIELD=VALUE ...]`: every method and
+baseline on one task under the fair protocol (`jlearngene.experiments.compare`).
 
-It is `jlearngene train --config compare --workdir DIR`: the bundled config
-jlearngene/experiments/configs/compare.py (or the one given with --config) runs through the
-study harness and the results table and verdicts are printed at the end.
+It is `jlearngene train --config compare:VARIANT --workdir DIR`: the bundled config
+jlearngene/experiments/configs/compare.py, whose fields --config.FIELD=VALUE overrides, runs
+through the study harness, and the results table and verdicts are printed at the end.
+
+    jlearngene compare                            # the recorded comparison, in workdirs/compare
+    jlearngene compare smoke                      # seconds: the tests' miniature
+    jlearngene compare --config.methods="('tleg','ligo')"
+    jlearngene compare paper --config.data.data_dir=~/tensorflow_datasets
 """
 from __future__ import annotations
 
 HELP = 'every method against a converged Scratch on one task: FLOPs to its accuracy, break-even N'
-
-
-def train_argv(argv: list[str]) -> list[str]:
-    """The `jlearngene train` arguments for `argv`: `--config compare` and `--workdir
-    workdirs/compare` unless given."""
-    argv = list(argv)
-    has = lambda flag: any(a == flag or a.startswith(flag + '=') for a in argv)   # noqa: E731
-    if not has('--config'):
-        argv = ['--config', 'compare'] + argv
-    if not has('--workdir'):
-        argv += ['--workdir', 'workdirs/compare']
-    return argv
+CONFIG, WORKDIR = 'compare', 'workdirs/compare'
+VARIANTS = "digits (default), smoke or paper, optionally followed by ',quick' (one seed)"
 
 
 def main(argv: list[str]) -> int:
     from jlearngene.commands import train
-    return train.main(train_argv(argv), prog='jlearngene compare')
+    return train.run(train.parse_named(argv, 'jlearngene compare', CONFIG, WORKDIR, __doc__, VARIANTS))

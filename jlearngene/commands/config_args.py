@@ -1,73 +1,71 @@
-"""Shared flag parsing for commands that take an ml_collections config file.
+"""The command line's one flag system: argparse parsers whose errors are exceptions, and the
+`--config FILE|NAME[:arg]` / `--config.FIELD=VALUE` overrides of an ml_collections config.
 
-`--config` takes a file path or the name of a config bundled with the package
-(`jlearngene.experiments.configs`: `--config tleg:smoke`, `--config digits_vit`), so an
-installed wheel runs its configs without the source tree."""
+Every command builds its parser as a `Parser`; a usage error raises `UsageError`, which
+`jlearngene.cli` reports (`jlearngene <command>: <message>`, status 2) like every other
+expected error. `--config` takes a file path or the name of a config bundled with the
+package (`jlearngene.experiments.configs`: `--config tleg:smoke`, `--config digits_vit`), so an
+installed wheel runs its configs without the source tree. `--config.model.depth=2` sets a
+field of the locked config, the text read as the field's type (`configs.load`).
+"""
 from __future__ import annotations
 
 import argparse
-import sys
-
-from absl import flags
-from ml_collections import config_flags
 
 
-def parse(prog: str, argv: list[str], define_extra=None, *, config_required: bool = True):
-    """Parse `--config file.py|NAME[:arg] --config.x=y ... --other flags` with a locked config
-    (a misspelt override is an error). Returns the absl FlagValues, or exits on --help."""
-    try:
-        argv = [prog] + resolve_config_arg(list(argv))
-    except ValueError as e:
-        print(f'{prog}: {e}', file=sys.stderr)
-        raise SystemExit(2) from None
-    fv = flags.FlagValues()
-    config_flags.DEFINE_config_file('config', None, 'experiment config file (get_config) or '
-                                    'bundled config name, optionally with :arg', flag_values=fv, lock_config=True,
-                                    sys_argv=argv)
-    if define_extra:
-        define_extra(fv)
-    if any(a in ('-h', '--help', '-help', '--helpshort') for a in argv[1:]):
-        from jlearngene.experiments import configs
-        print(f'usage: {prog} --config FILE|NAME[:arg] [--config.key=value ...] [flags]\n\n'
-              f'bundled configs (NAME): {", ".join(configs.names())}\n\n{fv.get_help()}')
-        raise SystemExit(0)
-    try:
-        fv(argv)
-    except (flags.Error, AttributeError, KeyError, ValueError, TypeError) as e:
-        # A locked ConfigDict's KeyError (str() is a repr) surfaces wrapped; show its message.
-        key_error = next((c for c in (e, e.__cause__, e.__context__) if isinstance(c, KeyError)), None)
-        message = key_error.args[0] if key_error is not None and key_error.args else e
-        key = message.strip("'") if isinstance(message, str) else ''
-        if key.isidentifier():   # a bare key name: no such field, and no close match
-            message = (f'the config has no field {key!r} to override (overrides can only '
-                       'change fields that the config file defines)')
-        print(f'{prog}: {message}', file=sys.stderr)
-        raise SystemExit(2) from None
-    if config_required and fv.config is None:
-        print(f'{prog}: --config is required', file=sys.stderr)
-        raise SystemExit(2)
-    if fv.config is not None:   # the overridden values, as strictly as the file's (configs.validate)
-        from jlearngene.experiments import configs
-        try:
-            configs.validate(fv.config, template=None)
-        except ValueError as e:
-            print(f'{prog}: {e}', file=sys.stderr)
-            raise SystemExit(2) from None
-    return fv
+class UsageError(ValueError):
+    """A command line that cannot run (an unknown or missing flag, a bad value); status 2."""
+    exit_code = 2
 
 
-def resolve_config_arg(argv: list[str]) -> list[str]:
-    """`argv` with the value of `--config NAME[:arg]` / `--config=NAME[:arg]` turned into the
-    bundled config's file path (`configs.resolve`); file paths stay as they are."""
+class Parser(argparse.ArgumentParser):
+    """argparse without abbreviations, whose errors raise `UsageError` (not print and exit)."""
+
+    def __init__(self, prog: str, description: str | None = None, **kwargs):
+        kwargs.setdefault('formatter_class', argparse.RawDescriptionHelpFormatter)
+        super().__init__(prog=prog, description=description, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+OVERRIDE_PREFIX = '--config.'
+
+
+def add_config(p: Parser, *, required: bool = True) -> None:
+    """`--config FILE|NAME[:arg]` (overrides: `--config.FIELD=VALUE`)."""
+    p.add_argument('--config', required=required, metavar='FILE|NAME[:arg]',
+                   help='config file (defining get_config) or bundled config name, optionally '
+                        'with :arg; override its fields with --config.FIELD=VALUE')
+
+
+def parse(p: Parser, argv: list[str]) -> tuple[argparse.Namespace, dict[str, str]]:
+    """`p`'s arguments and the `--config.FIELD=VALUE` overrides ({'model.depth': '2'}), in
+    order; any other argument `p` does not know is a UsageError."""
+    args, rest = p.parse_known_args(list(argv))
+    overrides, stray = {}, []
+    for a in rest:
+        key, sep, value = a[len(OVERRIDE_PREFIX):].partition('=')
+        if not a.startswith(OVERRIDE_PREFIX):
+            stray.append(a)
+        elif not sep or not key:
+            raise UsageError(f'{a}: give an override as {OVERRIDE_PREFIX}FIELD=VALUE')
+        else:
+            overrides[key] = value
+    if stray:
+        raise UsageError(f'unrecognized arguments: {" ".join(stray)}')
+    return args, overrides
+
+
+def load(spec: str, overrides: dict[str, str]):
+    """The locked config `spec` names with the command line's overrides applied (their text
+    read as each field's type) and checked (`configs.load`); a config that cannot load is a
+    UsageError, reported before anything runs."""
     from jlearngene.experiments import configs
-    out = list(argv)
-    for i, a in enumerate(out):
-        if a in ('--config', '-config') and i + 1 < len(out):
-            out[i + 1] = configs.resolve(out[i + 1])
-        elif a.startswith(('--config=', '-config=')):
-            flag, _, value = a.partition('=')
-            out[i] = f'{flag}={configs.resolve(value)}'
-    return out
+    try:
+        return configs.load(spec, overrides, from_text=True)
+    except (ValueError, SyntaxError) as e:   # SyntaxError: a config file that does not parse
+        raise UsageError(str(e)) from None
 
 
 def parse_override(text: str):

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 HELP = ('convert timm/DeiT state dicts (.safetensors/.npz/.pth) and big_vision / ViT .npz checkpoints '
         'to and from model checkpoints')
@@ -33,9 +32,8 @@ _NON_SHAPE_FIELDS = ('num_heads', 'ln_eps', 'gelu', 'pool', 'pool_norm', 'class_
 
 
 def _parser() -> argparse.ArgumentParser:
-    from jlearngene.commands.config_args import parse_override
-    p = argparse.ArgumentParser(prog='jlearngene convert', description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    from jlearngene.commands.config_args import Parser, parse_override
+    p = Parser('jlearngene convert', __doc__)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument('--from-timm', metavar='FILE', help='timm state dict (.safetensors, .npz, .pth)')
     src.add_argument('--to-timm', metavar='CKPT', help='jlearngene model checkpoint directory')
@@ -216,43 +214,35 @@ def to_big_vision_file(ckpt: str, out: str, *, layout: str | None = None, overwr
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     from jlearngene import pytree
-    from jlearngene.interop.timm import StateDictError
-    from jlearngene.models.config import ConfigError
-    from jlearngene.train.checkpoint import CheckpointError
-
-    try:
-        if args.layout and not args.to_big_vision:
-            raise ValueError('--layout applies to --to-big-vision only')
-        if args.from_timm or args.from_big_vision:
-            overrides = dict(args.set)
-            if args.num_heads is not None:
-                if args.from_big_vision:
-                    raise ValueError('--num-heads: a big_vision checkpoint has the head count in its '
-                                     'attention kernels (D, H, Dh)')
-                overrides['num_heads'] = args.num_heads
-            src = args.from_timm or args.from_big_vision
-            convert = from_timm_file if args.from_timm else from_big_vision_file
-            cfg, params, extra = convert(src, args.out, overrides=overrides, overwrite=args.overwrite)
-            n = pytree.count_params(params)['total']
-            print(f'wrote {os.path.abspath(args.out)}: ViT width={cfg.width} depth={cfg.depth} '
-                  f'heads={cfg.num_heads} mlp={cfg.mlp_dim} patch={cfg.patch_size} image={cfg.image_size} '
-                  f'classes={cfg.num_classes} pool={cfg.pool} distill={cfg.distill_token} '
-                  f'({n / 1e6:.2f}M params) from {src}')
+    if args.layout and not args.to_big_vision:
+        raise ValueError('--layout applies to --to-big-vision only')
+    if args.from_timm or args.from_big_vision:
+        overrides = dict(args.set)
+        if args.num_heads is not None:
+            if args.from_big_vision:
+                raise ValueError('--num-heads: a big_vision checkpoint has the head count in its '
+                                 'attention kernels (D, H, Dh)')
+            overrides['num_heads'] = args.num_heads
+        src = args.from_timm or args.from_big_vision
+        convert = from_timm_file if args.from_timm else from_big_vision_file
+        cfg, params, extra = convert(src, args.out, overrides=overrides, overwrite=args.overwrite)
+        n = pytree.count_params(params)['total']
+        print(f'wrote {os.path.abspath(args.out)}: ViT width={cfg.width} depth={cfg.depth} '
+              f'heads={cfg.num_heads} mlp={cfg.mlp_dim} patch={cfg.patch_size} image={cfg.image_size} '
+              f'classes={cfg.num_classes} pool={cfg.pool} distill={cfg.distill_token} '
+              f'({n / 1e6:.2f}M params) from {src}')
+    else:
+        if args.set or args.num_heads is not None:
+            raise ValueError('--set/--num-heads apply to --from-timm / --from-big-vision only; '
+                             "--to-timm / --to-big-vision use the checkpoint's config")
+        if args.to_timm:
+            sd, kwargs = to_timm_file(args.to_timm, args.out, no_embed_class=args.no_embed_class,
+                                      overwrite=args.overwrite)
+            print(f'wrote {os.path.abspath(args.out)}: {len(sd)} tensors; rebuild in timm with '
+                  f'{kwargs} and load_state_dict(safetensors.torch.load_file(...))')
         else:
-            if args.set or args.num_heads is not None:
-                raise ValueError('--set/--num-heads apply to --from-timm / --from-big-vision only; '
-                                 "--to-timm / --to-big-vision use the checkpoint's config")
-            if args.to_timm:
-                sd, kwargs = to_timm_file(args.to_timm, args.out, no_embed_class=args.no_embed_class,
-                                          overwrite=args.overwrite)
-                print(f'wrote {os.path.abspath(args.out)}: {len(sd)} tensors; rebuild in timm with '
-                      f'{kwargs} and load_state_dict(safetensors.torch.load_file(...))')
-            else:
-                tree, layout = to_big_vision_file(args.to_big_vision, args.out, layout=args.layout,
-                                                  overwrite=args.overwrite)
-                print(f'wrote {os.path.abspath(args.out)}: {len(tree)} arrays in the {layout!r} layout; '
-                      "read with big_vision's utils.load_params or vit_jax's checkpoint.load")
-    except (StateDictError, ConfigError, CheckpointError, OSError, ImportError, ValueError) as e:
-        print(f'jlearngene convert: error: {e}', file=sys.stderr)
-        return 1
+            tree, layout = to_big_vision_file(args.to_big_vision, args.out, layout=args.layout,
+                                              overwrite=args.overwrite)
+            print(f'wrote {os.path.abspath(args.out)}: {len(tree)} arrays in the {layout!r} layout; '
+                  "read with big_vision's utils.load_params or vit_jax's checkpoint.load")
     return 0

@@ -54,9 +54,8 @@ def parse_option(text: str):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from jlearngene.commands.config_args import parse_override
-    p = argparse.ArgumentParser(prog='jlearngene descend', description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    from jlearngene.commands.config_args import Parser, parse_override
+    p = Parser('jlearngene descend', __doc__)
     p.add_argument('gene', help='gene directory (gene.json + gene.safetensors)')
     p.add_argument('--out', required=True, help='output model checkpoint directory')
     p.add_argument('--width', type=int, help="descendant width (default: the gene config's)")

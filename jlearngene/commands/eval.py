@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-
-from absl import flags
 
 from jlearngene.commands import config_args
+from jlearngene.commands.config_args import UsageError
 
 HELP = "evaluate a run's checkpoint (latest, best, a step) or a saved model on a split"
 
 
-def _flags(fv):
-    flags.DEFINE_string('workdir', None, 'training workdir (its config.json and checkpoints)', flag_values=fv)
-    flags.DEFINE_string('checkpoint', 'model', "'model' (WORKDIR/model), 'latest', 'best' or a step", flag_values=fv)
-    flags.DEFINE_string('model', None, 'a model artefact (checkpoint.save_model); needs --config', flag_values=fv)
-    flags.DEFINE_string('split', None, 'split to evaluate (default: the config eval_split)', flag_values=fv)
+def parser() -> config_args.Parser:
+    p = config_args.Parser('jlearngene eval', __doc__)
+    p.add_argument('--workdir', help='training workdir (its config.json and checkpoints)')
+    p.add_argument('--checkpoint', default='model',
+                   help="'model' (WORKDIR/model), 'latest', 'best' or a step (default %(default)s)")
+    p.add_argument('--model', help='a model artefact (checkpoint.save_model); needs --config')
+    p.add_argument('--split', help='split to evaluate (default: the config eval_split)')
+    config_args.add_config(p, required=False)
+    return p
 
 
 CHECKPOINTS = ('model', 'latest', 'best')
@@ -88,29 +90,27 @@ def evaluate(config, params, cfg, split: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    fv = config_args.parse('jlearngene eval', argv, _flags, config_required=False)
-    if not fv.workdir and not fv.model:
-        print('jlearngene eval: give --workdir (a training run) or --model with --config',
-              file=sys.stderr)
-        return 2
-    if fv.model and fv.config is None:
-        print('jlearngene eval: --model needs --config (the config names the data and the split '
-              'to evaluate on), e.g. --config digits_vit', file=sys.stderr)
-        return 2
+    args, overrides = config_args.parse(parser(), argv)
+    if not args.workdir and not args.model:
+        raise UsageError('give --workdir (a training run) or --model with --config')
+    if args.model and args.config is None:
+        raise UsageError('--model needs --config (the config names the data and the split to '
+                         'evaluate on), e.g. --config digits_vit')
+    if overrides and args.config is None:
+        raise UsageError('--config.FIELD=VALUE overrides need --config')
     try:   # the flags, before anything is read
-        check_checkpoint_arg(fv.checkpoint)
+        check_checkpoint_arg(args.checkpoint)
     except ValueError as e:
-        print(f'jlearngene eval: {e}', file=sys.stderr)
-        return 2
-    # Errors from here on are reported by jlearngene.cli (one line on stderr, status 1).
-    if fv.model:
+        raise UsageError(str(e)) from None
+    config = config_args.load(args.config, overrides) if args.config is not None else None
+    if args.model:
         from jlearngene.commands.convert import check_model_checkpoint
-        check_model_checkpoint(fv.model, '--model')
+        check_model_checkpoint(args.model, '--model')
     else:
-        check_workdir(fv.workdir)
-    config = fv.config if fv.config is not None else _workdir_config(fv.workdir)
-    params, cfg, where = load_params(config, fv.workdir, fv.checkpoint, fv.model)
-    result = evaluate(config, params, cfg, fv.split or config.eval_split)
+        check_workdir(args.workdir)
+    config = config if config is not None else _workdir_config(args.workdir)
+    params, cfg, where = load_params(config, args.workdir, args.checkpoint, args.model)
+    result = evaluate(config, params, cfg, args.split or config.eval_split)
     print(f"{where}: {result['split']} accuracy={result['accuracy']:.4f} loss={result['loss']:.4f} "
           f"(n={int(result['count'])})")
     print(json.dumps(result))

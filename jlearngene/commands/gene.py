@@ -23,10 +23,9 @@ HELP = 'write a gene directory from a run\'s saved gene or from a model checkpoi
 
 
 def _parser() -> argparse.ArgumentParser:
-    from jlearngene.commands.config_args import parse_override
+    from jlearngene.commands.config_args import Parser, parse_override
     from jlearngene.commands.descend import parse_option
-    p = argparse.ArgumentParser(prog='jlearngene gene', description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser('jlearngene gene', __doc__)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument('--from-run', metavar='CKPT', help="a run's saved gene (workdir/genes/NAME/seed_S)")
     src.add_argument('--from-model', metavar='CKPT', help='a model checkpoint (with --method)')

@@ -9,13 +9,12 @@ file. A path that does not exist, an empty file and a file of another kind are o
 errors that say which."""
 from __future__ import annotations
 
-import argparse
 import os
 
 import jax
 
 from jlearngene import pytree
-from jlearngene.commands.config_args import parse_override
+from jlearngene.commands.config_args import Parser, parse_override
 from jlearngene.models import VARIANTS, init, vit_config
 
 HELP = ('parameter table of variants, a config file (.py[:arg]), a checkpoint/workdir, a gene or '
@@ -248,7 +247,7 @@ def _gene_table(path: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog='jlearngene info', description=__doc__)
+    parser = Parser('jlearngene info', __doc__)
     parser.add_argument('variant', nargs='?', help="variant name ('S', 'B/16'; all if omitted), a config "
                         'file (file.py[:arg]), a checkpoint directory, a training workdir, a gene '
                         'directory, an experiment workdir or a file (timm .safetensors/.npz/.pth, '

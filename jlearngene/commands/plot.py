@@ -1,7 +1,6 @@
 """`jlearngene plot WORKDIR [--out FILE]`: loss and accuracy curves from metrics.jsonl."""
 from __future__ import annotations
 
-import argparse
 import os
 
 HELP = 'plot loss/accuracy curves of a training workdir to a PNG'
@@ -46,7 +45,8 @@ def plot(workdir: str, out: str | None = None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog='jlearngene plot', description=__doc__)
+    from jlearngene.commands.config_args import Parser
+    parser = Parser('jlearngene plot', __doc__)
     parser.add_argument('workdir')
     parser.add_argument('--out', help='PNG path (default WORKDIR/curves.png)')
     args = parser.parse_args(argv)

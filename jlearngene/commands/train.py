@@ -1,47 +1,58 @@
 """`jlearngene train --config FILE|NAME[:arg] --workdir DIR [--config.x=y ...]`.
 
-The config's `task` picks what runs: 'classification' (`tasks.run_classification`, e.g.
-`--config digits_vit`) or 'experiment' (`jlearngene.experiments.harness.run`, e.g.
+The config's `task` picks what runs: 'classification' (`run.run_classification`, e.g.
+`--config digits_vit`) or 'experiment' (`jlearngene.experiments.study.run_experiment`, e.g.
 `--config tleg:digits`, which `jlearngene demo` runs). NAME is a config bundled with the
 package (`jlearngene.experiments.configs.names()`); FILE a path to any config file.
 
 Several processes (hosts of a TPU pod slice, SLURM tasks) run the same command; each joins
 jax's distributed runtime first (`jlearngene.distributed.initialize`: from
 `--coordinator_address`, `--num_processes`, `--process_id`, else from
-JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, SLURM or the TPU metadata),
+JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, else the cluster jax detects),
 reads its own share of the data and trains; process 0 prints and writes the metrics, all
 write the checkpoints in --workdir (a directory every host sees).
 """
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 import time
 
-from absl import flags
-
 from jlearngene.commands import config_args
+from jlearngene.commands.config_args import UsageError
 
 HELP = 'train or run an experiment from a config (file or bundled name; --config.x=y overrides)'
 TASKS = ('classification', 'experiment')
 
 
-def _flags(fv):
-    flags.DEFINE_string('workdir', None, 'run directory (metrics, checkpoints, config.json)', flag_values=fv)
-    flags.DEFINE_bool('progress', True, 'show a progress bar (experiments: one line per run)',
-                      flag_values=fv)
-    flags.DEFINE_string('coordinator_address', None, 'multi-process runs: host:port of process 0 '
-                        '(default: $JAX_COORDINATOR_ADDRESS, SLURM or TPU detection)', flag_values=fv)
-    flags.DEFINE_integer('num_processes', None, 'multi-process runs: the number of processes '
-                         '(default: $JAX_NUM_PROCESSES, SLURM or TPU detection)', flag_values=fv)
-    flags.DEFINE_integer('process_id', None, 'multi-process runs: this process, in '
-                         '[0, num_processes) (default: $JAX_PROCESS_ID, SLURM or TPU detection)',
-                         flag_values=fv)
+def add_run_flags(p: config_args.Parser, *, workdir: str | None = None) -> None:
+    """The flags of a run: --workdir (required unless `workdir` is its default), the progress
+    display and the multi-process settings (`jlearngene.distributed`)."""
+    p.add_argument('--workdir', required=workdir is None, default=workdir,
+                   help='run directory: config.json, metrics, checkpoints'
+                        + (' (default %(default)s)' if workdir else ''))
+    p.add_argument('--noprogress', dest='progress', action='store_false',
+                   help='no progress bar (experiments: only the final table)')
+    multi = p.add_argument_group('multi-process runs (default: $JAX_COORDINATOR_ADDRESS / '
+                                 '$JAX_NUM_PROCESSES / $JAX_PROCESS_ID, else the cluster jax detects)')
+    multi.add_argument('--coordinator_address', metavar='HOST:PORT', help='process 0')
+    multi.add_argument('--num_processes', type=int, help='the number of processes')
+    multi.add_argument('--process_id', type=int, help='this process, in [0, num_processes)')
 
 
-def parse_flags(argv: list[str], prog: str = 'jlearngene train'):
-    """The parsed flags of `jlearngene train` (`fv.config` the loaded, overridden config)."""
-    return config_args.parse(prog, argv, _flags)
+def parser(prog: str = 'jlearngene train') -> config_args.Parser:
+    from jlearngene.experiments import configs
+    p = config_args.Parser(prog, __doc__, epilog=f'bundled configs (NAME): {", ".join(configs.names())}')
+    config_args.add_config(p)
+    add_run_flags(p)
+    return p
+
+
+def parse_flags(argv: list[str], prog: str = 'jlearngene train') -> argparse.Namespace:
+    """The parsed flags of `jlearngene train` (`.config` the loaded, overridden config)."""
+    args, overrides = config_args.parse(parser(prog), argv)
+    args.config = config_args.load(args.config, overrides)
+    return args
 
 
 def workdir_problem(workdir: str) -> str | None:
@@ -67,44 +78,50 @@ def check_init(config) -> None:
 
 
 def main(argv: list[str], prog: str = 'jlearngene train') -> int:
-    fv = parse_flags(argv, prog)
-    if not fv.workdir:
-        print(f'{prog}: --workdir is required', file=sys.stderr)
-        return 2
-    problem = workdir_problem(fv.workdir)
+    return run(parse_flags(argv, prog))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the parsed flags' config (`args.config`, loaded) in `args.workdir`."""
+    problem = workdir_problem(args.workdir)
     if problem:
-        print(f'{prog}: {problem}', file=sys.stderr)
-        return 2
-    config = fv.config
+        raise UsageError(problem)
+    config = args.config
     task = config.get('task', 'classification')
     if task not in TASKS:
-        print(f'{prog}: unknown task {task!r} (known: {", ".join(TASKS)})', file=sys.stderr)
-        return 2
+        raise UsageError(f'unknown task {task!r} (known: {", ".join(TASKS)})')
     from jlearngene import distributed
-    try:   # before anything uses a jax device
-        distributed.initialize(fv.coordinator_address, fv.num_processes, fv.process_id)
-    except distributed.DistributedError as e:
-        print(f'{prog}: {e}', file=sys.stderr)
-        return 2
-    from jlearngene.train.checkpoint import CheckpointError
-    from jlearngene.train.trainer import NonFiniteLossError
+    # before anything uses a jax device
+    distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
     start = time.time()
-    try:
-        check_init(config)
-        if task == 'experiment':
-            from jlearngene.experiments import harness
-            results = harness.run(config, fv.workdir, quiet=not fv.progress)
-            if distributed.is_main_process():
-                print(harness.summary(results, fv.workdir))
-            return 0
-        from jlearngene.train import tasks
-        _, history = tasks.run_classification(config, fv.workdir, progress=fv.progress)
-    except (ValueError, KeyError, CheckpointError, NonFiniteLossError) as e:
-        print(f'{prog}: {e}', file=sys.stderr)
-        return 1
+    check_init(config)
+    from jlearngene.commands import run as run_task   # jax, grain: after the flags are parsed
+    if task == 'experiment':
+        from jlearngene.experiments import harness, study
+        if config.get('compile_cache', False):   # process-wide: the command's choice
+            run_task.enable_compile_cache(os.path.join(args.workdir, 'jax_cache'))
+        results = study.run_experiment(config, args.workdir, quiet=not args.progress)
+        if distributed.is_main_process():
+            print(harness.summary(results, args.workdir))
+        return 0
+    _, history = run_task.run_classification(config, args.workdir, progress=args.progress)
     if not distributed.is_main_process():
         return 0
     final = history['eval'][-1] if history['eval'] else {}
     summary = '  '.join(f'{k}={v:.4f}' for k, v in final.items() if k != 'step')
-    print(f'done in {time.time() - start:.1f}s; {summary}; model saved to {os.path.join(fv.workdir, "model")}')
+    print(f'done in {time.time() - start:.1f}s; {summary}; model saved to {os.path.join(args.workdir, "model")}')
     return 0
+
+
+def parse_named(argv: list[str], prog: str, config: str, workdir: str, doc: str,
+                variants: str) -> argparse.Namespace:
+    """The flags of a command that is one bundled config (`jlearngene demo`, `compare`):
+    `train`'s, with the config's argument as the positional VARIANT (`variants` says which)
+    instead of --config, and --workdir defaulting to `workdir`."""
+    p = config_args.Parser(prog, doc)
+    p.add_argument('variant', nargs='?', default='', metavar='VARIANT',
+                   help=f'the {config} config\'s argument: {variants}')
+    add_run_flags(p, workdir=workdir)
+    args, overrides = config_args.parse(p, argv)
+    args.config = config_args.load(f'{config}:{args.variant}' if args.variant else config, overrides)
+    return args

@@ -6,14 +6,14 @@
 * `study`: the study harness under the fair protocol (Scratch's lr sweep and plateau, seeds,
   every FLOP counted, verdicts), `report`: its tables and plot from `results.json`.
 * one module per experiment, named by the config's `experiment` field: a study's own part
-  (`tleg`, `letra`, `compare`: `STUDY = study.Study(...)`, its claims and at most one small
-  function), or an experiment with its own stages (`cluster`, `scala`, `mango`: `PART`).
-* `harness`: the pieces both use (data, one training run, distillation, results files) and
-  `harness.run`, which every experiment config goes through.
+  (`tleg`, `letra`, `cluster`, `scala`, `mango`, `compare`: `STUDY = study.Study(...)`, its
+  claims and at most one small function).
+* `harness`: the pieces the studies run from (data, one training run, distillation,
+  results files); `study.run_experiment`, which every experiment config goes through.
 
 From Python::
 
-    from jlearngene.experiments import configs, harness
-    results = harness.run(configs.load('tleg:smoke'), '/tmp/tleg')
+    from jlearngene.experiments import configs, study
+    results = study.run_experiment(configs.load('tleg:smoke'), '/tmp/tleg')
     print(results['table'])
 """

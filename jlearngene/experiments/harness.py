@@ -1,30 +1,25 @@
-"""The experiment harness's pieces, and `run`, which every experiment config goes through.
-
-`run(config, workdir)` runs the experiment module `jlearngene.experiments.<config.experiment>`:
-a study (`STUDY = study.Study(...)`: TLEG, LeTra, the comparison) runs through the study
-harness `jlearngene.experiments.study` under the fair protocol; a module with its own
-stages (`PART = harness.Part(run=...)`: Cluster-Learngene, Scala, Mango) runs itself from
-the pieces here: `Data` (train iterators and a reusable test pass), `fit` (one training
-run through `trainer.fit`), `distil` (a gene through its Aux-Net by soft distillation),
-`budget`, `model_config`, `accuracy` and `write_results` (results.json first, then the table
-and plots).
+"""The pieces the study harness (`jlearngene.experiments.study`) runs experiments from:
+`module` (the experiment module a config names), `Data` (train iterators and a reusable
+test pass, optionally of some classes only), `fit` (one training run through
+`trainer.fit`), `distil` (a gene through its Aux-Net by soft distillation), `budget`,
+`model_config`, `accuracy` and `write_results` (results.json first, then the table and
+plots).
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import json
 import os
 import sys
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
-import jax
+import numpy as np
 
-from jlearngene import data, distributed
+from jlearngene import data, distributed, losses
 from jlearngene.models import ViTConfig, apply, vit_config
-from jlearngene.train import checkpoint, losses, optim, tasks, trainer
+from jlearngene.train import checkpoint, optim, tasks, trainer
 from jlearngene.train.evaluate import evaluate
 
 Config = Any   # an ml_collections.ConfigDict (or a dict of the same shape)
@@ -33,25 +28,17 @@ Config = Any   # an ml_collections.ConfigDict (or a dict of the same shape)
 # ----------------------------------------------------------------------------------------
 # Experiment modules.
 
-@dataclasses.dataclass(frozen=True)
-class Part:
-    """An experiment that runs its own stages: `run(config, workdir, quiet) -> results`,
-    built from this module's pieces."""
-    run: Callable[[Config, str, bool], dict]
-
-
 def module(name: str):
-    """The experiment module `jlearngene.experiments.<name>`: a study (`STUDY =
-    study.Study(...)`, run by `jlearngene.experiments.study`) or a method part (`PART`)."""
+    """The experiment module `jlearngene.experiments.<name>`: its `STUDY = study.Study(...)`
+    (claims and at most one small function), run by `jlearngene.experiments.study`."""
     try:
         mod = importlib.import_module(f'jlearngene.experiments.{name}')
     except ModuleNotFoundError as e:
         if e.name != f'jlearngene.experiments.{name}':
             raise
         raise ValueError(f'unknown experiment {name!r}: no module jlearngene.experiments.{name}') from None
-    if not isinstance(getattr(mod, 'PART', None), Part) and not hasattr(mod, 'STUDY'):
-        raise ValueError(f'jlearngene.experiments.{name} defines neither STUDY = study.Study(...) '
-                         'nor PART = harness.Part(...)')
+    if not hasattr(mod, 'STUDY'):
+        raise ValueError(f'jlearngene.experiments.{name} defines no STUDY = study.Study(...)')
     return mod
 
 
@@ -89,52 +76,68 @@ def budget(section: Config, num_examples: int, batch: int, name: str) -> int:
 
 
 def prepare(config: Config, workdir: str) -> float:
-    """Create `workdir`, persist compiled programs in workdir/jax_cache unless
-    `config.compile_cache` is False, and return the run's start time (`time.perf_counter`)."""
+    """Create `workdir` and return the run's start time (`time.perf_counter`). (jax's
+    persistent compilation cache is the caller's choice: `jlearngene train` turns it on in
+    workdir/jax_cache when `config.compile_cache` is set.)"""
+    del config
     os.makedirs(workdir, exist_ok=True)
-    if get(config, 'compile_cache', True):
-        enable_compile_cache(os.path.join(workdir, 'jax_cache'))
     return time.perf_counter()
-
-
-def enable_compile_cache(path: str) -> bool:
-    """Persist compiled programs under `path`: the descendants of one depth share their train
-    and eval programs across methods, so most compiles become cache reads. Has no effect
-    (returns False) when a cache directory is already set."""
-    if jax.config.jax_compilation_cache_dir:
-        return False
-    from jax.experimental.compilation_cache import compilation_cache
-    os.makedirs(path, exist_ok=True)
-    jax.config.update('jax_compilation_cache_dir', path)
-    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
-    compilation_cache.reset_cache()   # jax reads the directory once per process
-    return True
 
 
 # ----------------------------------------------------------------------------------------
 # Data and training runs.
 
 class Data:
-    """Train iterators and a reusable test pass for the config's dataset."""
+    """Train iterators and a reusable test pass for the config's dataset; with `classes`,
+    only those of its classes, relabelled 0..k−1 in the order given (a study's two tasks:
+    an ancestor trained on some classes, descendants on others)."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, classes: Sequence[int] | None = None):
         self.config = config
         dc = plain(config['data'])
         if dc.get('name') == 'tfds' and not dc.get('data_dir'):
             raise ValueError('a tfds dataset needs the prepared data: set --config.data.data_dir '
                              '(and --config.data.tfds_name); nothing is downloaded')
         self.data_config = dc
+        self.classes = None if classes is None else tuple(int(c) for c in classes)
+        self.sources = ({} if classes is None else
+                        {split: self._subset(data.source_from_config(dc, split), split)
+                         for split in ('train', 'test')})
         _, info = data.from_config(dc, 'train', batch_size=config['batch_size'],
-                                   seed=config['seed'], train=True)
+                                   seed=config['seed'], train=True, source=self.sources.get('train'))
+        self.info = info
         self.num_classes, self.num_examples = info.num_classes, info.num_examples
+        self.mean = tuple(dc['mean']) if dc.get('mean') is not None else info.mean
+        self.std = tuple(dc['std']) if dc.get('std') is not None else info.std
+
+    def _subset(self, source, split: str):
+        if len(set(self.classes)) != len(self.classes):
+            raise ValueError(f'task classes {self.classes} repeat a class')
+        bad = [c for c in self.classes if not 0 <= c < source.info.num_classes]
+        if bad:
+            raise ValueError(f'task classes {bad} are not classes of {source.info.name} '
+                             f'(0..{source.info.num_classes - 1})')
+        rows = [source[i] for i in range(len(source))]
+        relabel = {c: i for i, c in enumerate(self.classes)}
+        keep = [r for r in rows if r['label'] in relabel]
+        return data.array_source(np.stack([r['image'] for r in keep]),
+                                 np.array([relabel[r['label']] for r in keep]),
+                                 num_classes=len(self.classes), split=split,
+                                 name=f'{source.info.name}{list(self.classes)}')
 
     def train(self, seed: int):
         return data.from_config(self.data_config, 'train', batch_size=self.config['batch_size'],
-                                seed=seed, train=True)[0]
+                                seed=seed, train=True, source=self.sources.get('train'))[0]
 
     def test(self):
         return data.from_config(self.data_config, 'test', batch_size=self.config['eval_batch_size'],
-                                seed=0, train=False)[0]
+                                seed=0, train=False, source=self.sources.get('test'))[0]
+
+    def raw_batches(self, n: int, batch: int):
+        """The first `n` training images in [0, 1], unaugmented, `batch` at a time."""
+        source = self.sources.get('train') or data.source_from_config(self.data_config, 'train')
+        images = np.stack([source[i]['image'] for i in range(min(n, len(source)))])
+        return [images[i:i + batch].astype(np.float32) / 255.0 for i in range(0, len(images), batch)]
 
 
 def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: float,
@@ -148,13 +151,19 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     opt_cfg = dict(plain(config['optim']), lr=lr)
     opt_cfg['warmup_steps'] = min(int(opt_cfg.get('warmup_steps', 0)), max(steps // 5, 0))
     optimizer = optim.make_optimizer(opt_cfg, trainable, total_steps=steps)
+    loss_key = getattr(loss_fn, 'key', None)   # runs of one loss and shape compile once
+    run = trainer.FitConfig(
+        workdir=os.path.join(workdir, 'runs', name), steps=steps, log_every=max(1, min(50, steps)),
+        seed=seed, resume=False, progress=False, console=False, tensorboard=False,
+        handle_sigterm=False, keep_checkpoints=1,
+        compile_key=None if loss_key is None else
+        (loss_key, optim.cache_key(opt_cfg, trainable, total_steps=steps)))
+    hooks = [] if eval_fn is None else [trainer.Evaluation(eval_fn, dset.test, every=eval_every or None)]
+    if stop_at is not None:
+        hooks.append(trainer.StopWhen(lambda rec: rec['eval/accuracy'] >= stop_at,
+                                      f'test accuracy >= {stop_at:g}'))
     t0 = time.perf_counter()
-    params, history = trainer.fit(
-        loss_fn, trainable, dset.train(seed), optimizer, workdir=os.path.join(workdir, 'runs', name),
-        steps=steps, eval_fn=eval_fn, eval_data=dset.test, eval_every=eval_every or None,
-        log_every=max(1, min(50, steps)), seed=seed, resume=False, progress=False, console=False,
-        tensorboard=False, handle_sigterm=False, keep_checkpoints=1,
-        stop_when=None if stop_at is None else (lambda rec: rec['eval/accuracy'] >= stop_at))
+    params, history = trainer.fit(loss_fn, trainable, dset.train(seed), optimizer, run, hooks)
     curve = [(int(r['step']), float(r['eval/accuracy'])) for r in history['eval']]
     return params, curve, time.perf_counter() - t0
 
@@ -177,17 +186,7 @@ def say(msg: str, quiet: bool) -> None:
 
 
 # ----------------------------------------------------------------------------------------
-# The experiment.
-
-def run(config: Config, workdir: str, *, quiet: bool = False) -> dict:
-    """Run the experiment `config` describes (its `experiment` module); returns the results
-    dict (also written to the workdir, with the tables and plots), its Markdown under 'table'."""
-    mod = module(config['experiment'])
-    if hasattr(mod, 'STUDY'):
-        from jlearngene.experiments import study
-        return study.run(config, workdir, mod.STUDY, quiet=quiet)
-    return mod.PART.run(config, workdir, quiet)
-
+# Results.
 
 def write_results(results: dict, workdir: str, table: str | Callable[[dict], str],
                   plot_fn: Callable[[dict, str], Any] | None = None) -> dict:

@@ -11,8 +11,19 @@ def _g(x) -> str:
     return '–' if x is None else f'{x / 1e9:.3g}'
 
 
-def _shape(s) -> str:
-    return f'w{s[0]} L{s[1]}'
+def shape_key(shape) -> str:
+    """A shape's key in results: 'w64_d6', or 'w64_d6_h16' for (width, depth, heads)."""
+    return f'w{shape[0]}_d{shape[1]}' + (f'_h{shape[2]}' if len(shape) == 3 else '')
+
+
+def parse_key(key: str) -> tuple[int, ...]:
+    """`shape_key`'s inverse: 'w64_d6_h16' -> (64, 6, 16)."""
+    return tuple(int(part[1:]) for part in key.split('_'))
+
+
+def shape_text(shape) -> str:
+    """A shape in tables: 'w64 L6', or 'w64 L6 H16' for (width, depth, heads)."""
+    return f'w{shape[0]} L{shape[1]}' + (f' H{shape[2]}' if len(shape) == 3 else '')
 
 
 def _break_even(s: dict) -> str:
@@ -53,11 +64,11 @@ def markdown(results: dict) -> str:
              '| shape | lr sweep (final acc.) | chosen lr | steps | S | converged | acc. (mean ± std) | target |',
              '|---|---|---|---|---|---|---|---|']
     for key, b in results['scratch'].items():
-        w, d = key[1:].split('_d')
         sweep = ', '.join(f'{lr}: {a:.3f}' for lr, a in b['sweep'].items())
-        lines.append(f"| w{w} L{d} | {sweep} | {b['lr']:g} | {cfg['scratch'].get('steps') or '–'} | "
+        lines.append(f"| {shape_text(parse_key(key))} | {sweep} | {b['lr']:g} | {cfg['scratch'].get('steps') or '–'} | "
                      f"{b['S']} | {'yes' if b['converged'] else '**no**'} | {b['acc']:.4f} ± {b['std']:.4f} | "
                      f"{b['acc'] - cfg['target_gap']:.4f} |")
+    lines += ancestor_lines(results)
     ups = results['upstream_flops']
     first = ups[str(seeds[0])] if str(seeds[0]) in ups else next(iter(ups.values()))
     lines += ['', 'Upstream runs per seed (training GFLOPs; the pretrained source: the teacher, the '
@@ -83,7 +94,7 @@ def markdown(results: dict) -> str:
     for s in summary:
         budget = _budget(s)
         init = '–' if s['acc_init'] is None else f"{s['acc_init']:.3f}"
-        cells = [_shape(s['shape']), s['label'], budget, init, f"**{s['acc']:.4f}** ± {s['std']:.4f}",
+        cells = [shape_text(s['shape']), s['label'], budget, init, f"**{s['acc']:.4f}** ± {s['std']:.4f}",
                  f"{s['reached']}/{s['seeds']}", _g(s['own_flops']), _g(s['reach_flops']),
                  f"{_g(s['upstream_flops_without_source'])} / {_g(s['upstream_flops'])}"]
         cells += [f"{_g(a['without_source'])} / {_g(a['with_source'])}" for a in s['amortised'].values()]
@@ -93,7 +104,7 @@ def markdown(results: dict) -> str:
     cannot = [(results['labels'][n], k, why) for n, d in results['cannot'].items() for k, why in d.items()]
     if cannot:
         lines += ['', 'Shapes a method cannot make: ' + '; '.join(
-            f"{lab} at {k.replace('_d', ' L')}: {why}" for lab, k, why in cannot) + '.']
+            f"{lab} at {shape_text(parse_key(k))}: {why}" for lab, k, why in cannot) + '.']
     lines += ['', "Budgets are fractions of the shape's S (upstream: of the reference S). Own FLOPs: "
               "the descendant's fine-tuning plus any per-descendant operator; to target: own FLOPs "
               'until the first evaluation at the target (linear between evaluations; – where a '
@@ -106,6 +117,32 @@ def markdown(results: dict) -> str:
         lines += ['', '**Verdicts** (a difference counts only beyond twice the seeds\' spread):', '']
         lines += [f"* {v['claim']}: **{v['verdict']}**. {v['detail']}." for v in results['verdicts']]
     return '\n'.join(lines)
+
+
+def ancestor_lines(results: dict) -> list[str]:
+    """Markdown lines for a study with two tasks: the ancestor's own baseline (its task, lr
+    sweep, S, accuracy, convergence) and, for Cluster-Learngene, the attention distances per
+    layer against ε; nothing for a study on one task."""
+    a = results.get('ancestor')
+    if not a:
+        return []
+    sweep = ', '.join(f'{lr}: {acc:.3f}' for lr, acc in a['sweep'].items())
+    lines = ['', f"**Ancestor** (the teacher; classes {a['classes']}, relabelled; descendants on "
+             f"classes {a['descendant_classes']}): lr sweep {sweep}; chosen {a['lr']:g}; S = {a['S']}; "
+             f"accuracy {a['acc']:.4f} ± {a['std']:.4f}; converged: {'yes' if a['converged'] else '**no**'}."]
+    per_seed = [i['attention_distance'] for i in results.get('info', {}).values()
+                if 'attention_distance' in i]
+    if per_seed:
+        first = per_seed[0]
+        lines += ['', f"**Mean attention distance** (px, over {first['images']} ancestor-task "
+                  f"images; ε = {first['eps']:g} px; per seed: centroids per layer / FFN groups: "
+                  + '; '.join(f"{p['centroids']} / {p['ffn_groups']}" for p in per_seed) + '), first seed:',
+                  '', '| layer | min | max | spread (max − min) | spread / ε | centroids |',
+                  '|---|---|---|---|---|---|']
+        for l, (row, spread) in enumerate(zip(first['distances'], first['spread'])):
+            lines.append(f"| {l} | {min(row):.2f} | {max(row):.2f} | {spread:.2f} | "
+                         f"{spread / first['eps']:.1f} | {first['centroids'][l]} |")
+    return lines
 
 
 def by_method(results: dict) -> list[str]:
@@ -179,7 +216,7 @@ def plot(results: dict, workdir: str) -> list[str]:
         if target is not None:
             ax.axhline(target, color='grey', ls='--', lw=0.8)
         ax.set_xscale('log')
-        ax.set_title(_shape(shape), fontsize=9)
+        ax.set_title(shape_text(shape), fontsize=9)
         ax.set_xlabel('training GFLOPs (upstream w/o source + own)', fontsize=8)
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import os
 import time
@@ -49,23 +50,23 @@ import jax
 import numpy as np
 
 from jlearngene import compiler, costs, genes
-from jlearngene.experiments import harness
+from jlearngene.experiments import harness, report
+from jlearngene.experiments.report import shape_key, shape_text
 from jlearngene.genes import cluster, growth, letra, mango, scala
 from jlearngene.models import ViTConfig, init, vit
-from jlearngene.train import checkpoint, slimmable, tasks
+from jlearngene.train import checkpoint, tasks
 
 Config = Any
 
 TEACHER_GENES = ('cluster', 'he_lg', 'auto_lg', 'pre_fin', 'imwlm')   # gene from the teacher
-DISTILLED = ('tleg', 'share_init', 'letra')                          # gene through an Aux-Net
+DISTILLED = ('tleg', 'share_init', 'mini_init', 'letra')             # gene through an Aux-Net
 GROWN = ('net2net', 'stackbert', 'bert2bert')                         # the small model, one shot
 OPERATORS = ('mango', 'ligo')                                         # an operator per shape
 SLIMMABLE = ('scala', 'us_net')                                       # one slimmable network
 KNOWN = DISTILLED + SLIMMABLE + TEACHER_GENES + GROWN + OPERATORS + ('separate',)
-# descend options every run of a method gets (same task: a gene's head is inherited)
-DESCEND = {'tleg': {'head': 'inherit'}, 'share_init': {'head': 'inherit'},
-           'letra': {'head': 'inherit'}, 'cluster': {'head': 'inherit'},
-           'pre_fin': {'head': 'inherit'}, 'imwlm': {'head': 'inherit'}}
+# descend options every run of a method gets: a gene's head is inherited on the same task,
+# except He-LG's and Auto-LG's (their learngene is the layers: the papers draw a new head)
+DESCEND = {'he_lg': {'head': 'new'}, 'auto_lg': {'head': 'new'}}
 MIN_SWEEP = 3   # learning rates Scratch's sweep needs outside the paper configs
 # the pretrained source a method starts from: the papers leave its training out of their
 # counts, so every cost is reported both without and with it
@@ -91,7 +92,8 @@ class Claim:
       `other` (default Scratch's converged runs) at every shape: per seed, its own FLOPs to
       the target plus its upstream without the pretrained source; beyond twice the larger
       seed spread, and with `flops_ratio` at most that fraction of the other's mean.
-    `shapes` limits a claim to those (width, depth) shapes (default: every shape).
+    `shapes` limits a claim to those shapes ((width, depth) or (width, depth, heads); default:
+    every shape).
     """
     text: str
     kind: str
@@ -101,7 +103,7 @@ class Claim:
     other_fraction: float | None = None
     flops_ratio: float | None = None
     tolerance: float = 0.01
-    shapes: tuple[tuple[int, int], ...] | None = None
+    shapes: tuple[tuple[int, ...], ...] | None = None
 
 
 def _same(cfg: ViTConfig, config: Config) -> ViTConfig:
@@ -154,8 +156,10 @@ def _options(config: Config, method: str) -> dict[str, dict]:
     if unknown:
         raise ValueError(f"study: method_options.{method} has {unknown}; it takes 'gene' and "
                          "'descend' sections")
-    return {'gene': dict(opts.get('gene', {})),
-            'descend': {**DESCEND.get(method, {}), **opts.get('descend', {})}}
+    fixed = dict(DESCEND.get(method, {}))
+    if harness.get(config, 'tasks', None) and method in TEACHER_GENES + DISTILLED + GROWN + OPERATORS:
+        fixed['head'] = 'new'       # the descendants' task is not the ancestor's
+    return {'gene': dict(opts.get('gene', {})), 'descend': {**fixed, **opts.get('descend', {})}}
 
 
 def reference_config(config: Config, num_classes: int) -> ViTConfig:
@@ -170,12 +174,25 @@ def small_config(config: Config, num_classes: int) -> ViTConfig:
         width=s['width'], num_heads=s['num_heads'], mlp_dim=s['mlp_dim'], depth=s['depth'])
 
 
-def shape_configs(config: Config, width: int, depth: int, num_classes: int,
+def study_shapes(config: Config) -> list[tuple[int, ...]]:
+    """The descendant shapes of `config.shapes`: (width, depth), or (width, depth, heads) for
+    a head count at the model's head_dim (Cluster-Learngene's ω)."""
+    out = [tuple(int(x) for x in s) for s in config['shapes']]
+    bad = [s for s in out if len(s) not in (2, 3) or min(s) < 1]
+    if bad:
+        raise ValueError(f'study: shapes {bad[0]}: expected (width, depth) or (width, depth, '
+                         'heads) of positive integers')
+    return out
+
+
+def shape_configs(config: Config, shape: Sequence[int], num_classes: int,
                   study: Study = Study()) -> tuple[ViTConfig, ...]:
     """The head splits of the shape (width, depth): whole heads of the model's head_dim, then
     the model's head count (the other way round with `keep_heads`, as a slimmable network's
-    sub-networks keep every head); MLP `mlp_ratio` × width; each through
-    `study.descendant_config`. The first is Scratch's."""
+    sub-networks keep every head); a shape (width, depth, heads) has that many heads of the
+    model's head_dim. MLP `mlp_ratio` × width; each through `study.descendant_config`. The
+    first is Scratch's."""
+    width, depth = shape[:2]
     ref = reference_config(config, num_classes)
     mlp = int(config['mlp_ratio']) * width
     out = []
@@ -183,6 +200,8 @@ def shape_configs(config: Config, width: int, depth: int, num_classes: int,
               (ref.num_heads, width // ref.num_heads) if width % ref.num_heads == 0 else None]
     if harness.get(config, 'keep_heads', False):
         splits.reverse()
+    if len(shape) == 3:
+        splits = [(shape[2], ref.head_dim)]
     for heads, head_dim in (x for x in splits if x is not None):
         cfg = ref.replace(width=width, num_heads=heads, head_dim=head_dim, mlp_dim=mlp, depth=depth)
         if cfg not in out:
@@ -254,16 +273,17 @@ def plan(config: Config, num_classes: int, study: Study = Study()) -> dict[str, 
     mode = harness.get(config, 'on_missing', 'mark')
     if mode not in ('mark', 'error'):
         raise ValueError(f"study: on_missing={mode!r}; expected 'mark' or 'error'")
-    shapes = [tuple(int(x) for x in s) for s in config['shapes']]
-    out: dict[str, dict] = {'scratch': {s: shape_configs(config, *s, num_classes, study)[0]
+    shapes = study_shapes(config)
+    out: dict[str, dict] = {'scratch': {s: shape_configs(config, s, num_classes, study)[0]
                                         for s in shapes}}
     for name, method, variant in rows:
         m = genes.get('scratch' if method == 'separate' else method)
         opts = descend_options(config, method, variant)
         out[name] = {}
-        for width, depth in shapes:
+        for shape in shapes:
+            width, depth = shape[:2]
             reason = None
-            for cfg in _candidates(config, method, opts, ref, width, depth, num_classes, study):
+            for cfg in _candidates(config, method, opts, ref, shape, num_classes, study):
                 try:
                     gene = _gene_shapes(config, method, cfg, ref, small, variant)
                     jax.eval_shape(lambda g, c=cfg: m.descend(g, c, key=jax.random.key(0), **opts),
@@ -271,29 +291,31 @@ def plan(config: Config, num_classes: int, study: Study = Study()) -> dict[str, 
                 except genes.GeneError as e:
                     reason = reason or str(e)
                     continue
-                out[name][(width, depth)] = cfg
+                out[name][shape] = cfg
                 break
             else:
-                out[name][(width, depth)] = reason or (
+                out[name][shape] = reason or (
                     f'{method}: its sub-networks have the slimmable network\'s depth {ref.depth} '
                     f'and a width of at most {ref.width} in whole heads')
                 if mode == 'error':
+                    heads = f', heads {shape[2]}' if len(shape) == 3 else ''
                     raise ValueError(f'study: {name} cannot make the shape (width {width}, '
-                                     f'depth {depth}): {reason}')
+                                     f'depth {depth}{heads}): {reason}')
     return out
 
 
-def _candidates(config, method, opts, ref, width, depth, num_classes, study):
+def _candidates(config, method, opts, ref, shape, num_classes, study):
     """The configs a method may make a shape in: a slimmable network's sub-network config
     (`scala.subnet_config`, the slicing rule's) at its own depth, else the head splits."""
+    width, depth = shape[:2]
     if method in SLIMMABLE:
-        if depth != ref.depth or width > ref.width:
+        if depth != ref.depth or width > ref.width or len(shape) == 3:
             return ()
         try:
             return (scala.subnet_config(ref, width / ref.width, rule=opts.get('rule', 'clean')),)
         except genes.GeneError:
             return ()
-    return shape_configs(config, width, depth, num_classes, study)
+    return shape_configs(config, shape, num_classes, study)
 
 
 def label(name: str, config: Config) -> str:
@@ -352,11 +374,15 @@ def plateau(curve: Sequence[tuple[int, float]], tol: float, patience: int) -> tu
 
 
 class Runner:
-    """One study's data, fit and bookkeeping (timings, progress lines)."""
+    """One study's data, fit and bookkeeping (timings, progress lines). With `tasks`
+    (class subsets of the dataset), `dset` is the descendants' task and `ancestor_dset` the
+    ancestor's; else both are the whole dataset."""
 
     def __init__(self, config: Config, workdir: str, quiet: bool):
         self.config, self.workdir, self.quiet = config, workdir, quiet
-        self.dset = harness.Data(config)
+        tasks_ = harness.get(config, 'tasks', None)
+        self.dset = harness.Data(config, tasks_['descendant'] if tasks_ else None)
+        self.ancestor_dset = harness.Data(config, tasks_['ancestor']) if tasks_ else self.dset
         self.K, self.n, self.bs = self.dset.num_classes, self.dset.num_examples, config['batch_size']
         self.timings: dict[str, float] = {}
 
@@ -367,8 +393,8 @@ class Runner:
         return harness.budget(section, self.n, self.bs, name)
 
     def fit(self, name, loss_fn, params, eval_fn, *, steps, lr, seed, eval_every=None, config=None,
-            stop_at=None):
-        params, curve, secs = harness.fit(name, loss_fn, params, eval_fn, self.dset, steps=steps,
+            stop_at=None, dset=None):
+        params, curve, secs = harness.fit(name, loss_fn, params, eval_fn, dset or self.dset, steps=steps,
                                           lr=lr, config=config or self.config,
                                           workdir=self.workdir, seed=seed, eval_every=eval_every,
                                           stop_at=stop_at)
@@ -383,10 +409,11 @@ class Runner:
                                                     teacher=teacher)])['flops'])
 
 
-def scratch_baseline(runner: Runner, cfgs: dict[tuple, ViTConfig], seeds: Sequence[int]) -> dict:
-    """Scratch at every shape of `cfgs`: the lr sweep on the first seed, every seed at the
-    chosen lr; returns {shape: {'lr', 'sweep', 'runs': {seed: record}, 'S', 'acc', 'std',
-    'converged', 'params' (per seed)}}."""
+def scratch_baseline(runner: Runner, cfgs: dict[tuple, ViTConfig], seeds: Sequence[int], *,
+                     dset: harness.Data | None = None, tag: str = 'scratch') -> dict:
+    """Scratch at every shape of `cfgs` (on `dset`, default the descendants' data): the lr
+    sweep on the first seed, every seed at the chosen lr; returns {shape: {'lr', 'sweep',
+    'runs': {seed: record}, 'S', 'acc', 'std', 'converged', 'params' (per seed)}}."""
     sc = runner.config['scratch']
     lrs = tuple(float(x) for x in sc['lrs'])
     steps = runner.steps(sc, 'scratch')
@@ -397,14 +424,14 @@ def scratch_baseline(runner: Runner, cfgs: dict[tuple, ViTConfig], seeds: Sequen
         loss, ev = tasks.classification_loss(cfg), harness.eval_fn(cfg)
 
         def train(lr, seed):
-            params, curve = runner.fit(f'scratch_w{shape[0]}_d{shape[1]}_lr{lr:g}_s{seed}', loss,
+            params, curve = runner.fit(f'{tag}_{shape_key(shape)}_lr{lr:g}_s{seed}', loss,
                                        init(cfg, jax.random.key(seed)), ev, steps=steps, lr=lr,
-                                       seed=seed, eval_every=every)
+                                       seed=seed, eval_every=every, dset=dset)
             # patience 0 (the paper configs): the paper's schedule is S
             s, ok = plateau(curve, tol, patience) if patience > 0 else (steps, True)
             rec = dict(lr=lr, seed=seed, steps=steps, curve=curve, acc=curve[-1][1],
                        plateau_step=s, converged=ok)
-            runner.say(f'scratch  w{shape[0]} L{shape[1]} lr {lr:g} seed {seed}: {rec["acc"]:.4f}'
+            runner.say(f'{tag:<8} {shape_text(shape)} lr {lr:g} seed {seed}: {rec["acc"]:.4f}'
                        f' after {steps} steps (plateau at {rec["plateau_step"]}'
                        f'{"" if ok else ", NOT converged"})')
             return params, rec
@@ -468,10 +495,14 @@ def upstream(runner: Runner, rows: list, ref: ViTConfig, S_ref: int, teacher, t_
             rule = descend_options(config, method, variant).get('rule', 'clean')
             products[name], flops[name], info[f'{name}_steps'] = train_slimmable(
                 runner, name, method, rule, ref, S_ref, seed)
-    if 'cluster' in methods:
-        products['cluster'], flops['attention_distance'], info['clusters'] = _cluster_gene(
-            config, teacher, t_cfg)
-        runner.say(f"clusters seed {seed}: centroids per layer {info['clusters']}")
+    cluster_rows = [(n, v) for n, m, v in rows if m == 'cluster']
+    if cluster_rows:
+        made, flops['attention_distance'], info['attention_distance'] = cluster_genes(
+            runner, cluster_rows, teacher, t_cfg, seed)
+        products.update(made)
+        runner.say(f"clusters seed {seed}: centroids per layer "
+                   f"{info['attention_distance']['centroids']}, FFN groups "
+                   f"{info['attention_distance']['ffn_groups']}")
     small_cfg = None
     if 'small' in needed:
         small_cfg = small_config(config, runner.K)
@@ -506,18 +537,18 @@ def train_slimmable(runner: Runner, name: str, method: str, rule: str, ref: ViTC
     tag = name.replace('/', '_')
     params, full_eval = init(ref, jax.random.key(seed + 3)), harness.eval_fn(ref)
     if warm:
-        params, _ = runner.fit(f'{tag}_warmup_s{seed}', slimmable.full_loss(ref, rule=rule), params,
+        params, _ = runner.fit(f'{tag}_warmup_s{seed}', scala.full_loss(ref, rule=rule), params,
                                full_eval, steps=warm, lr=lr * float(sc['warmup_lr_factor']), seed=seed + 3)
     sub = {r: scala.subnet_config(ref, r, rule=rule) for r in grid}
     if method == 'scala':
         upper, lower = scala.stable_halves(grid)
-        loss = slimmable.scala_loss(ref, grid, rule=rule, ce_weight=sc['ce_weight'],
-                                    transfer=sc['transfer'], isolated=sc['isolated'])
+        loss = scala.scala_loss(ref, grid, rule=rule, ce_weight=sc['ce_weight'],
+                                transfer=sc['transfer'], isolated=sc['isolated'])
         plan_ = [(sub[1.0], warm + main), (sub[smallest], main)]
         plan_ += [(sub[r], main / len(upper)) for r in upper] + [(sub[r], main / len(lower)) for r in lower]
     else:
         interior = grid[1:-1]
-        loss = slimmable.usnet_loss(ref, grid)
+        loss = scala.usnet_loss(ref, grid)
         plan_ = [(sub[1.0], warm + main), (sub[smallest], main)]
         plan_ += [(sub[r], 2 * main / len(interior)) for r in interior]
     params, curve = runner.fit(f'{tag}_s{seed}', loss, params, full_eval, steps=main, lr=lr, seed=seed + 3)
@@ -538,18 +569,34 @@ def separate_steps(runner: Runner, rows_spec, made: dict, up: dict, shapes, budg
     return max(1, int(round(up['flops'][slim] / per)))
 
 
-def _cluster_gene(config, teacher, ref: ViTConfig):
-    """Cluster-Learngene's gene: mean attention distances over `cluster.images` training
-    images, density clusters at `cluster.eps`; (gene, the pass's FLOPs, centroid counts)."""
-    from jlearngene.experiments import cluster as cluster_exp
-    cc = config['cluster']
-    images = cluster_exp.TaskData(config, range(ref.num_classes))
-    n_mad = min(int(cc['images']), images.num_examples)
-    mad = cluster.mean_attention_distance(teacher, ref, images.raw_batches(n_mad, config['eval_batch_size']),
-                                          mean=images.mean, std=images.std)
+def cluster_genes(runner: Runner, rows, teacher, t_cfg: ViTConfig, seed: int):
+    """Cluster-Learngene's genes, one per row [(name, variant)]: the teacher's mean attention
+    distances over the first `cluster.images` images of its own training data, density
+    clusters at `cluster.eps`; a row with the gene option centroids='random' (the random-head
+    control) takes as many heads per layer, drawn at random (`cluster.random_centroids`).
+    Returns (genes by row name, the pass's FLOPs, info: the distances, their spread per
+    layer, ε, the centroid counts and FFN groups)."""
+    config, cc, dset = runner.config, runner.config['cluster'], runner.ancestor_dset
+    n_mad = min(int(cc['images']), dset.num_examples)
+    mad = np.asarray(cluster.mean_attention_distance(
+        teacher, t_cfg, dset.raw_batches(n_mad, config['eval_batch_size']), mean=dset.mean,
+        std=dset.std))
     clusters = cluster.cluster_heads(mad, cc['eps'], cc['min_heads'])
-    gene = cluster.gene_from_model(teacher, ref, clusters=clusters, ffn=cc['ffn'])
-    return gene, float(costs.flops_per_image(ref) * n_mad), [len(c.centroids) for c in clusters]
+    made = {}
+    for name, variant in rows:
+        opts = gene_options(config, 'cluster', t_cfg, t_cfg, variant)
+        chosen = opts.pop('centroids', 'clustered')
+        if chosen not in ('clustered', 'random'):
+            raise ValueError(f"study: cluster centroids={chosen!r}; expected 'clustered' or 'random'")
+        cents = (clusters if chosen == 'clustered'
+                 else cluster.random_centroids(clusters, t_cfg.num_heads, seed))
+        made[name] = cluster.gene_from_model(teacher, t_cfg, clusters=cents, ffn=cc['ffn'], **opts)
+    counts = [len(c.centroids) for c in clusters]
+    info = dict(distances=np.round(mad, 3).tolist(), eps=float(cc['eps']), images=n_mad,
+                spread=np.round(mad.max(1) - mad.min(1), 3).tolist(), centroids=counts,
+                ffn_groups=[list(g) for g in cluster.ffn_groups(counts, cc['ffn'],
+                                                                   heads=t_cfg.num_heads)])
+    return made, float(costs.flops_per_image(t_cfg) * n_mad), info
 
 
 @functools.lru_cache(maxsize=None)
@@ -575,7 +622,8 @@ def descendant(runner: Runner, name: str, method: str, variant: dict, d_cfg: ViT
     if method in TEACHER_GENES and method != 'cluster':
         gene = genes.get(method).gene_from_model(products['teacher'], up['teacher_cfg'], **gopts)
     else:
-        gene = products['small' if method in GROWN else name if method in SLIMMABLE else method]
+        gene = products['small' if method in GROWN
+                        else name if method in SLIMMABLE + ('cluster',) else method]
     return _jit_descend(method, d_cfg, tuple(sorted(opts.items())))(gene, key), 0.0
 
 
@@ -647,6 +695,13 @@ def reach(curve, start: float, per_step: float, target: float) -> float | None:
     return None
 
 
+def run_experiment(config: Config, workdir: str, *, quiet: bool = False) -> dict:
+    """Run the experiment `config` names (`jlearngene.experiments.<config.experiment>`'s
+    `STUDY`); every experiment config goes through here (`jlearngene train`, `demo`,
+    `compare`). Returns the results, the Markdown table under 'table'."""
+    return run(config, workdir, harness.module(config['experiment']).STUDY, quiet=quiet)
+
+
 def run(config: Config, workdir: str, study: Study, *, quiet: bool = False) -> dict:
     """Run the study `config` declares (module docstring); returns the results (also written
     to `workdir` with the table and plot), the table under 'table'."""
@@ -658,17 +713,25 @@ def run(config: Config, workdir: str, study: Study, *, quiet: bool = False) -> d
     the_plan = plan(config, K, study)
     ref = reference_config(config, K)
     ref_shape = (ref.width, ref.depth)
+    own_task = runner.ancestor_dset is runner.dset
     scratch_cfgs = dict(the_plan['scratch'])
-    scratch_cfgs.setdefault(ref_shape, ref)
+    if own_task:
+        scratch_cfgs.setdefault(ref_shape, ref)
     if harness.get(harness.get(config, 'small', {}), 'converged', False):
         small_cfg = small_config(config, K)
         scratch_cfgs.setdefault((small_cfg.width, small_cfg.depth), small_cfg)
-    t_cfg = scratch_cfgs[ref_shape]   # the teacher: the reference shape's Scratch run
-    # 1. Scratch, the target and S.
+    # 1. Scratch, the target and S; the teacher (ancestor) is the reference shape's Scratch
+    # run, on the ancestor's task where the study has two
     base = scratch_baseline(runner, scratch_cfgs, seeds)
-    S_ref, gap = base[ref_shape]['S'], float(config['target_gap'])
+    if own_task:
+        t_cfg, source = scratch_cfgs[ref_shape], base[ref_shape]
+    else:
+        t_cfg = shape_configs(config, ref_shape, runner.ancestor_dset.num_classes, study)[0]
+        source = scratch_baseline(runner, {ref_shape: t_cfg}, seeds, dset=runner.ancestor_dset,
+                                  tag='ancestor')[ref_shape]
+    S_ref, gap = source['S'], float(config['target_gap'])
     records, upstream_flops, infos = [], {}, {}
-    shapes = [tuple(int(x) for x in s) for s in config['shapes']]
+    shapes = study_shapes(config)
     for shape in shapes:
         b, cfg = base[shape], scratch_cfgs[shape]
         for seed, r in b['runs'].items():
@@ -685,14 +748,15 @@ def run(config: Config, workdir: str, study: Study, *, quiet: bool = False) -> d
     evals = int(config['descend']['evals'])
     stop = bool(harness.get(config['descend'], 'stop_at_target', False))
     for seed in seeds:
-        teacher = base[ref_shape]['params'][seed]
+        teacher = source['params'][seed]
         up = upstream(runner, rows_spec, ref, S_ref, teacher, t_cfg, seed, base)
-        upstream_flops[seed] = dict(up['flops'], teacher=base[ref_shape]['runs'][seed]['steps']
+        upstream_flops[seed] = dict(up['flops'], teacher=source['runs'][seed]['steps']
                                     * runner.step_flops(t_cfg))
         infos[seed] = up['info']
         for shape in shapes:
             S = base[shape]['S']
-            key = jax.random.key(seed + 100 + 10 * shape[0] + shape[1])
+            key = jax.random.key(seed + 100 + 10 * shape[0] + shape[1]
+                                 + (1000 * shape[2] if len(shape) == 3 else 0))
             for name, method, variant in rows_spec:
                 d_cfg = the_plan[name][shape]
                 if isinstance(d_cfg, str):
@@ -709,7 +773,7 @@ def run(config: Config, workdir: str, study: Study, *, quiet: bool = False) -> d
                     curve = [(0, acc0)]
                     if steps and not (stop and acc0 >= target):
                         _, tuned = runner.fit(
-                            f'{name.replace("/", "_")}_w{shape[0]}_d{shape[1]}_f{fraction:g}_s{seed}',
+                            f'{name.replace("/", "_")}_{shape_key(shape)}_f{fraction:g}_s{seed}',
                             tasks.classification_loss(d_cfg), params0, harness.eval_fn(d_cfg),
                             steps=steps, lr=d_lr, seed=seed + 7, eval_every=max(1, steps // evals),
                             stop_at=target if stop else None)
@@ -722,19 +786,21 @@ def run(config: Config, workdir: str, study: Study, *, quiet: bool = False) -> d
                                         extra_flops=extra, step_flops=per_step,
                                         finetune_flops=taken * per_step,
                                         upstream=list(upstream_names(method, name))))
-                    runner.say(f'des w{shape[0]} L{shape[1]} {label(name, config):<20} seed {seed} '
+                    runner.say(f'des {shape_text(shape)} {label(name, config):<20} seed {seed} '
                                f'{fraction:g}·S = {steps} steps: {acc0:.4f} -> {curve[-1][1]:.4f}')
-    scratch = {f'w{s[0]}_d{s[1]}': {k: v for k, v in base[s].items() if k not in ('params', 'runs')}
+    scratch = {shape_key(s): {k: v for k, v in base[s].items() if k not in ('params', 'runs')}
                for s in base}
     results = dict(
         config=harness.plain(config), shapes=[list(s) for s in shapes], seeds=seeds,
         rows_spec=[n for n, _, _ in rows_spec], labels={n: label(n, config) for n, _, _ in rows_spec},
-        cannot={n: {f'w{s[0]}_d{s[1]}': v for s, v in the_plan[n].items() if isinstance(v, str)}
+        cannot={n: {shape_key(s): v for s, v in the_plan[n].items() if isinstance(v, str)}
                 for n, _, _ in rows_spec},
         reference=dict(width=ref.width, depth=ref.depth, S=S_ref), scratch=scratch,
+        ancestor=None if own_task else dict(
+            classes=list(runner.ancestor_dset.classes), descendant_classes=list(runner.dset.classes),
+            **{k: v for k, v in source.items() if k not in ('params', 'runs')}),
         upstream_flops={str(k): v for k, v in upstream_flops.items()}, info={str(k): v for k, v in infos.items()},
         rows=records, timings=runner.timings, seconds=time.perf_counter() - t_start)
-    from jlearngene.experiments import report
     return harness.write_results(finish(results, study), workdir, report.markdown, report.plot)
 
 
@@ -744,7 +810,7 @@ def finish(results: dict, study: Study) -> dict:
     'summary' and the 'verdicts'."""
     gap = float(results['config']['target_gap'])
     for r in results['rows']:
-        r['target'] = results['scratch'][f"w{r['shape'][0]}_d{r['shape'][1]}"]['acc'] - gap
+        r['target'] = results['scratch'][shape_key(r['shape'])]['acc'] - gap
         r['reach_flops'] = reach(r['curve'], r['extra_flops'], r['step_flops'], r['target'])
         ups = results['upstream_flops'].get(str(r['seed']), {})
         r['upstream_flops'] = sum(ups.get(u, 0.0) for u in r['upstream'])
@@ -758,8 +824,6 @@ def finish(results: dict, study: Study) -> dict:
 def render(workdir: str) -> dict:
     """Recompute a recorded study's summary, verdicts, `results.md` and plot from its
     `results.json` (nothing is trained); returns the results."""
-    import json
-    from jlearngene.experiments import report
     with open(os.path.join(workdir, 'results.json'), encoding='utf-8') as f:
         results = json.load(f)
     results.pop('table', None)
@@ -868,7 +932,7 @@ def verdict(claim: Claim, results: dict) -> dict:
         for sh, s in mine:
             good = s['acc'] >= s['target']
             ok &= good
-            parts.append(f"w{sh[0]} L{sh[1]}: {s['acc']:.3f} ± {s['std']:.3f} vs target "
+            parts.append(f"{shape_text(sh)}: {s['acc']:.3f} ± {s['std']:.3f} vs target "
                          f"{s['target']:.3f} ({'met' if good else 'missed'})")
         if claim.flops_ratio is not None:
             scratch_total = sum(_find(summary, 'scratch', sh, 1.0)['own_flops'] for sh, _ in mine)
@@ -887,7 +951,7 @@ def verdict(claim: Claim, results: dict) -> dict:
             diff, noise = s['acc'] - o['acc'], 2 * max(s['std'], o['std'])
             good = diff > noise if claim.kind == 'beats' else diff >= -claim.tolerance
             ok &= good
-            parts.append(f"w{sh[0]} L{sh[1]}: {s['acc']:.3f} ± {s['std']:.3f} vs {o['acc']:.3f} ± "
+            parts.append(f"{shape_text(sh)}: {s['acc']:.3f} ± {s['std']:.3f} vs {o['acc']:.3f} ± "
                          f"{o['std']:.3f} (Δ {diff:+.3f}, 2σ {noise:.3f})")
         if not parts:
             return dict(claim=claim.text, verdict='not testable here',
@@ -903,7 +967,7 @@ def verdict(claim: Claim, results: dict) -> dict:
             if b is None:      # no baseline cost to compare with, unless the method does worse
                 na, nb = (_reached(results['rows'], n, sh, f) for n, f in
                           ((claim.method, claim.fraction), (other, other_f)))
-                text = (f'w{sh[0]} L{sh[1]}: {claim.method} reached the target in {na[0]}/{na[1]} '
+                text = (f'{shape_text(sh)}: {claim.method} reached the target in {na[0]}/{na[1]} '
                         f'seeds, {other} in {nb[0]}/{nb[1]}')
                 if na[0] < nb[0]:
                     ok = False
@@ -913,12 +977,12 @@ def verdict(claim: Claim, results: dict) -> dict:
                 continue
             if a is None:
                 ok = False
-                parts.append(f'w{sh[0]} L{sh[1]}: not every {claim.method} seed reached the target')
+                parts.append(f'{shape_text(sh)}: not every {claim.method} seed reached the target')
                 continue
             (ma, sa), (mb, sb) = _mean_std(a), _mean_std(b)
             good = mb - ma > 2 * max(sa, sb) and (claim.flops_ratio is None or ma / mb <= claim.flops_ratio)
             ok &= good
-            parts.append(f"w{sh[0]} L{sh[1]}: {ma / 1e9:.3g} ± {sa / 1e9:.2g} vs {mb / 1e9:.3g} ± "
+            parts.append(f"{shape_text(sh)}: {ma / 1e9:.3g} ± {sa / 1e9:.2g} vs {mb / 1e9:.3g} ± "
                          f"{sb / 1e9:.2g} GFLOPs to the target ({ma / mb:.2f}×)")
         if untestable and not parts:
             return dict(claim=claim.text, verdict='not testable here', detail='; '.join(untestable))

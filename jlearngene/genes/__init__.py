@@ -28,7 +28,7 @@ Each method module registers its `Method`s when imported; this package imports t
 `jlearngene.genes.get('tleg')` works and `names()` lists every method:
 
 * `tleg` (TLEG), `letra` (LeTra): learned inside an Aux-Net; `baselines`: Scratch,
-  Share-Init, He-LG, Auto-LG, Pre-Fin;
+  Share-Init, Mini-Init, He-LG, Auto-LG, Pre-Fin;
 * `cluster` (Cluster-Learngene): clustered attention heads of an ancestor;
 * `scala` (Scala, with US-Net and MatFormer): sub-networks of one slimmable ViT;
 * `mango` (Mango) and `growth` (Net2Net, StackBERT, bert2BERT, LiGO): a small pretrained

@@ -4,8 +4,12 @@ choices static).
 * `scratch`: random timm/DeiT init; no gene.
 * `share_init_gene` / `share_init`: Share-Init (Lan et al. 2020, as a TLEG ablation): one
   shared layer θ_B (θ_A ≡ 0), so every descendant layer is identical.
+* `mini_init_gene` / `descend_mini_init`: Mini-Init (a TLEG baseline after MiniViT, Zhang et al.
+  2022): n_shared layers, each shared by a run of consecutive layers (weight multiplexing);
+  Share-Init is its n_shared = 1 case, kept in TLEG's gene format.
 * `he_lg`: He-LG (Wang et al. 2022a): the *last* k layers of an ancestor on top of random
-  lower layers (the paper's TLEG comparison uses k = 3).
+  lower layers (the paper's TLEG comparison uses k = 3), with the ancestor's embeddings by
+  default, as the official code copies the patch/position embeddings.
 * `auto_lg`: Auto-LG (Wang et al. 2023): the *first* k ancestor layers, random above.
 * `pre_fin`: Pre-Fin(U): a model pretrained at the target shape; when depths differ, the
   first / last / middle layer choices of TLEG Fig. 4 ('#1', '#2', '#3').
@@ -21,7 +25,7 @@ itself and are `descend_*(*_gene(model))`. `embeddings='inherit'` copies the emb
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
@@ -86,6 +90,54 @@ def share_init_param_count(gene: tleg.Gene, *, include_head: bool = False) -> in
 
 
 # ----------------------------------------------------------------------------------------
+# Mini-Init.
+
+def mini_init_gene(cfg: ViTConfig, key: jax.Array, *, n_shared: int | None = None) -> Params:
+    """A Mini-Init gene for an Aux-Net of shape `cfg`: `n_shared` blocks (stacked), the
+    embeddings and the head, drawn as `vit.init` draws a model of n_shared layers. Default
+    n_shared = ⌈depth/2⌉ (the TLEG paper's 6 shared parts of 12 layers).
+
+    MiniViT's weight multiplexing is the sharing itself: Aux-Net layer l runs shared part
+    ⌊l·n_shared/L⌋ (`shared_parts`). Left out are MiniViT's per-layer weight
+    transformations and its weight distillation: the Des-Nets are initialised from the
+    shared parts only, so the baseline keeps what they read."""
+    n = (cfg.depth + 1) // 2 if n_shared is None else n_shared
+    if not (isinstance(n, (int, np.integer)) and not isinstance(n, bool) and 1 <= n <= cfg.depth):
+        raise GeneError(f'mini_init: n_shared={n!r} shared parts must be an integer in '
+                        f'[1, depth={cfg.depth}]')
+    return vit.init(cfg.replace(depth=int(n)), key)
+
+
+def shared_parts(n_shared: int, depth: int) -> np.ndarray:
+    """(depth,) the shared part ⌊l·n_shared/depth⌋ that layer l runs: consecutive layers
+    share one part, every part used when depth ≥ n_shared."""
+    return (np.arange(depth) * n_shared) // depth
+
+
+def mini_init_materialize(trainable: Params, frozen: Mapping[str, Any] | None,
+                          cfg: ViTConfig) -> Params:
+    """The Aux-Net of config `cfg` from the gene (plus `frozen` parts, merged): layer l is
+    shared part ⌊l·n_shared/L⌋, so `jax.grad` through it sums each part's layers."""
+    gene = common.merge_disjoint(trainable, frozen or {}, 'mini_init.materialize',
+                                 ('trainable', 'frozen'))
+    n = _check_layers_gene(gene, 'mini_init')
+    if n > cfg.depth:
+        raise GeneError(f'mini_init.materialize: {n} shared parts do not fit in the Aux-Net '
+                        f'depth {cfg.depth}')
+    return descend_mini_init(gene, cfg, head='inherit', embeddings='inherit')
+
+
+def descend_mini_init(gene: Params, target_cfg: ViTConfig, *, key: jax.Array | None = None,
+                      head: str = 'inherit', embeddings: str | None = None) -> Params:
+    """Mini-Init's descend at any depth: target layer l is shared part
+    ⌊l·n_shared/L_d⌋ (a target shallower than n_shared skips parts evenly); the embeddings
+    and (by default) the head inherited, 'new' / 'random' draw them (need `key`)."""
+    n, d = _check_layers_gene(gene, 'mini_init'), target_cfg.depth
+    return _assemble(gene, target_cfg, key, src_layers=shared_parts(n, d), dst_layers=np.arange(d),
+                     head=head, embeddings=embeddings, what='mini_init')
+
+
+# ----------------------------------------------------------------------------------------
 # Genes taken from a model.
 
 def _layers_gene(model: Params, layers: np.ndarray, embeddings: str, what: str) -> Params:
@@ -107,8 +159,13 @@ def _check_k(k: int, src_depth: int, dst_depth: int | None, what: str) -> None:
         raise GeneError(f'{what}: k={k!r} layers must be in [1, {where}]')
 
 
-def he_lg_gene(ancestor: Params, *, k: int = 3, embeddings: str = 'random') -> Params:
-    """He-LG's learngene: the ancestor's last k layers (+ its embeddings if 'inherit')."""
+def he_lg_gene(ancestor: Params, *, k: int = 3, embeddings: str = 'inherit') -> Params:
+    """He-LG's learngene: the ancestor's last k layers and its embeddings.
+
+    `embeddings='inherit'` (default) keeps the patch/position embeddings, prefix tokens and
+    final norm, as the official He-LG code copies the patch/position embeddings into the
+    descendant; 'random' stores only the layers, so descendants draw their embeddings
+    fresh (the learngene as the paper describes it: layers only)."""
     n = layout.depth_of(ancestor)
     _check_k(k, n, None, 'he_lg')
     return _layers_gene(ancestor, np.arange(n - k, n), embeddings, 'he_lg')
@@ -158,9 +215,11 @@ def _assemble(gene: Params, target_cfg: ViTConfig, key: jax.Array | None, *, src
 
 
 def descend_he_lg(gene: Params, target_cfg: ViTConfig, *, key: jax.Array | None = None,
-                  head: str = 'new', embeddings: str | None = None) -> Params:
-    """He-LG's descend: the gene's k layers become the target's last k layers; the layers
-    below, the head (by default) and the embeddings the gene lacks are random."""
+                  head: str = 'inherit', embeddings: str | None = None) -> Params:
+    """He-LG's descend: the gene's k layers become the target's last k layers and the gene's
+    embeddings the target's (None: where the gene holds them); the layers below and the
+    embeddings the gene lacks are random; the head is inherited (head='new' draws one, for
+    another task, as the paper's downstream runs do)."""
     k, d = _check_layers_gene(gene, 'he_lg'), target_cfg.depth
     if k > d:
         raise GeneError(f"he_lg: the gene's {k} layers do not fit in target depth {d}")
@@ -169,9 +228,9 @@ def descend_he_lg(gene: Params, target_cfg: ViTConfig, *, key: jax.Array | None 
 
 
 def descend_auto_lg(gene: Params, target_cfg: ViTConfig, *, key: jax.Array | None = None,
-                    head: str = 'new', embeddings: str | None = None) -> Params:
+                    head: str = 'inherit', embeddings: str | None = None) -> Params:
     """Auto-LG's descend: the gene's k layers become the target's first k layers; the layers
-    above and the head (by default) are random."""
+    above are random; the head is inherited (head='new' draws one)."""
     k, d = _check_layers_gene(gene, 'auto_lg'), target_cfg.depth
     if k > d:
         raise GeneError(f"auto_lg: the gene's {k} layers do not fit in target depth {d}")
@@ -211,18 +270,21 @@ def descend_pre_fin(gene: Params, target_cfg: ViTConfig, *, key: jax.Array | Non
 # The model-taking forms.
 
 def he_lg(ancestor: Params, target_cfg: ViTConfig, k: int, key: jax.Array, *,
-          head: str = 'new', embeddings: str = 'random') -> Params:
-    """He-LG: the ancestor's last k layers become the target's last k layers; the layers below
-    and (by default) the embeddings and head are random, as the learngene is only the layers."""
+          head: str = 'inherit', embeddings: str = 'inherit') -> Params:
+    """He-LG: the ancestor's last k layers become the target's last k layers and (by default,
+    as the official code) its patch/position embeddings the target's; the layers below are
+    random, the head inherited (head='new' draws one). embeddings='random' draws the
+    embeddings too."""
     _check_k(k, layout.depth_of(ancestor), target_cfg.depth, 'he_lg')
     return descend_he_lg(he_lg_gene(ancestor, k=k, embeddings=embeddings), target_cfg, key=key,
                          head=head, embeddings=embeddings)
 
 
 def auto_lg(ancestor: Params, target_cfg: ViTConfig, k: int, key: jax.Array, *,
-            head: str = 'new', embeddings: str = 'inherit') -> Params:
+            head: str = 'inherit', embeddings: str = 'inherit') -> Params:
     """Auto-LG: the ancestor's first k layers (and by default its patch/position embeddings,
-    which those layers were trained on) become the target's first k layers; the rest random."""
+    which those layers were trained on) become the target's first k layers; the rest random,
+    the head inherited (head='new' draws one)."""
     _check_k(k, layout.depth_of(ancestor), target_cfg.depth, 'auto_lg')
     return descend_auto_lg(auto_lg_gene(ancestor, k=k, embeddings=embeddings), target_cfg, key=key,
                            head=head, embeddings=embeddings)
@@ -260,6 +322,11 @@ SHARE_INIT = common.register(common.Method(
     name='share_init', label='Share-Init', source='learned', init_gene=share_init_gene,
     materialize=tleg.materialize, descend=share_init, gene_param_count=share_init_param_count,
     gene_parts=SHARE_INIT_PARTS))
+MINI_INIT = common.register(common.Method(
+    name='mini_init', label='Mini-Init', source='learned', init_gene=mini_init_gene,
+    materialize=mini_init_materialize, descend=descend_mini_init,
+    gene_param_count=functools.partial(common.count, include_head=False),
+    gene_parts=common.model_parts()))
 HE_LG = common.register(common.Method(
     name='he_lg', label='He-LG', source='model', gene_from_model=_from_model(he_lg_gene, 'he_lg'),
     descend=descend_he_lg, gene_param_count=functools.partial(common.count, include_head=False),

@@ -8,13 +8,13 @@ The pipeline, as pure functions:
 2. `cluster_heads(distances, eps, min_heads)`: per layer, density clustering of the heads'
    distances (DBSCAN; or k-means), clusters in priority order, each with its centroid head.
 3. `gene_from_model(params, cfg, clusters=...)`: the gene (below).
-4. `descend_gene(gene, target_cfg, heads=...)`: a descendant with those head counts per
-   layer (`head_schedule` turns ω schedules into counts); `descend(ancestor, clusters,
-   target_cfg, heads=... | omega=...)` is 3 then 4. `descendant_state` / `materialize_descendant`
-   train a descendant through its FFN expansion φ (the paper's trainable φ); `descend_gene`
-   is `materialize_descendant(descendant_state(...))`, the starting weights either way.
+4. `descend(gene, target_cfg, heads=...)`: a descendant with those head counts per layer
+   (`head_schedule` turns ω schedules into counts). `descendant_state` /
+   `materialize_descendant` train a descendant through its FFN expansion φ (the paper's
+   trainable φ); `descend` is `materialize_descendant(descendant_state(...))`, the starting
+   weights either way.
 
-**The gene** is a plain pytree whose structure carries the clustering, so `descend_gene`
+**The gene** is a plain pytree whose structure carries the clustering, so `descend`
 needs no index data and is jittable with the target config and options static::
 
     patch_embed, pos_embed, cls_token, dist_token, norm, head    the ancestor's
@@ -47,19 +47,25 @@ q/k/v have no bias (the target config needs qkv_bias=False, `descendant_config(.
 official=True)`); the output projection keeps its first H_l heads (H_l < H_a) or repeats
 every input column H_l/H_a times (H_l > H_a, a multiple).
 
-FFN groups: the paper's rule (maximal runs of ≥ 2 adjacent layers with the same centroid
-count), none, or explicit groups (`OFFICIAL_FFN_GROUPS` holds the official code's DeiT
-ones). Every layer of a k-layer group is generated from the group's first FFN by the
-element-wise expansion φ: R → R^k, φ(w) = W₂·ReLU(W₁w + b₁) + b₂, one φ per group shared by
-fc1/fc2 kernels and biases, output t for the group's t-th layer, drawn with PyTorch's
-default Linear init (W₁, b₁ ~ U(−1, 1); W₂, b₂ ~ U(±1/√k)). The official code applies φ
-once and trains the generated weights (φ frozen: `descend_gene`'s params trained as they
-are); the paper's wording trains φ (`descendant_state`: the representative FFN and φ are
-trainable, the group's FFNs are generated in every step).
+FFN groups (`ffn_groups`): the paper's rule as the authors' rebuttal states it (maximal
+runs of ≥ 2 adjacent layers with the same centroid count, among layers whose heads were
+clustered, so ε controls it: no group when every head is its own centroid), 'same_count'
+(unclustered layers too), none, or explicit groups (`OFFICIAL_FFN_GROUPS` holds the official
+code's DeiT ones). Every layer of a k-layer group is generated from the group's first FFN by
+the element-wise expansion φ: R → R^k, φ(w) = W₂·ReLU(W₁w + b₁) + b₂, one φ per group shared
+by fc1/fc2 kernels and biases, output t for the group's t-th layer. φ starts as the identity
+on every output (phi='identity', the default: each grouped layer starts as the
+representative FFN) or, as in the official code, at PyTorch's default Linear init
+(phi='official': W₁, b₁ ~ U(−1, 1); W₂, b₂ ~ U(±1/√k); outputs about a·w + c with a ≈ 0.005,
+close to re-randomised). The official code applies φ once and trains the generated weights
+(φ frozen: `descend`'s params trained as they are); the paper's wording trains φ
+(`descendant_state`: the representative FFN and φ are trainable, the group's FFNs are
+generated in every step).
 
 The rest is inherited (patch/position embeddings, prefix tokens, final norm, every norm1/
-norm2); the head is new by default (`head='inherit'` for the same task). Output layout:
-stacked when every layer has the same head count, else the list layout.
+norm2); the head is inherited by default, as every method's (head='new' for another task,
+as the official code does). Output layout: stacked when every layer has the same head
+count, else the list layout.
 
 The registered method 'cluster' (`METHOD`) has source 'model': its `gene_from_model` takes
 the clusters (or precomputed distances to cluster) as options, since computing distances
@@ -90,7 +96,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 ALGORITHMS = ('density', 'kmeans')
 SCHEDULES = ('decrementing', 'incrementing')
 SCHEDULE_OMEGAS = {'decrementing': (2.0, 1.5, 1.0), 'incrementing': (1.0, 1.5, 2.0)}
-FFN_RULES = ('paper', 'none')
+FFN_RULES = ('paper', 'same_count', 'none')
+PHI_INITS = ('identity', 'official')
 
 # The official code's head-centroid lists (`shared_head_index` in train.py), priority order,
 # for the DeiT ImageNet checkpoints, and its hard-coded FFN groups (0-based layers).
@@ -290,6 +297,16 @@ def centroid_lists(clusters: Sequence[LayerClusters | Sequence[int]]) -> tuple[t
                  for c in clusters)
 
 
+def random_centroids(clusters: Sequence[LayerClusters | Sequence[int]], heads: int,
+                     seed: int) -> tuple[tuple[int, ...], ...]:
+    """The random-head control: per layer as many heads as `clusters` has centroids, drawn
+    uniformly without replacement from the layer's `heads` (numpy, `seed`), in the order
+    drawn; the centroid counts, and so the FFN groups and S-Params, are the clusters'."""
+    rng = np.random.default_rng(seed)
+    return tuple(tuple(int(h) for h in rng.choice(heads, size=len(c), replace=False))
+                 for c in centroid_lists(clusters))
+
+
 # ----------------------------------------------------------------------------------------
 # Head-count schedules and FFN groups.
 
@@ -329,19 +346,31 @@ def head_schedule(ancestor_heads: int, depth: int, *, heads: Sequence[int] | Non
     return tuple(counts)
 
 
-def ffn_groups(centroid_counts: Sequence[int], ffn: str | Sequence[Sequence[int]] = 'paper'
-               ) -> tuple[tuple[int, ...], ...]:
-    """FFN groups (layer tuples): 'paper' = maximal runs of ≥ 2 adjacent layers with the same
-    centroid count; 'none'; or explicit groups of adjacent layers (e.g. OFFICIAL_FFN_GROUPS)."""
+def ffn_groups(centroid_counts: Sequence[int], ffn: str | Sequence[Sequence[int]] = 'paper',
+               *, heads: int | None = None) -> tuple[tuple[int, ...], ...]:
+    """FFN groups (layer tuples) from the centroid count c_l of each layer.
+
+    'paper': maximal runs of ≥ 2 adjacent layers with the same c_l, among the layers whose
+    heads were clustered (c_l < `heads`, the ancestor's head count). This is the rule as the
+    authors' rebuttal states it: ε = 1 px (every head its own centroid) clusters no FFN,
+    ε = 100 px (one centroid per layer) clusters every run of adjacent layers.
+    'same_count': runs of equal c_l including unclustered layers (c_l = heads), so an
+    ancestor whose heads are all their own centroids groups every FFN. 'none': no groups.
+    Or explicit groups of adjacent layers (e.g. `OFFICIAL_FFN_GROUPS`, the official code's).
+    """
     n = len(centroid_counts)
     if isinstance(ffn, str):
         common.check_choice('ffn_groups', 'ffn', ffn, FFN_RULES)
         if ffn == 'none':
             return ()
+        if ffn == 'paper' and heads is None:
+            raise GeneError("ffn_groups(ffn='paper'): needs heads= (the ancestor's head count), "
+                            'since only layers with fewer centroids than heads are clustered')
+        clustered = [ffn == 'same_count' or c < heads for c in centroid_counts]
         groups, start = [], 0
         for l in range(1, n + 1):
             if l == n or centroid_counts[l] != centroid_counts[start]:
-                if l - start >= 2:
+                if l - start >= 2 and clustered[start]:
                     groups.append(tuple(range(start, l)))
                 start = l
         return tuple(groups)
@@ -412,7 +441,7 @@ def gene_from_model(params: Params, cfg: ViTConfig, *, clusters=None, distances=
                  else centroid_lists(clusters))
     _check_clusters(centroids, depth, heads)
     groups = ffn_groups([len(c) for c in centroids], ('none' if identity else 'paper')
-                        if ffn is None else ffn)
+                        if ffn is None else ffn, heads=heads)
     followers = {l for g in groups for l in g[1:]}
     gene = common.top_level(params)
     blocks = []
@@ -479,9 +508,26 @@ def gene_param_count(gene: Gene, *, include_head: bool = False) -> int:
 # ----------------------------------------------------------------------------------------
 # φ: the element-wise FFN expansion.
 
-def init_phi(key: jax.Array, k: int) -> Params:
-    """φ: R → R^k with PyTorch's default Linear init, as the official `transform_mlp(1, k)`:
-    fc1 (1 → k) kernel and bias U(−1, 1); fc2 (k → k) kernel and bias U(±1/√k)."""
+def init_phi(key: jax.Array | None, k: int, *, init: str = 'identity') -> Params:
+    """φ: R → R^k for a group of k ≥ 2 layers, φ(w) = W₂·ReLU(W₁w + b₁) + b₂.
+
+    init='identity' (the default; the paper does not fix φ's init): W₁ = (1, −1, 0, …),
+    b₁ = 0, every column of W₂ = (1, −1, 0, …), b₂ = 0, so every output is ReLU(w) −
+    ReLU(−w) = w: each layer of the group starts as the representative FFN, and training φ
+    lets them part. init='official': PyTorch's default Linear init, as the official
+    `transform_mlp(1, k)` (fc1 (1 → k) kernel and bias U(−1, 1); fc2 (k → k) U(±1/√k)),
+    whose outputs are about a·w + c with |a| ≪ 1: close to re-randomised FFNs. Needs a key.
+    """
+    common.check_choice('init_phi', 'init', init, PHI_INITS)
+    if k < 2:
+        raise GeneError(f'init_phi: an FFN group has at least 2 layers, got k={k}')
+    if init == 'identity':
+        pair = jnp.zeros((k,), jnp.float32).at[0].set(1.0).at[1].set(-1.0)
+        return {'fc1': {'kernel': pair, 'bias': jnp.zeros((k,), jnp.float32)},
+                'fc2': {'kernel': jnp.tile(pair[:, None], (1, k)),
+                        'bias': jnp.zeros((k,), jnp.float32)}}
+    if key is None:
+        raise GeneError("init_phi(init='official'): drawing φ needs a PRNG key (key=...)")
     k1, k2, k3, k4 = jax.random.split(key, 4)
     b = 1.0 / math.sqrt(k)
     u = functools.partial(jax.random.uniform, dtype=jnp.float32)
@@ -548,8 +594,8 @@ def _attention(attn: Params, h: int, official: bool, what: str) -> Params:
 
 
 def descendant_state(gene: Gene, target_cfg: ViTConfig, *, key: jax.Array | None = None,
-                     heads: Sequence[int] | None = None, head: str = 'new',
-                     embeddings: str | None = None) -> Params:
+                     heads: Sequence[int] | None = None, head: str = 'inherit',
+                     embeddings: str | None = None, phi: str = 'identity') -> Params:
     """A descendant as trainable state with its FFN expansions φ explicit:
     {'params': descendant params whose FFN-group layers have no 'mlp' (list layout),
     'ffn_groups': [{'mlp': the group's representative FFN, 'phi': φ}, ...]};
@@ -557,8 +603,10 @@ def descendant_state(gene: Gene, target_cfg: ViTConfig, *, key: jax.Array | None
 
     `heads`: the head count per layer (`head_schedule` makes one from ω); None gives every
     layer target_cfg.num_heads. A layer may not have more heads than target_cfg.num_heads
-    (the most its layout allows: `descendant_config`). `key` draws the head (head='new'), φ,
-    layers beyond the ancestor's depth and, with embeddings='random', the embeddings.
+    (the most its layout allows: `descendant_config`). `phi`: φ's init (`init_phi`:
+    'identity', function-preserving, or 'official'). `key` draws the head (head='new'), φ
+    (phi='official'), layers beyond the ancestor's depth and, with embeddings='random', the
+    embeddings.
     """
     what = 'cluster'
     blocks = _check_gene(gene)
@@ -585,16 +633,17 @@ def descendant_state(gene: Gene, target_cfg: ViTConfig, *, key: jax.Array | None
         want = jax.eval_shape(lambda h=counts[l]: vit.init_block(target_cfg, jax.random.key(0),
                                                                    num_heads=h))
         common.check_fits(built, want, what, target_cfg, prefix=f'blocks/{l}/', complete=True)
-    groups = [g for g in (tuple(i for i in g if i < depth) for g in gene_groups(gene)) if g]
-    if key is None and (depth > gene_depth or groups):
+    common.check_choice(what, 'phi', phi, PHI_INITS)
+    groups = [g for g in (tuple(i for i in g if i < depth) for g in gene_groups(gene)) if len(g) > 1]
+    if key is None and (depth > gene_depth or (groups and phi == 'official')):
         need = ('layers beyond the ancestor depth' if depth > gene_depth
-                else "the FFN groups' expansion φ")
+                else "the FFN groups' expansion φ (phi='official')")
         raise GeneError(f'{what}: {need} are drawn fresh and need a PRNG key (key=...)')
     k_top, k_phi, k_layers = jax.random.split(key, 3) if key is not None else (None,) * 3
     params = common.embeddings_and_heads(
         gene, target_cfg, head=head, embeddings=embeddings, what=what,
         fresh=None if key is None else (lambda: vit.init_embeddings(target_cfg, k_top)))
-    grouped = {l for g in groups for l in g}
+    grouped = {l for g in groups for l in g}     # a group cut to one layer keeps its FFN
     out_blocks = []
     for l in range(depth):
         if l >= gene_depth:
@@ -609,7 +658,8 @@ def descendant_state(gene: Gene, target_cfg: ViTConfig, *, key: jax.Array | None
     params['blocks'] = out_blocks
     return {'params': params,
             'ffn_groups': [{'mlp': blocks[g[0]]['mlp'],
-                            'phi': init_phi(jax.random.fold_in(k_phi, i), len(g))}
+                            'phi': init_phi(None if k_phi is None else jax.random.fold_in(k_phi, i),
+                                            len(g), init=phi)}
                            for i, g in enumerate(groups)]}
 
 
@@ -634,34 +684,22 @@ def materialize_descendant(state: Params) -> Params:
     return params
 
 
-def descend_gene(gene: Gene, target_cfg: ViTConfig, *, key: jax.Array | None = None,
-                 heads: Sequence[int] | None = None, head: str = 'new',
-                 embeddings: str | None = None) -> Params:
+def descend(gene: Gene, target_cfg: ViTConfig, *, key: jax.Array | None = None,
+            heads: Sequence[int] | None = None, head: str = 'inherit',
+            embeddings: str | None = None, phi: str = 'identity') -> Params:
     """The descendant's params: `materialize_descendant(descendant_state(...))` (see there
-    for the options). Jittable with `target_cfg` and the options static."""
+    for the options; `head_schedule` turns ω into `heads`). Jittable with `target_cfg` and
+    the options static. Under the defaults, the gene of an ancestor whose heads are all
+    their own centroids (ε = 0, or `gene_from_model` without clusters) at ω = 1 gives the
+    ancestor itself.
+
+    The official code's behaviour: `gene_from_model(..., official=True,
+    ffn=OFFICIAL_FFN_GROUPS[...])` (or ffn='same_count'), then phi='official', head='new'."""
     return materialize_descendant(descendant_state(gene, target_cfg, key=key, heads=heads,
-                                                   head=head, embeddings=embeddings))
-
-
-def descend(ancestor: Params, clusters, target_cfg: ViTConfig, *, ancestor_cfg: ViTConfig,
-            ffn=None, official: bool = False, key: jax.Array | None = None,
-            heads: Sequence[int] | None = None,
-            omega: float | str | Sequence[float] | None = None, head: str = 'new',
-            embeddings: str | None = None) -> Params:
-    """A descendant of `ancestor` (config `ancestor_cfg`) from its head `clusters`:
-    `descend_gene(gene_from_model(ancestor, ancestor_cfg, clusters=clusters, ffn=ffn,
-    official=official), target_cfg, ...)`, with the head counts `heads` or
-    `head_schedule(ancestor_cfg.num_heads, target_cfg.depth, omega=omega)`."""
-    gene = gene_from_model(ancestor, ancestor_cfg, clusters=clusters, ffn=ffn, official=official)
-    if omega is not None:
-        if heads is not None:
-            raise GeneError('cluster: give heads= or omega=, not both')
-        heads = head_schedule(ancestor_cfg.num_heads, target_cfg.depth, omega=omega,
-                              ancestor_depth=ancestor_cfg.depth)
-    return descend_gene(gene, target_cfg, key=key, heads=heads, head=head, embeddings=embeddings)
+                                                   head=head, embeddings=embeddings, phi=phi))
 
 
 METHOD = common.register(common.Method(
     name='cluster', label='Cluster-LG', source='model', gene_from_model=gene_from_model,
-    descend=descend_gene, gene_param_count=gene_param_count,
+    descend=descend, gene_param_count=gene_param_count,
     gene_parts=common.model_parts(blocks=('layers',))))

@@ -7,6 +7,7 @@ the checks read only shapes, so they run before anything is drawn and under `jax
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import Any, Callable, Mapping, Sequence
 
@@ -146,6 +147,21 @@ def forwards_options(to: Callable[..., Any]) -> Callable[[Callable], Callable]:
 # ----------------------------------------------------------------------------------------
 # The method record and the registry.
 
+def _checked_descend(descend: Callable[..., Params], name: str) -> Callable[..., Params]:
+    """`descend` whose output is checked against its target config (`vit.check_params`:
+    shapes only, so free at run time under `jax.jit`), naming the first mismatching leaf."""
+    cfg_arg = list(inspect.signature(descend).parameters)[1]   # after the gene
+
+    @functools.wraps(descend)
+    def checked(*args, **kwargs):
+        params = descend(*args, **kwargs)
+        vit.check_params(params, args[1] if len(args) > 1 else kwargs[cfg_arg],
+                         what=f'{name} descend output')
+        return params
+    checked._checks_output = True
+    return checked
+
+
 @dataclasses.dataclass(frozen=True)
 class Method:
     """One initialisation method, described by the same verbs as every other.
@@ -159,7 +175,8 @@ class Method:
         config `cfg`. 'none': no gene (it is None).
       descend: `descend(gene, target_cfg, *, key=None, **options) -> params`, the canonical
         stacked params of a descendant of shape `target_cfg`; jittable with the config and
-        options static; raises GeneError for impossible requests.
+        options static; raises GeneError for impossible requests. The record holds it
+        checked (`_checked_descend`): params that do not fit `target_cfg` are a ConfigError.
       gene_param_count: `gene_param_count(gene, *, include_head=False) -> int`, the parameters
         the method stores (S-Params): the gene's leaves that `descend` reads.
       gene_per_target: without a source model, one gene per distinct target shape is stored
@@ -180,6 +197,8 @@ class Method:
                                                               compare=False)
 
     def __post_init__(self):
+        if not getattr(self.descend, '_checks_output', False):
+            object.__setattr__(self, 'descend', _checked_descend(self.descend, self.name))
         if self.source not in SOURCES:
             raise GeneError(f'method {self.name!r}: source={self.source!r}; expected one of {SOURCES}')
         need = {'learned': ('init_gene', 'materialize'), 'model': ('gene_from_model',),

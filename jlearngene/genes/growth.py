@@ -25,10 +25,12 @@ and/or deeper), as pure functions on canonical stacked trees.
   width by matrices A = [I; C] (the old units kept, new units learned combinations of old
   ones), applied to every growing axis (W2 = A_in·W·A_outᵀ in x·W layout). One residual
   expansion is shared by the patch/position embeddings, class/distillation tokens, all
-  LayerNorms, the fan-in of q/k/v/fc1/head and the fan-out of out/fc2; per target layer
-  q, k, v have their own expansions of the attention width (v's also expands out's fan-in)
-  and the MLP hidden its own (fc1 fan-out = fc2 fan-in). The operator is trained (~100
-  steps, the small model frozen) on the large model's loss; see experiments/mango.
+  LayerNorms, the fan-in of q/k/v/fc1 and the fan-out of out/fc2; the head's input has its
+  own expansion (LiGO learns the classifier's width expansion apart from the residual one),
+  initialised equal to the residual one; per target layer q, k, v have their own expansions
+  of the attention width (v's also expands out's fan-in) and the MLP hidden its own (fc1
+  fan-out = fc2 fan-in). The operator is trained (~100 steps, the small model frozen) on the
+  large model's loss; see experiments/mango.
 
 Function preservation with LayerNorm: the residual stream is normalised over all D2 units,
 so its mean and variance are kept only when every source unit is replicated equally often.
@@ -338,12 +340,16 @@ def _ligo_sizes(small: Params, want: Params) -> dict[str, tuple[int, int]]:
 
 
 def _ligo_operator_shapes(small: Params, want: Params) -> Params:
+    """The operator's shapes; 'head' (the head input's expansion) only for a model with a
+    head."""
     n = _ligo_sizes(small, want)
     (l1, l2), sds = n['layers'], jax.ShapeDtypeStruct
     width = {'embed': sds((n['embed'][1] - n['embed'][0], n['embed'][0]), jnp.float32)}
     for name in ('q', 'k', 'v'):
         width[name] = sds((l2, n['attn'][1] - n['attn'][0], n['attn'][0]), jnp.float32)
     width['mlp'] = sds((l2, n['mlp'][1] - n['mlp'][0], n['mlp'][0]), jnp.float32)
+    if 'head' in small:
+        width['head'] = width['embed']
     depth = jax.tree.map(lambda _: sds((l2, l1), jnp.float32), small['blocks'])
     return {'width': width, 'depth': depth}
 
@@ -353,11 +359,15 @@ def ligo_init_operator(small_cfg: ViTConfig, large_cfg: ViTConfig, key: jax.Arra
                        depth_noise: float = 0.03) -> Params:
     """A LiGO operator from `small_cfg` to `large_cfg`, initialised as the official code:
 
-    {'width': {'embed': C (D2−D1, D1), 'q'|'k'|'v': (L2, A2−A1, A1), 'mlp': (L2, M2−M1, M1)},
+    {'width': {'embed': C (D2−D1, D1), 'head': (D2−D1, D1), 'q'|'k'|'v': (L2, A2−A1, A1),
+               'mlp': (L2, M2−M1, M1)},
      'depth': <block tree of (L2, L1) coefficients>}
 
     width_init 'rand' (official default): each row of C is U(0, 1) normalised to sum 1 (not
     function-preserving); 'sel': a random one-hot row (copy a source unit, no division).
+    'head' (the head input's own expansion; absent without a head) starts equal to 'embed',
+    so at init the head reads the residual stream's new units as they are made, and the
+    other matrices are drawn as without it.
     depth_init 'stackbert_noisy' (official): row l2 = normalise(onehot(l2 mod L1) +
     U(0, depth_noise)); 'stackbert': the one-hot rows.
     """
@@ -366,6 +376,7 @@ def ligo_init_operator(small_cfg: ViTConfig, large_cfg: ViTConfig, key: jax.Arra
     small = common.target_shapes(small_cfg)
     want = check_growth(small, large_cfg, 'ligo')
     shapes = _ligo_operator_shapes(small, want)
+    head = shapes['width'].pop('head', None)    # drawn as 'embed' is, below
     l2, l1 = large_cfg.depth, small_cfg.depth
     leaves, treedef = jax.tree.flatten(shapes)
     keys = jax.random.split(key, len(leaves))
@@ -385,8 +396,10 @@ def ligo_init_operator(small_cfg: ViTConfig, large_cfg: ViTConfig, key: jax.Arra
         return w / w.sum(-1, keepdims=True)
 
     out = jax.tree.unflatten(treedef, list(keys))
-    return {'width': {k: width(out['width'][k], shapes['width'][k].shape) for k in shapes['width']},
-            'depth': jax.tree.map(depth, out['depth'])}
+    widths = {k: width(out['width'][k], shapes['width'][k].shape) for k in shapes['width']}
+    if head is not None:     # its own buffer: a trained leaf apart from 'embed'
+        widths['head'] = jnp.array(widths['embed'], copy=True)
+    return {'width': widths, 'depth': jax.tree.map(depth, out['depth'])}
 
 
 def _expansion(c: jax.Array) -> jax.Array:
@@ -415,9 +428,10 @@ def _ligo_leaf(x, path: str, target_shape, expansions: Mapping[str, jax.Array]):
         x = x.reshape(x.shape[:h] + (-1,) + x.shape[h + 2:])
         names[h:h + 2] = ['attn']
     key = path[len('blocks/'):] if path.startswith('blocks/') else path
+    embed = expansions['head'] if key.startswith(('head/', 'head_dist/')) else expansions['embed']
     for dim, name in enumerate(names):
         if name == 'embed':
-            x = _expand_axis(x, dim, expansions['embed'])
+            x = _expand_axis(x, dim, embed)
         elif name == 'attn':
             x = _expand_axis(x, dim, expansions[_LIGO_ATTN[key]])
         elif name == 'mlp':
@@ -428,7 +442,8 @@ def _ligo_leaf(x, path: str, target_shape, expansions: Mapping[str, jax.Array]):
 def ligo_grow(operator: Params, small: Params, large_cfg: ViTConfig) -> Params:
     """The large model's params from the small model's by the LiGO operator: each block leaf
     mixed over source layers by its own coefficients, then every growing axis expanded by
-    its tied [I; C] matrix (see the module docstring). Jittable with `large_cfg` static."""
+    its tied [I; C] matrix (see the module docstring; the head's input by the operator's
+    'head' matrix). Jittable with `large_cfg` static."""
     small = common.stacked(small, 'ligo_grow')
     want = check_growth(small, large_cfg, 'ligo_grow')
     common.check_fits(operator, _ligo_operator_shapes(small, want), 'ligo_grow', large_cfg,
@@ -508,6 +523,15 @@ def operator_gene_param_count(gene: Params, *, include_head: bool = False) -> in
     return common.count(gene['small'], include_head=include_head) + common.count(gene['operator'])
 
 
+def ligo_gene_param_count(gene: Params, *, include_head: bool = False) -> int:
+    """LiGO's S-Params: `operator_gene_param_count`, less the head input's own expansion
+    without `include_head` (descend reads it only with head='inherit')."""
+    total = operator_gene_param_count(gene, include_head=include_head)
+    if not include_head:
+        total -= common.count(gene['operator']['width'].get('head'))
+    return total
+
+
 _SMALL_COUNT = functools.partial(common.count, include_head=False)
 # The gene of Net2Net, StackBERT and bert2BERT is the small model; LiGO's and Mango's add the
 # learned operator.
@@ -527,5 +551,5 @@ BERT2BERT = common.register(common.Method(
     gene_parts=SMALL_PARTS))
 LIGO = common.register(common.Method(
     name='ligo', label='LiGO', source='model', gene_from_model=ligo_gene,
-    descend=descend_ligo, gene_param_count=operator_gene_param_count,
+    descend=descend_ligo, gene_param_count=ligo_gene_param_count,
     gene_parts=OPERATOR_PARTS))

@@ -35,7 +35,7 @@ Stage 1: `materialize(gene, None, aux_cfg)` gives the Aux-Net's canonical params
 through it trains the learngene, width matrices, depth coefficients and position embedding
 (weight decay on the matrices only: `DECAY`). Stage 2: `descend(gene, target_cfg, ...)`
 selects rows (`SELECTIONS`) and layers for any D_s ≤ D_d ≤ D_a in whole heads and any depth.
-`from_official` / `to_official` read and write the official Aux-Net state dict.
+`jlearngene.interop.lets` reads and writes the official Aux-Net state dict.
 
 `METHOD` is the registry's 'letra' entry; its S-Params exclude the head (learngene head and
 C) by default.
@@ -44,14 +44,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jlearngene import compiler, pytree
+from jlearngene import pytree
 from jlearngene.genes import common
 from jlearngene.genes.common import GeneError
 from jlearngene.models import vit
@@ -63,7 +62,7 @@ Gene = dict[str, Any]
 # Modules with depth coefficients (official order), and the block leaves each one covers:
 # leaf path -> (module, 'weight' | 'bias').
 MODULES = ('norm1', 'q', 'k', 'v', 'out', 'norm2', 'fc1', 'fc2')
-_LEAF_MODULE = {
+LEAF_MODULES = {
     'norm1/scale': ('norm1', 'weight'), 'norm1/bias': ('norm1', 'bias'),
     'attn/q/kernel': ('q', 'weight'), 'attn/q/bias': ('q', 'bias'),
     'attn/k/kernel': ('k', 'weight'), 'attn/k/bias': ('k', 'bias'),
@@ -75,6 +74,8 @@ _LEAF_MODULE = {
 }
 WIDTH_KEYS = ('embed', 'head', 'q', 'k', 'v', 'mlp')
 SELECTIONS = ('continuous', 'step', 'random', 'random_wo', 'rank')
+# A descendant's head: the contract's two, and the official code's for fewer classes.
+HEADS = common.HEADS + ('truncate',)
 STEP_RULES = ('authors', 'spread')
 RANK_NORMS = ('l2', 'l1')
 RANK_ORDERS = ('largest', 'smallest')
@@ -219,7 +220,7 @@ def _pair_coefficients(key, n_sets):
     return jnp.concatenate([jnp.ones_like(u), u], axis=1) / (1.0 + u)
 
 
-def _init_gene(cfg: ViTConfig, key: jax.Array, *, learngene_heads: int | None = None,
+def init_gene(cfg: ViTConfig, key: jax.Array, *, learngene_heads: int | None = None,
               learngene_depth: int | None = None, learngene_width: int | None = None,
               learngene_mlp_dim: int | None = None) -> Gene:
     """A fresh gene for an Aux-Net of config `cfg`, initialised as the official code: the
@@ -229,7 +230,8 @@ def _init_gene(cfg: ViTConfig, key: jax.Array, *, learngene_heads: int | None = 
     pair); the Aux-Net's position embedding trunc-normal(0.02).
 
     The learngene's sizes are those of `learngene_config` (default: half the heads, width,
-    MLP and depth of the Aux-Net, the official ratio).
+    MLP and depth of the Aux-Net, the official ratio). Runs eagerly (the learngene as one
+    `vit.init` program); jittable with `cfg` and the learngene sizes static.
     """
     _check_supported(cfg, 'letra.init_gene')
     small = learngene_config(cfg, heads=learngene_heads, depth=learngene_depth,
@@ -247,17 +249,11 @@ def _init_gene(cfg: ViTConfig, key: jax.Array, *, learngene_heads: int | None = 
     n_sets = cfg.depth // 2
     leaves = pytree.flatten(learngene['blocks'])
     depth: dict[str, dict[str, jax.Array]] = {}
-    for i, (path, (module, kind)) in enumerate(_LEAF_MODULE.items()):
+    for i, (path, (module, kind)) in enumerate(LEAF_MODULES.items()):
         if path in leaves:
             depth.setdefault(module, {})[kind] = _pair_coefficients(jax.random.fold_in(k_d, i), n_sets)
     pos = vit.init_embeddings(cfg, k_pos)['pos_embed']
     return {'learngene': learngene, 'width': width, 'depth': depth, 'pos_embed': pos}
-
-
-init_gene = compiler.run_once_jit(
-    _init_gene, lambda cfg, key, **_: vit.block_elements(cfg),
-    static_argnames=('cfg', 'learngene_heads', 'learngene_depth', 'learngene_width',
-                     'learngene_mlp_dim'))
 
 
 # ----------------------------------------------------------------------------------------
@@ -356,7 +352,7 @@ def _combine(wide: Params, coefficients: Mapping[str, Mapping[str, jax.Array]],
     columns = 2 * pairs
 
     def leaf(path, x):
-        module, kind = _LEAF_MODULE[pytree.path_str(path)]
+        module, kind = LEAF_MODULES[pytree.path_str(path)]
         g = coefficients[module][kind][sets].astype(x.dtype)            # (L_d, 2)
         mix = (g[:, :1] * jax.nn.one_hot(columns, n_layers, dtype=x.dtype)
                + g[:, 1:] * jax.nn.one_hot(columns + 1, n_layers, dtype=x.dtype))
@@ -562,6 +558,8 @@ def _build(gene: Gene, cfg: ViTConfig, rows: Mapping[str, Any], pairs: np.ndarra
     if 'head' in lg:
         top['head'] = {'kernel': _grow(lg['head']['kernel'], f.get('head'), 0),
                        'bias': lg['head']['bias']}
+    if head == 'truncate':
+        top, head = _truncated_head(top, cfg, what), 'inherit'
     want = common.target_shapes(cfg)
 
     def fresh() -> Params:
@@ -574,6 +572,21 @@ def _build(gene: Gene, cfg: ViTConfig, rows: Mapping[str, Any], pairs: np.ndarra
     params['blocks'] = blocks
     pytree.assert_same_structure(want, params, f'{what}: target params and built params')
     return params
+
+
+def _truncated_head(top: Params, cfg: ViTConfig, what: str) -> Params:
+    """`top` with its head cut to the first `cfg.num_classes` classes (kernel columns, bias
+    entries): the official code's descendant head for non-ImageNet data."""
+    if not cfg.num_classes:
+        return top
+    if 'head' not in top:
+        raise GeneError(f"{what}(head='truncate'): the gene has no head; use head='new'")
+    have = int(np.shape(top['head']['bias'])[0])
+    if have < cfg.num_classes:
+        raise GeneError(f"{what}(head='truncate'): the gene's head has {have} classes, fewer than "
+                        f"the target's num_classes={cfg.num_classes}; use head='new'")
+    n = cfg.num_classes
+    return {**top, 'head': {'kernel': top['head']['kernel'][..., :n], 'bias': top['head']['bias'][:n]}}
 
 
 def _all_rows(gene: Gene) -> dict[str, np.ndarray]:
@@ -620,10 +633,14 @@ def descend(gene: Gene, target_cfg: ViTConfig, *, selection: str = 'continuous',
     the descendant is the Aux-Net, bit for bit. Widths below the learngene's are refused.
 
     `head='inherit'` widens the learngene head by C's rows (same class count; bias as is);
-    'new' draws one (needs `key`). `embeddings` None or 'inherit' widens the learngene's
-    patch embedding and final norm and selects position-embedding channels; 'random' draws
-    them (needs `key`). Jittable with `target_cfg` and every option but `key` static.
+    'truncate' keeps the first `target_cfg.num_classes` classes of that head (kernel columns
+    and bias; the official code's head for non-ImageNet data, e.g. CIFAR-100 takes ImageNet
+    classes 0–99); 'new' draws one (needs `key`). `embeddings` None or 'inherit' widens the
+    learngene's patch embedding and final norm and selects position-embedding channels;
+    'random' draws them (needs `key`). Jittable with `target_cfg` and every option but `key`
+    static.
     """
+    common.check_choice('letra.descend', 'head', head, HEADS)
     s = sizes(gene)
     request = _request(s, target_cfg, 'letra.descend')
     pairs, sets = depth_map(s, target_cfg.depth, layers, coefficient_layers)
@@ -637,155 +654,12 @@ def descend(gene: Gene, target_cfg: ViTConfig, *, selection: str = 'continuous',
 def gene_param_count(gene: Gene, *, include_head: bool = True) -> int:
     """Parameters stored in the gene (S-Params): learngene, width matrices, depth
     coefficients and position embedding; the head (learngene head and C) only with
-    `include_head`, as `descend` reads it only with head='inherit'."""
+    `include_head`, as `descend` reads it only with head='inherit' or 'truncate'."""
     check_gene(gene)
     total = common.count(gene)
     if not include_head:
         total -= common.count(gene['learngene'].get('head')) + common.count(gene['width'].get('head'))
     return total
-
-
-# ----------------------------------------------------------------------------------------
-# The official Aux-Net state dict (eddiexia98/LeTs `lets.py`).
-
-_OFFICIAL_MODULE = {'norm1': 'norm1', 'q': 'attn.q', 'k': 'attn.k', 'v': 'attn.v',
-                    'out': 'attn.proj', 'norm2': 'norm2', 'fc1': 'mlp.fc1', 'fc2': 'mlp.fc2'}
-_OFFICIAL_WIDTH = {'q': 'trans_width_q', 'k': 'trans_width_k', 'v': 'trans_width_v',
-                   'mlp': 'trans_width_ffn'}
-_OFFICIAL_BLOCK = {'norm1/scale': 'norm1_weight', 'norm1/bias': 'norm1_bias',
-                   'attn/q/kernel': 'attn_q_weight', 'attn/q/bias': 'attn_q_bias',
-                   'attn/k/kernel': 'attn_k_weight', 'attn/k/bias': 'attn_k_bias',
-                   'attn/v/kernel': 'attn_v_weight', 'attn/v/bias': 'attn_v_bias',
-                   'attn/out/kernel': 'attn_proj_weight', 'attn/out/bias': 'attn_proj_bias',
-                   'norm2/scale': 'norm2_weight', 'norm2/bias': 'norm2_bias',
-                   'mlp/fc1/kernel': 'mlp_fc1_weight', 'mlp/fc1/bias': 'mlp_fc1_bias',
-                   'mlp/fc2/kernel': 'mlp_fc2_weight', 'mlp/fc2/bias': 'mlp_fc2_bias'}
-_OFFICIAL_TOP = {'patch_embed/kernel': '__sm_patch_embed_proj_weight',
-                 'patch_embed/bias': '__sm_patch_embed_proj_bias',
-                 'norm/scale': '__sm_fc_norm_weight', 'norm/bias': '__sm_fc_norm_bias',
-                 'head/kernel': '__sm_head_weight', 'head/bias': '__sm_head_bias'}
-
-
-def _from_torch(path: str, w: np.ndarray, head_dim: int) -> np.ndarray:
-    """A torch tensor (out, in) as the canonical leaf at `path`."""
-    if path == 'patch_embed/kernel':
-        return w.transpose(2, 3, 1, 0)                       # (D, C, p, p) -> (p, p, C, D)
-    if path.endswith(('q/kernel', 'k/kernel', 'v/kernel')):
-        return w.T.reshape(w.shape[1], -1, head_dim)
-    if path.endswith(('q/bias', 'k/bias', 'v/bias')):
-        return w.reshape(-1, head_dim)
-    if path.endswith('out/kernel'):
-        return w.T.reshape(-1, head_dim, w.shape[0])
-    return w.T if path.endswith('kernel') else w
-
-
-def _to_torch(path: str, x: np.ndarray) -> np.ndarray:
-    """The inverse of `_from_torch`."""
-    if path == 'patch_embed/kernel':
-        return x.transpose(3, 2, 0, 1)
-    if path.endswith(('q/kernel', 'k/kernel', 'v/kernel')):
-        return x.reshape(x.shape[0], -1).T
-    if path.endswith(('q/bias', 'k/bias', 'v/bias')):
-        return x.reshape(-1)
-    if path.endswith('out/kernel'):
-        return x.reshape(-1, x.shape[-1]).T
-    return x.T if path.endswith('kernel') else x
-
-
-def from_official(state_dict: Mapping[str, Any], *, head_dim: int = 64) -> Gene:
-    """A gene from the official Aux-Net's state dict (the names `lets.py` registers, numpy
-    arrays or anything `np.asarray` reads): `__sm_*` learngene tensors, `*.trans_width_*`
-    matrices, `blocks.{2o}.*.trans_depth_weight.trans_{weight,bias}` coefficient sets and
-    `pos_embed`. `head_dim` (official 64) splits q/k/v into heads, which the state dict does
-    not record. Unknown or missing names are a GeneError."""
-    sd = {k: np.asarray(v) for k, v in state_dict.items()}
-    used: set[str] = set()
-
-    def take(name):
-        if name not in sd:
-            raise GeneError(f'letra.from_official: the state dict has no {name!r}')
-        used.add(name)
-        return sd[name]
-
-    n_layers = len({int(m.group(1)) for k in sd for m in [re.match(r'__sm_(\d+)_', k)] if m})
-    learngene: Params = {}
-    for path, name in _OFFICIAL_TOP.items():
-        if name in sd or not path.startswith('head/'):      # the head is optional
-            _set_path(learngene, path, _from_torch(path, take(name), head_dim))
-    per_layer = [{} for _ in range(n_layers)]
-    for l in range(n_layers):
-        for path, name in _OFFICIAL_BLOCK.items():
-            key = f'__sm_{l}_{name}'
-            optional = path in ('attn/q/bias', 'attn/k/bias', 'attn/v/bias')   # qkv_bias=False
-            if key in sd or not optional:
-                _set_path(per_layer[l], path, _from_torch(path, take(key), head_dim))
-    learngene['blocks'] = jax.tree.map(lambda *xs: np.stack(xs), *per_layer)
-    width: Params = {}
-    if 'patch_embed.trans_width_emb.trans_weight' in sd:
-        width['embed'] = take('patch_embed.trans_width_emb.trans_weight')
-    if 'trans_width_cls.trans_weight' in sd:
-        width['head'] = take('trans_width_cls.trans_weight')
-    for n, name in _OFFICIAL_WIDTH.items():
-        if f'blocks.0.{name}.trans_weight' in sd:
-            width[n] = np.stack([take(f'blocks.{j}.{name}.trans_weight') for j in range(n_layers)])
-    owners = sorted({int(m.group(1)) for k in sd
-                     for m in [re.match(r'blocks\.(\d+)\.norm1\.trans_depth_weight\.', k)] if m})
-    if owners != list(range(0, 2 * len(owners), 2)):
-        raise GeneError(f'letra.from_official: coefficient sets at Aux layers {owners}; expected '
-                        'every even layer 0, 2, ... (layers 2k and 2k+1 share one)')
-    depth: Params = {}
-    for module, name in _OFFICIAL_MODULE.items():
-        for kind in ('weight', 'bias'):
-            keys = [f'blocks.{o}.{name}.trans_depth_weight.trans_{kind}' for o in owners]
-            if keys[0] in sd:
-                depth.setdefault(module, {})[kind] = np.stack([take(k) for k in keys])
-    gene = {'learngene': learngene, 'width': width, 'depth': depth,
-            'pos_embed': take('pos_embed')}
-    unknown = sorted(set(sd) - used)
-    if unknown:
-        raise GeneError(f'letra.from_official: {len(unknown)} unknown name(s), e.g. {unknown[:3]}')
-    sizes(gene)
-    return gene
-
-
-def _set_path(tree: dict, path: str, value: Any) -> None:
-    """tree[a][b]... = value for path 'a/b/...' (creating the dicts on the way)."""
-    *heads, last = path.split('/')
-    for h in heads:
-        tree = tree.setdefault(h, {})
-    tree[last] = value
-
-
-def to_official(gene: Gene) -> dict[str, np.ndarray]:
-    """The official Aux-Net state dict of a gene (numpy arrays in torch layouts; the inverse of
-    `from_official`, bit for bit)."""
-    s = sizes(gene)
-    lg = gene['learngene']
-    if 'cls_token' in lg:
-        raise GeneError('letra.to_official: the official learngene has no class token')
-    flat = {k: np.asarray(v) for k, v in pytree.flatten(jax.device_get(lg)).items()}
-    sd: dict[str, np.ndarray] = {}
-    for path, name in _OFFICIAL_TOP.items():
-        if path in flat:
-            sd[name] = np.ascontiguousarray(_to_torch(path, flat[path]))
-    for l in range(s.depth):
-        for path, name in _OFFICIAL_BLOCK.items():
-            if f'blocks/{path}' in flat:
-                sd[f'__sm_{l}_{name}'] = np.ascontiguousarray(_to_torch(path, flat[f'blocks/{path}'][l]))
-    w = {k: np.asarray(v) for k, v in jax.device_get(gene['width']).items()}
-    if 'embed' in w:
-        sd['patch_embed.trans_width_emb.trans_weight'] = w['embed']
-    if 'head' in w:
-        sd['trans_width_cls.trans_weight'] = w['head']
-    for n, name in _OFFICIAL_WIDTH.items():
-        for j in range(s.depth if n in w else 0):
-            sd[f'blocks.{j}.{name}.trans_weight'] = w[n][j]
-    for module, coefs in jax.device_get(gene['depth']).items():
-        for kind, c in coefs.items():
-            for o in range(s.sets):
-                sd[f'blocks.{2 * o}.{_OFFICIAL_MODULE[module]}.trans_depth_weight.trans_{kind}'] = np.asarray(c)[o]
-    sd['pos_embed'] = np.asarray(gene['pos_embed'])
-    return sd
 
 
 # The gene's parts (`common.Part`); a width matrix without new rows is absent.

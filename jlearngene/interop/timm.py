@@ -50,8 +50,9 @@ Numerical conventions (what makes jlearngene's logits equal timm's):
     the original ViT/AugReg weights (mean = std = 0.5).
   * Eval mode: DeiT distilled logits are the mean of the class and distillation heads.
 
-Files: `load_state_dict` reads `.safetensors` and `.npz` with numpy only, and `.pth`/`.pt`/
-`.bin` through torch when the optional extra is installed (`pip install -e ".[timm]"`);
+Files: `load_state_dict` reads `.safetensors` (through `safetensors.safe_open`) and `.npz`
+into numpy, and `.pth`/`.pt`/`.bin` through torch when the optional extra is installed
+(`pip install -e ".[timm]"`);
 `save_safetensors` writes a file that `safetensors.torch.load_file` and timm read back.
 A file that cannot be read as its format (empty, truncated, random bytes, another format
 under the suffix, a valid file that holds no arrays) is a `StateDictError` naming the file
@@ -59,7 +60,6 @@ and the reason; files are only ever opened for reading.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -181,6 +181,60 @@ def _check_timm_representable(cfg: ViTConfig) -> None:
     if cfg.distill_token and (cfg.pool != 'cls' or not cfg.class_token):
         raise ConfigError(f"timm's VisionTransformerDistilled pools the class token; this config has "
                           f'pool={cfg.pool!r}, class_token={cfg.class_token}')
+
+
+# ----------------------------------------------------------------------------------------
+# Torch names and layouts of canonical leaves: timm's, and those of the official checkpoints
+# of methods built on timm (`interop.lets`).
+
+# Canonical module -> timm module. timm fuses q, k and v into `attn.qkv` (`from_timm` /
+# `to_timm` split and join them); codes that keep them apart (LeTs) name them as here.
+MODULES = {'patch_embed': 'patch_embed.proj', 'norm': 'norm', 'head': 'head',
+           'head_dist': 'head_dist', 'norm1': 'norm1', 'attn/q': 'attn.q', 'attn/k': 'attn.k',
+           'attn/v': 'attn.v', 'attn/out': 'attn.proj', 'ls1': 'ls1', 'norm2': 'norm2',
+           'mlp/fc1': 'mlp.fc1', 'mlp/fc2': 'mlp.fc2', 'ls2': 'ls2'}
+_TENSORS = {'kernel': 'weight', 'scale': 'weight', 'bias': 'bias'}
+
+
+def torch_name(path: str, *, norm: str = 'norm') -> str:
+    """timm's name of the canonical leaf `path`: a block leaf without its layer index
+    ('attn/out/kernel' -> 'attn.proj.weight', 'ls1/scale' -> 'ls1.gamma') or a top-level one
+    ('patch_embed/kernel' -> 'patch_embed.proj.weight'); `norm` is the final norm's module
+    ('fc_norm' after average pooling, `final_norm_key`)."""
+    module, tensor = path.rsplit('/', 1)
+    if module not in MODULES or tensor not in _TENSORS:
+        raise StateDictError(f'{path!r} is not a canonical ViT leaf that timm names')
+    name = norm if module == 'norm' else MODULES[module]
+    return f"{name}.{'gamma' if module in ('ls1', 'ls2') else _TENSORS[tensor]}"
+
+
+def to_torch(path: str, x: np.ndarray) -> np.ndarray:
+    """The canonical leaf `path` (no layers axis) in torch's layout: linear kernels (in, out)
+    as (out, in), with the heads of q/k/v (D, H, Dh) and out (H, Dh, D) flattened; the patch
+    kernel HWIO as OIHW; q/k/v biases (H, Dh) flat."""
+    if path == 'patch_embed/kernel':
+        return x.transpose(3, 2, 0, 1)
+    if path.endswith(('q/kernel', 'k/kernel', 'v/kernel')):
+        return x.reshape(x.shape[0], -1).T
+    if path.endswith(('q/bias', 'k/bias', 'v/bias')):
+        return x.reshape(-1)
+    if path.endswith('out/kernel'):
+        return x.reshape(-1, x.shape[-1]).T
+    return x.T if path.endswith('kernel') else x
+
+
+def from_torch(path: str, w: np.ndarray, head_dim: int) -> np.ndarray:
+    """The inverse of `to_torch`: the torch tensor `w` as the canonical leaf `path`, q/k/v
+    and out split into heads of `head_dim`."""
+    if path == 'patch_embed/kernel':
+        return w.transpose(2, 3, 1, 0)
+    if path.endswith(('q/kernel', 'k/kernel', 'v/kernel')):
+        return w.T.reshape(w.shape[1], -1, head_dim)
+    if path.endswith(('q/bias', 'k/bias', 'v/bias')):
+        return w.reshape(-1, head_dim)
+    if path.endswith('out/kernel'):
+        return w.T.reshape(-1, head_dim, w.shape[0])
+    return w.T if path.endswith('kernel') else w
 
 
 # ----------------------------------------------------------------------------------------
@@ -375,45 +429,35 @@ def _is_vit_key(k: str) -> bool:
 def _canonical(sd: StateDict, cfg: ViTConfig) -> dict:
     """Pure numpy conversion of a checked state dict (float32 output)."""
     f32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
-    d, h, dh = cfg.width, cfg.num_heads, cfg.head_dim
-    params: dict[str, Any] = {
-        'patch_embed': {'kernel': f32(sd['patch_embed.proj.weight']).transpose(2, 3, 1, 0),
-                        'bias': f32(sd['patch_embed.proj.bias'])},
-    }
+    d, dh, norm = cfg.width, cfg.head_dim, _final_norm_key(cfg)
+    want = jax.eval_shape(lambda: vit.init(cfg.replace(depth=1), jax.random.key(0)))
+    top = {path: from_torch(path, f32(sd[torch_name(path, norm=norm)]), dh)
+           for path in pytree.flatten({k: want[k] for k in MODULES if k in want})}
     pos = f32(sd['pos_embed'])
     if not has_embed_class(sd, cfg):
         pos = np.concatenate([np.zeros((1, cfg.num_prefix_tokens, d), np.float32), pos], axis=1)
-    params['pos_embed'] = pos
+    top['pos_embed'] = pos
     for name in ('cls_token', 'dist_token'):
         if name in sd:
-            params[name] = f32(sd[name])
+            top[name] = f32(sd[name])
+    block_leaves = list(pytree.flatten(want['blocks']))
 
     def block(i: int) -> dict:
         g = lambda k: f32(sd[f'blocks.{i}.{k}'])  # noqa: E731
-        qkv_w = g('attn.qkv.weight')
-        attn = {}
-        for s, name in enumerate('qkv'):
-            attn[name] = {'kernel': qkv_w[s * d:(s + 1) * d].T.reshape(d, h, dh)}
-            if cfg.qkv_bias:
-                attn[name]['bias'] = g('attn.qkv.bias')[s * d:(s + 1) * d].reshape(h, dh)
-        attn['out'] = {'kernel': g('attn.proj.weight').T.reshape(h, dh, d), 'bias': g('attn.proj.bias')}
-        b = {'norm1': {'scale': g('norm1.weight'), 'bias': g('norm1.bias')},
-             'attn': attn,
-             'norm2': {'scale': g('norm2.weight'), 'bias': g('norm2.bias')},
-             'mlp': {'fc1': {'kernel': g('mlp.fc1.weight').T, 'bias': g('mlp.fc1.bias')},
-                     'fc2': {'kernel': g('mlp.fc2.weight').T, 'bias': g('mlp.fc2.bias')}}}
-        if cfg.layer_scale:
-            b['ls1'] = {'scale': g('ls1.gamma')}
-            b['ls2'] = {'scale': g('ls2.gamma')}
-        return b
+        out = {}
+        for path in block_leaves:
+            module, tensor = path.rsplit('/', 1)
+            if module in ('attn/q', 'attn/k', 'attn/v'):     # rows [q; k; v] of attn.qkv
+                s = 'qkv'.index(module[-1])
+                w = g(f"attn.qkv.{_TENSORS[tensor]}")[s * d:(s + 1) * d]
+            else:
+                w = g(torch_name(path))
+            out[path] = from_torch(path, w, dh)
+        return pytree.unflatten(out)
 
+    params = pytree.unflatten(top)
     blocks = [block(i) for i in range(cfg.depth)]
     params['blocks'] = jax.tree.map(lambda *xs: np.ascontiguousarray(np.stack(xs)), *blocks)
-    norm = _final_norm_key(cfg)
-    params['norm'] = {'scale': f32(sd[norm + '.weight']), 'bias': f32(sd[norm + '.bias'])}
-    for name in ('head', 'head_dist'):
-        if name + '.weight' in sd:
-            params[name] = {'kernel': f32(sd[name + '.weight']).T, 'bias': f32(sd[name + '.bias'])}
     return jax.tree.map(np.ascontiguousarray, params)
 
 
@@ -470,7 +514,6 @@ def to_timm(params: Any, cfg: ViTConfig, *, no_embed_class: bool = False,
     params = stacked_for_export(params, "timm's VisionTransformer")
     check_params(params, cfg)
     p = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), params)
-    d = cfg.width
     out: dict[str, np.ndarray] = {}
     if cfg.class_token:
         out['cls_token'] = p['cls_token']
@@ -484,38 +527,23 @@ def to_timm(params: Any, cfg: ViTConfig, *, no_embed_class: bool = False,
     out['pos_embed'] = pos
     if cfg.distill_token:
         out['dist_token'] = p['dist_token']
-    out['patch_embed.proj.weight'] = p['patch_embed']['kernel'].transpose(3, 2, 0, 1)
-    out['patch_embed.proj.bias'] = p['patch_embed']['bias']
-    bl = p['blocks']
+    norm = _final_norm_key(cfg)
+    for path, x in pytree.flatten({k: p[k] for k in MODULES if k in p}).items():
+        out[torch_name(path, norm=norm)] = to_torch(path, x)
+    blocks = pytree.flatten(p['blocks'])
     for i in range(cfg.depth):
         b = f'blocks.{i}.'
-        a = bl['attn']
-        out[b + 'norm1.weight'] = bl['norm1']['scale'][i]
-        out[b + 'norm1.bias'] = bl['norm1']['bias'][i]
+        for path, x in blocks.items():
+            if not path.startswith(('attn/q/', 'attn/k/', 'attn/v/')):
+                out[b + torch_name(path)] = to_torch(path, x[i])
         out[b + 'attn.qkv.weight'] = np.concatenate(
-            [a[n]['kernel'][i].reshape(d, d).T for n in 'qkv'], axis=0)
+            [to_torch(f'attn/{n}/kernel', blocks[f'attn/{n}/kernel'][i]) for n in 'qkv'], axis=0)
         if cfg.qkv_bias:
-            out[b + 'attn.qkv.bias'] = np.concatenate([a[n]['bias'][i].reshape(d) for n in 'qkv'])
-        out[b + 'attn.proj.weight'] = a['out']['kernel'][i].reshape(d, d).T
-        out[b + 'attn.proj.bias'] = a['out']['bias'][i]
-        if cfg.layer_scale:
-            out[b + 'ls1.gamma'] = bl['ls1']['scale'][i]
-        out[b + 'norm2.weight'] = bl['norm2']['scale'][i]
-        out[b + 'norm2.bias'] = bl['norm2']['bias'][i]
-        out[b + 'mlp.fc1.weight'] = bl['mlp']['fc1']['kernel'][i].T
-        out[b + 'mlp.fc1.bias'] = bl['mlp']['fc1']['bias'][i]
-        out[b + 'mlp.fc2.weight'] = bl['mlp']['fc2']['kernel'][i].T
-        out[b + 'mlp.fc2.bias'] = bl['mlp']['fc2']['bias'][i]
-        if cfg.layer_scale:
-            out[b + 'ls2.gamma'] = bl['ls2']['scale'][i]
-    norm = _final_norm_key(cfg)
-    out[norm + '.weight'] = p['norm']['scale']
-    out[norm + '.bias'] = p['norm']['bias']
-    for name in ('head', 'head_dist'):
-        if name in p:
-            out[name + '.weight'] = p[name]['kernel'].T
-            out[name + '.bias'] = p[name]['bias']
-    return {k: np.array(v, dtype=dtype, order='C') for k, v in out.items()}  # writable copies
+            out[b + 'attn.qkv.bias'] = np.concatenate(
+                [to_torch(f'attn/{n}/bias', blocks[f'attn/{n}/bias'][i]) for n in 'qkv'])
+    # timm's order; writable copies
+    return {k: np.array(out[k], dtype=dtype, order='C')
+            for k in timm_shapes(cfg, no_embed_class=no_embed_class)}
 
 
 # ----------------------------------------------------------------------------------------
@@ -526,7 +554,7 @@ _WRAPPER_KEYS = ('model', 'state_dict', 'model_ema', 'state_dict_ema', 'module')
 
 
 def load_state_dict(path: str | os.PathLike) -> StateDict:
-    """Read a state dict: `.safetensors` and `.npz` with numpy only; `.pth`/`.pt`/`.bin`/`.ckpt`
+    """Read a state dict into numpy: `.safetensors` and `.npz`; `.pth`/`.pt`/`.bin`/`.ckpt`
     (torch pickles, loaded with `weights_only=True`) when torch is installed. Training
     checkpoints that wrap the weights under 'model' / 'state_dict' (DeiT, timm) are unwrapped
     and a DistributedDataParallel 'module.' prefix is removed. bfloat16 becomes float32."""
@@ -609,63 +637,33 @@ def _load_npz(path: str) -> StateDict:
         raise _unreadable(path, '.npz', e) from None
 
 
+# safetensors dtypes read into numpy (BF16 through ml_dtypes, which jax registers with numpy).
+_ST_DTYPES = ('F64', 'F32', 'F16', 'BF16', 'I64', 'I32', 'I16', 'I8', 'U64', 'U32', 'U16', 'U8', 'BOOL')
+
+
+def _safe_open(path: str):
+    """`safetensors.safe_open` of `path` for numpy; StateDictError naming the file when its
+    header cannot be parsed (empty, truncated, not JSON, offsets that do not cover the file)."""
+    import safetensors
+    try:
+        return safetensors.safe_open(path, framework='numpy')
+    except safetensors.SafetensorError as e:
+        raise _unreadable(path, '.safetensors', str(e)) from None
+
+
 def _load_safetensors(path: str) -> StateDict:
     import safetensors
-    import safetensors.numpy
-    try:
-        return dict(safetensors.numpy.load_file(path))
-    except TypeError:
-        pass  # a dtype numpy lacks (bfloat16): read the file directly
-    except safetensors.SafetensorError as e:
-        raise _unreadable(path, '.safetensors', e) from None
-    return _read_safetensors_raw(path)
-
-
-def _safetensors_header(path: str, fh) -> dict:
-    """The JSON header of an open .safetensors file (StateDictError if it is not one)."""
-    size = os.fstat(fh.fileno()).st_size
-    head = fh.read(8)
-    if len(head) < 8:
-        raise _unreadable(path, '.safetensors', f'{size} bytes: shorter than the 8-byte header length')
-    n = int.from_bytes(head, 'little')
-    if n > size - 8:
-        raise _unreadable(path, '.safetensors', f'header length {n} exceeds the file size {size}')
-    try:
-        header = json.loads(fh.read(n))
-    except ValueError as e:
-        raise _unreadable(path, '.safetensors', f'header is not JSON: {e}') from None
-    if not isinstance(header, dict):
-        raise _unreadable(path, '.safetensors', 'header is not a JSON object')
-    return header
-
-
-_ST_DTYPES = {'F64': '<f8', 'F32': '<f4', 'F16': '<f2', 'I64': '<i8', 'I32': '<i4', 'I16': '<i2',
-              'I8': 'i1', 'U8': 'u1', 'BOOL': '?'}
-
-
-def _read_safetensors_raw(path: str) -> StateDict:
-    """safetensors reader for dtypes numpy has no name for (BF16 -> float32, exact)."""
-    import ml_dtypes
-    with open(path, 'rb') as fh:
-        header = _safetensors_header(path, fh)
-        data = fh.read()
-    out = {}
-    for k, info in header.items():
-        if k == '__metadata__':
-            continue
-        try:
-            start, end = info['data_offsets']
-            dtype, shape = info['dtype'], info['shape']
-        except (KeyError, TypeError, ValueError):
-            raise _unreadable(path, '.safetensors', f'tensor {k!r} has no dtype/shape/data_offsets') from None
-        if dtype not in _ST_DTYPES and dtype != 'BF16':
-            raise StateDictError(f'{path!r}: tensor {k!r} has dtype {dtype}, which is not supported')
-        buf = data[start:end]
-        a = np.frombuffer(buf, ml_dtypes.bfloat16 if dtype == 'BF16' else _ST_DTYPES[dtype])
-        if a.size != math.prod(shape):
-            raise _unreadable(path, '.safetensors', f'tensor {k!r}: {a.size} elements for shape {shape}')
-        out[k] = (a.astype(np.float32) if dtype == 'BF16' else a.copy()).reshape(shape)
-    return out
+    with _safe_open(path) as f:
+        out = {}
+        for k in f.keys():
+            dtype = f.get_slice(k).get_dtype()
+            if dtype not in _ST_DTYPES:
+                raise StateDictError(f'{path!r}: tensor {k!r} has dtype {dtype}, which is not supported')
+            try:
+                out[k] = f.get_tensor(k)
+            except safetensors.SafetensorError as e:
+                raise _unreadable(path, '.safetensors', f'tensor {k!r}: {e}') from None
+        return out
 
 
 def _load_torch(path: str) -> StateDict:
@@ -709,9 +707,5 @@ def save_safetensors(state_dict: Mapping[str, Any], path: str | os.PathLike, *,
 def read_safetensors_metadata(path: str | os.PathLike) -> dict[str, str]:
     """The str -> str metadata in a `.safetensors` header ({} when there is none)."""
     path = os.fspath(path)
-    with open(path, 'rb') as fh:
-        header = _safetensors_header(path, fh)
-    meta = header.get('__metadata__') or {}
-    if not isinstance(meta, dict):
-        raise _unreadable(path, '.safetensors', '__metadata__ is not a JSON object')
-    return dict(meta)
+    with _safe_open(path) as f:
+        return dict(f.metadata() or {})

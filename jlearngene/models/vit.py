@@ -254,11 +254,13 @@ def check_params(params: Any, cfg: ViTConfig, what: str = 'apply') -> None:
     leaves and shapes of `init(cfg)`; the message names the first mismatching leaf with its
     shape and the config's. Shapes only: it costs nothing at run time under `jax.jit`.
 
-    Stacked layout: every leaf exactly as `init(cfg)`. List layout: `cfg.depth` blocks,
-    each with the leaves of `init_block(cfg, num_heads=h, mlp_dim=m)` where h and m are the
-    block's own head count and MLP size (they may differ per block and from the config's:
-    Cluster-Learngene, MatFormer's Mix'n'Match; `apply` reads them from the parameters);
-    width, head size, depth and every leaf outside the blocks are the config's."""
+    Stacked layout: every leaf exactly as `init(cfg)`. List layout: `cfg.depth` blocks.
+    Blocks that all share one head count and MLP size have the config's (`num_heads`,
+    `mlp_dim`). Blocks that differ among themselves (Cluster-Learngene's per-layer heads,
+    MatFormer's Mix'n'Match) each have the leaves of `init_block(cfg, num_heads=h,
+    mlp_dim=m)` for their own h and m, which `apply` reads from the parameters (a config
+    holds one value of each). Width, head size, depth and every leaf outside the blocks are
+    the config's."""
     cfg = expect_config(cfg, what)
     if not isinstance(params, Mapping):
         raise ConfigError(f'{what}: params must be a canonical parameter dict (from init), '
@@ -270,8 +272,10 @@ def check_params(params: Any, cfg: ViTConfig, what: str = 'apply') -> None:
             raise ConfigError(f"{what}: the config does not match the parameters: 'blocks' "
                               f'holds {len(blocks)} blocks (list layout) but '
                               f'{_config_summary(cfg)} has depth={cfg.depth}')
-        for i, block in enumerate(blocks):
-            heads, mlp_dim = _block_sizes(block, cfg)
+        sizes = [_block_sizes(block, cfg) for block in blocks]
+        if len(set(sizes)) == 1:   # uniform blocks: the config states their sizes
+            sizes = [(cfg.num_heads, cfg.mlp_dim)] * len(blocks)
+        for i, (block, (heads, mlp_dim)) in enumerate(zip(blocks, sizes)):
             _compare(pytree.flatten(block), _block_shapes(cfg, heads, mlp_dim), cfg, what,
                      prefix=f'blocks/{i}/')
         params = {k: v for k, v in params.items() if k != 'blocks'}

@@ -4,8 +4,7 @@ Two kinds of artefact:
 
 * **Model artefacts** (`save_model` / `load_model`, format 'jlearngene.model/1'): a
   parameter tree (stacked or list layout) plus its `ViTConfig` and JSON metadata. Genes,
-  descendant initialisations and converted timm models are stored this way. They carry a
-  CRC32 digest of their arrays (`tree_digest`, computed on the host).
+  descendant initialisations and converted timm models are stored this way.
 * **Run checkpoints** (`RunCheckpointer`, format 'jlearngene.run/2'): the train state, the
   data-iterator state and the resolved experiment config, under `workdir/checkpoints/<step>`,
   with keep-last-N plus best-by-metric retention. The state is stored as one nested tree of
@@ -16,29 +15,33 @@ Two kinds of artefact:
   restored alone (`restore_params`, `restore_subset`).
 
 Orbax writes into a temporary directory and renames it when complete, so a crash never
-leaves a half-written checkpoint under the final name. A run checkpoint stores one 32-bit
-checksum per array (`tree_checksums`): a position-weighted sum of the array's bits modulo
-2**32, computed on the arrays' devices in one jitted call, so a save moves only one uint32
-per array to the host. Loading recomputes it for the arrays it reads. Any change of a single
-byte of an array always changes its checksum (the weights are odd); other changes go
-unnoticed with probability about 2**-32. A truncated or corrupted file is reported as a
-`CorruptCheckpointError` (a `CheckpointError`), never loaded silently; its message names
-the file-level cause in one short sentence, and orbax's per-array warnings about the
-unreadable files are folded into it instead of being printed.
+leaves a half-written checkpoint under the final name. Damage is found by orbax and
+tensorstore's own validation: a missing commit marker, JSON metadata that does not parse,
+an OCDBT manifest or b-tree node that does not decode, a zarr shard index that fails its
+CRC32C, a data file shorter than the byte ranges the index names, or a chunk that does not
+decompress. The JSON metadata, the OCDBT index and the arrays a load asks for are read
+here first, synchronously through tensorstore (so a load reads its arrays twice, on every
+host), and damage is refused before orbax's asynchronous readers start, whose abandoned
+tasks would otherwise report it again from other threads. Each of these is a
+`CorruptCheckpointError` (a `CheckpointError`) naming the file-level cause in one short
+sentence. The array bytes themselves carry no checksum in orbax's format (its zstd frames
+are written without one), so both kinds of artefact store one 32-bit checksum per array in
+their metadata (`tree_checksums`): a position-weighted sum of the array's bits modulo 2**32,
+computed on the arrays' devices in one jitted call (exact for any sharding, across hosts),
+so a save moves only one uint32 per array to the host. Loading recomputes it for the arrays
+it reads and refuses a mismatch as a `CorruptCheckpointError` naming the arrays. Any change
+of a single byte of an array always changes its checksum (the weights are odd); other
+changes go unnoticed with probability about 2**-32. A checkpoint stored without checksums
+loads unverified. A failed write is a `CheckpointError` in one line as well.
 """
 from __future__ import annotations
 
 import base64
-import gc
 import glob
 import json
-import logging
 import os
 import re
 import shutil
-import sys
-import warnings
-import zlib
 from typing import Any, Callable, Mapping
 
 import jax
@@ -61,28 +64,12 @@ class CheckpointError(RuntimeError):
 
 class CorruptCheckpointError(CheckpointError):
     """A checkpoint exists but cannot be read back as written: an incomplete write, a
-    truncated or changed file, or contents that fail their checksums. (A checkpoint that
+    truncated or damaged file, or arrays that fail their checksums. (A checkpoint that
     reads fine but fits another model is a plain `CheckpointError`.)"""
 
 
 # ----------------------------------------------------------------------------------------
 # Helpers.
-
-def _fully_addressable(tree) -> bool:
-    return all(getattr(x, 'is_fully_addressable', True) for x in jax.tree.leaves(tree))
-
-
-def tree_digest(tree) -> str | None:
-    """CRC32 over paths, shapes, dtypes and bytes of every leaf (None for multi-host arrays)."""
-    if not _fully_addressable(tree):
-        return None
-    crc = 0
-    for path, leaf in pytree.flatten(tree).items():
-        a = np.asarray(jax.device_get(leaf))
-        crc = zlib.crc32(f'{path}|{a.shape}|{a.dtype}|'.encode(), crc)
-        crc = zlib.crc32(np.ascontiguousarray(a).view(np.uint8).reshape(-1).data, crc)
-    return f'{crc:08x}'
-
 
 def to_json(obj: Any) -> Any:
     """JSON-able copy: bytes become {'__bytes__': base64}, tuples lists, numpy scalars numbers."""
@@ -121,11 +108,28 @@ def _context(*, partial_load: bool = False):
 
 
 def _check_exists(path: str, what: str) -> None:
+    """`path` is a complete orbax checkpoint whose `_CHECKPOINT_METADATA` parses (orbax
+    logs an error for a damaged one and reads it as empty)."""
     if not os.path.isdir(path):
         raise CheckpointError(f'{what} {path!r} does not exist')
     if not os.path.exists(os.path.join(path, 'commit_success.txt')) or not ocp.is_orbax_checkpoint(path):
         raise CorruptCheckpointError(f'{what} {path!r} is not a complete orbax checkpoint '
                               '(interrupted write or wrong directory)')
+    _check_json([os.path.join(path, '_CHECKPOINT_METADATA')], path, f'{what} {path!r}')
+
+
+def _check_json(files: list[str], root: str, where: str) -> None:
+    """Each existing file of `files` parses as JSON, else CorruptCheckpointError naming it
+    (relative to `root`)."""
+    for f in files:
+        if not os.path.isfile(f):
+            continue
+        try:
+            with open(f, 'rb') as fh:
+                json.loads(fh.read())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CorruptCheckpointError(f'{where}: {os.path.relpath(f, root)} is not valid JSON '
+                                         f'({_short(str(e))}); it is truncated or corrupted') from None
 
 
 def _abstract(meta_tree, sharding=None):
@@ -135,15 +139,6 @@ def _abstract(meta_tree, sharding=None):
     if isinstance(sharding, jax.sharding.Sharding):
         return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), meta_tree)
     return jax.tree.map(lambda m, s: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=s), meta_tree, sharding)
-
-
-def _verify(tree, digest: str | None, where: str) -> None:
-    if digest is None:
-        return
-    got = tree_digest(tree)
-    if got is not None and got != digest:
-        raise CorruptCheckpointError(f'{where}: array contents do not match the stored checksum '
-                              f'({got} != {digest}); the checkpoint is corrupted')
 
 
 def _short(text: str, limit: int = 200) -> str:
@@ -174,147 +169,66 @@ def _root_cause(e: BaseException) -> BaseException:
     return e
 
 
-def _detail(messages: list[str]) -> str | None:
-    """The file-level cause in orbax's logged warnings ('Error details: ...'), if any."""
-    for m in messages:
-        for line in m.splitlines():
-            if line.startswith('Error details:'):
-                return _short(line[len('Error details:'):])
-    return None
-
-
-def _load_error(where: str, e: Exception, messages: list[str] = ()) -> CorruptCheckpointError:
-    cause = _root_cause(e)
-    detail = _detail(list(messages)) or f'{type(cause).__name__}: {_short(str(cause))}'
-    return CorruptCheckpointError(f'{where} could not be read ({detail}); it is truncated or corrupted')
-
-
-def _unreadable(where: str, messages: list[str]) -> CorruptCheckpointError:
-    """orbax logged why the metadata could not be read and returned None."""
-    detail = _detail(messages)
-    return CorruptCheckpointError(f'{where}: array metadata could not be read'
-                                  + (f' ({detail})' if detail else '') + '; it is truncated or corrupted')
-
-
-def _check_array_store(item_dir: str, where: str) -> None:
-    """Read the files of one checkpointable (`<checkpoint>/state`, `<model>/params`) that
-    orbax reads before any array, synchronously: its JSON metadata (`_METADATA`,
-    `_sharding`, `array_metadatas/*`) and its OCDBT index (through tensorstore). Raise
-    CorruptCheckpointError naming the first damaged file. A damaged file found here never
-    reaches orbax's asynchronous readers, whose tasks would outlive the error on a closed
-    event loop and print their tracebacks."""
+def _check_array_store(item_dir: str, where: str, arrays: set[str] | None = None) -> None:
+    """Read what orbax reads of one checkpointable (`<checkpoint>/state`, `<model>/params`),
+    synchronously, through tensorstore: its JSON metadata (`_METADATA`, `_sharding`,
+    `array_metadatas/*`), its OCDBT index and the arrays named in `arrays` (stored names:
+    the tree path joined by '.'; default every array). Raise CorruptCheckpointError naming
+    the first damaged file or array. Damage found here never reaches orbax's asynchronous
+    readers, whose abandoned tasks would raise again on their closed event loop, from other
+    threads, after the error."""
     if not os.path.isdir(item_dir):
         return
     metadata_files = [os.path.join(item_dir, n) for n in ('_METADATA', '_sharding')]
     metadata_files += sorted(glob.glob(os.path.join(item_dir, 'array_metadatas', '*')))
-    for f in metadata_files:
-        if not os.path.isfile(f):
-            continue
-        try:
-            with open(f, 'rb') as fh:
-                json.loads(fh.read())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise CorruptCheckpointError(f'{where}: {os.path.relpath(f, os.path.dirname(item_dir))} '
-                                         f'is not valid JSON ({_short(str(e))}); it is truncated or corrupted') from None
+    _check_json(metadata_files, os.path.dirname(item_dir), where)
     if not os.path.exists(os.path.join(item_dir, 'manifest.ocdbt')):
         return
+    kvstore = {'driver': 'ocdbt', 'base': 'file://' + os.path.abspath(item_dir) + '/'}
     try:
-        store = ts.KvStore.open({'driver': 'ocdbt', 'base': 'file://' + os.path.abspath(item_dir) + '/'}).result()
-        store.list().result()
+        keys = ts.KvStore.open(kvstore).result().list().result()
     except ValueError as e:
         raise CorruptCheckpointError(f'{where}: its array index could not be read '
                                      f'({_short(str(e))}); it is truncated or corrupted') from None
-
-
-class _Collect(logging.Filter):
-    """Holds back the absl records of an orbax read (orbax logs one warning per unreadable
-    array, with its full traceback, and errors that paste the damaged file's bytes) and
-    keeps their text and level."""
-
-    def __init__(self):
-        super().__init__()
-        self.records: list[tuple[int, str]] = []
-        self.messages: list[str] = []
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        self.records.append((record.levelno, record.getMessage()))
-        self.messages.append(self.records[-1][1])
-        return False
-
-
-def _read_aftermath(unraisable) -> bool:
-    """Whether an unraisable exception is the debris of an orbax read that failed (and was
-    reported as a CheckpointError): its abandoned coroutines, and callbacks of tensorstore
-    threads into its closed event loop."""
-    exc, obj = unraisable.exc_value, unraisable.object
-    if isinstance(exc, RuntimeError) and 'Event loop is closed' in str(exc):
-        return True
-    code = getattr(obj, 'cr_code', None)
-    return code is not None and 'orbax' in code.co_filename
-
-
-def _drop_read_aftermath() -> None:
-    """From the first failed read on, the process's unraisable-exception hook drops that
-    debris (which keeps arriving from other threads after the error) and passes anything
-    else to the hook it replaces."""
-    if getattr(sys.unraisablehook, '_jlearngene_drops_read_aftermath', False):
-        return
-    previous = sys.unraisablehook
-
-    def hook(unraisable):
-        if not _read_aftermath(unraisable):
-            previous(unraisable)
-    hook._jlearngene_drops_read_aftermath = True
-    sys.unraisablehook = hook
-
-
-class _Unretrieved(logging.Filter):
-    """Drops asyncio's report of a task or future whose exception nobody awaited (orbax's
-    tasks of a read that failed; the failure itself is raised as a CheckpointError)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(('Task exception was never retrieved',
-                                                    'Future exception was never retrieved'))
-
-
-_UNRETRIEVED = _Unretrieved()
-
-
-def _orbax_read(read: Callable[[list[str]], Any], where: str | None = None) -> Any:
-    """`read(messages)`: an orbax read. Its absl warnings are collected into `messages` (the
-    read folds them into a CheckpointError it raises; after a read that succeeded they are
-    logged at INFO). Any other exception becomes a CorruptCheckpointError for `where` (when
-    given). After a failed read its abandoned tasks and futures are collected before this
-    returns, with their 'Event loop is closed' / 'exception was never retrieved' debris not
-    printed (`_drop_read_aftermath`, `_UNRETRIEVED`): orbax's own exception, whose traceback
-    holds them, is dropped first (the error raised names its cause in its message)."""
-    collect = _Collect()
-    logger, tasks = logging.getLogger('absl'), logging.getLogger('asyncio')
-    logger.addFilter(collect)
-    tasks.addFilter(_UNRETRIEVED)   # the failed read's tasks, garbage-collected on its loop
-    try:
-        error = None
+    names = [k.decode()[:-len('/zarr.json')] for k in keys if k.endswith(b'/zarr.json')]
+    for name in names if arrays is None else [n for n in names if n in arrays]:
         try:
-            result = read(collect.messages)
-        except CheckpointError as e:
-            error = e.with_traceback(None)
-        except Exception as e:  # noqa: BLE001 - orbax raises many kinds
-            if where is None:
-                raise
-            error = _load_error(where, e, collect.messages)
-        if error is None:
-            for level, m in dict.fromkeys(collect.records):
-                logging.getLogger(__name__).log(logging.WARNING if level >= logging.ERROR else logging.INFO,
-                                                'orbax: %s', _short(m, 400))
-            return result
-        _drop_read_aftermath()
-        with warnings.catch_warnings():   # the abandoned coroutines, tasks and futures, now
-            warnings.filterwarnings('ignore', r'coroutine .* was never awaited', RuntimeWarning)
-            gc.collect()
-        raise error
-    finally:
-        logger.removeFilter(collect)
-        tasks.removeFilter(_UNRETRIEVED)
+            ts.open({'driver': 'zarr3', 'kvstore': dict(kvstore, path=name + '/')},
+                    open=True, read=True).result().read().result()
+        except ValueError as e:
+            raise CorruptCheckpointError(f'{where}: array {name!r} could not be read '
+                                         f'({_short(str(e))}); it is truncated or corrupted') from None
+
+
+def _orbax_read(read: Callable[[], Any], where: str) -> Any:
+    """`read()`, an orbax read of the checkpoint `where` names. orbax raises many kinds of
+    exception for a file it cannot read; any but a CheckpointError becomes a
+    CorruptCheckpointError naming the innermost cause in one line."""
+    try:
+        return read()
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - orbax raises many kinds
+        cause = _root_cause(e)
+        raise CorruptCheckpointError(f'{where} could not be read ({type(cause).__name__}: '
+                                     f'{_short(str(cause))}); it is truncated or corrupted') from None
+
+
+def _orbax_write(write: Callable[[], Any], where: str) -> None:
+    """`write()`, an orbax write of the checkpoint `where` names; its failure (a full disk,
+    a file-size limit, a permission) becomes a CheckpointError naming the innermost cause
+    in one line. orbax leaves no checkpoint under the final name."""
+    try:
+        write()
+    except Exception as e:  # noqa: BLE001 - orbax raises many kinds
+        cause = _root_cause(e)
+        raise CheckpointError(f'{where} could not be written ({type(cause).__name__}: '
+                              f'{_short(str(cause))})') from None
+
+
+def _no_metadata(where: str, what: str) -> CorruptCheckpointError:
+    """orbax could not read `what` (it logs why and returns None)."""
+    return CorruptCheckpointError(f'{where}: orbax could not read {what}; it is truncated or corrupted')
 
 
 def config_mismatch(stored: ViTConfig, expected: ViTConfig, where: str) -> None:
@@ -375,17 +289,22 @@ def tree_checksums(tree) -> dict[str, int]:
     return out
 
 
-def _verify_checksums(flat: Mapping[str, Any], stored: Mapping[str, int], where: str) -> None:
+def _verify_checksums(flat: Mapping[str, Any], stored: Mapping[str, int] | None, where: str) -> None:
+    """The loaded arrays ({path: array}) match their stored checksums, else
+    CorruptCheckpointError naming them; `stored` None (a checkpoint saved without
+    checksums) verifies nothing."""
+    if stored is None:
+        return
     got = tree_checksums(dict(flat))
-    bad = [p for p, v in got.items() if p in stored and int(stored[p]) != v]
     missing = [p for p in got if p not in stored]
     if missing:
-        raise CheckpointError(f'{where} stores no checksum for {missing[:6]}; it was not written '
-                              'by RunCheckpointer.save')
+        raise CorruptCheckpointError(f'{where} stores no checksum for {missing[:6]}; '
+                                     'its metadata is truncated or corrupted')
+    bad = [p for p, v in got.items() if int(stored[p]) != v]
     if bad:
         raise CorruptCheckpointError(f'{where}: array contents do not match the stored checksums '
-                              f"({', '.join(bad[:6])}{' ...' if len(bad) > 6 else ''}); "
-                              'the checkpoint is corrupted')
+                                     f"({', '.join(bad[:6])}{' ...' if len(bad) > 6 else ''}); "
+                                     'the checkpoint is corrupted')
 
 
 def _flat_state(state) -> dict[str, Any]:
@@ -432,10 +351,11 @@ def save_model(path: str, params, cfg: ViTConfig | None, *, extra: dict | None =
         'layout': 'stacked' if isinstance(params, dict) and isinstance(params.get('blocks'), dict)
         else 'list' if isinstance(params, dict) and isinstance(params.get('blocks'), list) else 'other',
         'extra': to_json(extra or {}),
-        'digest': tree_digest(params),
+        'checksum': CHECKSUM, 'checksums': tree_checksums(params),
     }
     with _context():
-        ocp.save_checkpointables(path, {'params': params}, custom_metadata=meta, overwrite=overwrite)
+        _orbax_write(lambda: ocp.save_checkpointables(path, {'params': params}, custom_metadata=meta,
+                                                      overwrite=overwrite), f'model checkpoint {path!r}')
     return path
 
 
@@ -445,17 +365,12 @@ def model_metadata(path: str) -> dict:
     path = os.path.abspath(os.fspath(path))
     _check_exists(path, 'model checkpoint')
     where = f'model checkpoint {path!r}'
-    _check_array_store(os.path.join(path, 'params'), where)
+    _check_array_store(os.path.join(path, 'params'), where, arrays=set())
 
-    def read(messages):
-        meta = ocp.checkpointables_metadata(path)
-        custom = meta.custom_metadata or {}
-        if custom.get('format') is None and messages:   # the metadata file is unreadable
-            raise _unreadable(where, messages)
-        if meta.metadata.get('params', ...) is None:  # orbax logs the reason and returns None
-            raise _unreadable(where, messages)
-        return meta, custom
-    meta, custom = _orbax_read(read, where)
+    meta = _orbax_read(lambda: ocp.checkpointables_metadata(path), where)
+    custom = meta.custom_metadata or {}
+    if meta.metadata.get('params', ...) is None:
+        raise _no_metadata(where, 'the array metadata of params')
     if custom.get('format') != MODEL_FORMAT or 'params' not in meta.metadata:
         raise CheckpointError(f'{path!r} is not a jlearngene model checkpoint '
                               f"(format {custom.get('format')!r}; a run checkpoint? use RunCheckpointer)")
@@ -477,10 +392,11 @@ def load_model(path: str, *, expect_cfg: ViTConfig | None = None, sharding=None)
         if cfg is None:
             raise CheckpointError(f'model checkpoint {path!r} stores no model config')
         config_mismatch(cfg, expect_cfg, f'model checkpoint {path!r}')
+    _check_array_store(os.path.join(path, 'params'), f'model checkpoint {path!r}')
     params = _orbax_read(
-        lambda _: ocp.load_checkpointables(path, {'params': _abstract(meta['arrays'], sharding)})['params'],
+        lambda: ocp.load_checkpointables(path, {'params': _abstract(meta['arrays'], sharding)})['params'],
         f'model checkpoint {path!r}')
-    _verify(params, meta.get('digest'), f'model checkpoint {path!r}')
+    _verify_checksums(pytree.flatten(params), meta.get('checksums'), f'model checkpoint {path!r}')
     return params, cfg, from_json(meta.get('extra') or {})
 
 
@@ -509,16 +425,16 @@ class RunCheckpointer:
             policies.append(pp.BestN(get_metric_fn=lambda m: m[best_metric], reverse=(best_mode == 'min'),
                                      n=keep_best, keep_checkpoints_without_metrics=False))
         os.makedirs(self.directory, exist_ok=True)
-        self._ckpt = _orbax_read(   # listing reads every step's metadata file
-            lambda _: ocp.training.Checkpointer(self.directory, context=_context(),
-                                                preservation_policy=pp.AnyPreservationPolicy(policies)))
+        self._save_failed = False
+        self._ckpt = ocp.training.Checkpointer(self.directory, context=_context(),
+                                               preservation_policy=pp.AnyPreservationPolicy(policies))
 
     # -- queries ----------------------------------------------------------------------
     def steps(self) -> list[int]:
-        return _orbax_read(lambda _: sorted(c.step for c in self._ckpt.checkpoints))
+        return sorted(c.step for c in self._ckpt.checkpoints)
 
     def latest_step(self) -> int | None:
-        latest = _orbax_read(lambda _: self._ckpt.latest)
+        latest = self._ckpt.latest
         return None if latest is None else int(latest.step)
 
     def best_step(self) -> int | None:
@@ -536,15 +452,14 @@ class RunCheckpointer:
         step = self._resolve(step)
         path = self._path(step)
         _check_exists(path, 'run checkpoint')
-        _check_array_store(os.path.join(path, 'state'), f'run checkpoint {path!r}')
+        _check_array_store(os.path.join(path, 'state'), f'run checkpoint {path!r}', arrays=set())
 
-        def read(messages):
-            custom = self._ckpt.metadata(step).custom_metadata or {}
-            if custom.get('format') is None and messages:   # an unreadable metadata file
-                raise _unreadable(f'run checkpoint {path!r}', messages)
-            return custom
-        custom = _orbax_read(read, f'run checkpoint {path!r}')
+        custom = _orbax_read(lambda: self._ckpt.metadata(step).custom_metadata,
+                             f'run checkpoint {path!r}') or {}
         fmt = custom.get('format')
+        if fmt is None:   # a step of this run's directory without the metadata save writes
+            raise CorruptCheckpointError(f'run checkpoint {path!r}: _CHECKPOINT_METADATA holds no '
+                                         'jlearngene metadata; it is truncated or corrupted')
         if fmt == 'jlearngene.run/1':
             raise CheckpointError(f"run checkpoint {path!r} has the format 'jlearngene.run/1' (flat "
                                   f"arrays), which this version does not read (it reads {RUN_FORMAT!r}); "
@@ -575,12 +490,11 @@ class RunCheckpointer:
         """{path: orbax ArrayMetadata} of the stored state."""
         path = self._path(step)   # its files were checked by `metadata(step)`, read first
 
-        def read(messages):
-            arrays = self._ckpt.checkpointables_metadata(step).metadata['state']
-            if arrays is None:  # orbax logs the reason and returns None
-                raise _unreadable(f'run checkpoint {path!r}', messages)
-            return arrays
-        return pytree.flatten(_orbax_read(read, f'run checkpoint {path!r}'))
+        arrays = _orbax_read(lambda: self._ckpt.checkpointables_metadata(step).metadata['state'],
+                             f'run checkpoint {path!r}')
+        if arrays is None:
+            raise _no_metadata(f'run checkpoint {path!r}', 'the array metadata of the state')
+        return pytree.flatten(arrays)
 
     # -- save / restore ---------------------------------------------------------------
     def save(self, step: int, state, *, data_state: Any = None, config: Mapping | None = None,
@@ -598,9 +512,15 @@ class RunCheckpointer:
             use_metrics = {k: float(v) for k, v in metrics.items()}
         if step in self.steps():
             self._ckpt.delete(step)
-        self._ckpt.save_checkpointables(step, {'state': pytree.unflatten(flat)}, force=True,
-                                        metrics=use_metrics, custom_metadata=meta)
-        self._ckpt.wait()
+        def write():
+            self._ckpt.save_checkpointables(step, {'state': pytree.unflatten(flat)}, force=True,
+                                            metrics=use_metrics, custom_metadata=meta)
+            self._ckpt.wait()
+        try:
+            _orbax_write(write, f'run checkpoint {self._path(step)!r}')
+        except CheckpointError:
+            self._save_failed = True
+            raise
         return self._path(step)
 
     def _load(self, target: Mapping[str, Any], step, model_config, *, exact: bool):
@@ -614,17 +534,17 @@ class RunCheckpointer:
         if model_config is not None and meta.get('model_config') is not None:
             config_mismatch(ViTConfig.from_dict(meta['model_config']), model_config, where)
         _check_fits(self._stored_arrays(step), target, where, exact=exact)
+        _check_array_store(os.path.join(path, 'state'), where, arrays={p.replace('/', '.') for p in target})
         default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         abstract = pytree.unflatten({
             p: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=getattr(x, 'sharding', None) or default)
             for p, x in target.items()})
 
-        def read(_):
+        def read():
             with _context(partial_load=True):
                 return ocp.load_checkpointables(path, {'state': abstract})['state']
-        loaded = _orbax_read(read, where)
-        flat = pytree.flatten(loaded)
-        _verify_checksums(flat, meta.get('checksums') or {}, where)
+        flat = pytree.flatten(_orbax_read(read, where))
+        _verify_checksums(flat, meta.get('checksums'), where)
         meta = dict(meta)
         meta['data_state'] = from_json(meta.get('data_state'))
         return flat, meta
@@ -685,7 +605,15 @@ class RunCheckpointer:
         return dest
 
     def close(self):
-        self._ckpt.close()
+        """Close orbax's checkpointer, which raises the error of a failed save again: not
+        raised twice when `save` raised it."""
+        if not self._save_failed:
+            _orbax_write(self._ckpt.close, f'run checkpoints {self.directory!r}')
+            return
+        try:
+            self._ckpt.close()
+        except Exception:  # noqa: BLE001 - the failure `save` raised
+            pass
 
     def __enter__(self):
         return self

@@ -24,7 +24,6 @@ log it without recomputing the schedule.
 """
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
@@ -63,9 +62,9 @@ def check(config) -> dict[str, Any]:
     return out
 
 
-def resolve(config, total_steps: int | None = None) -> dict[str, Any]:
+def resolve(config, total_steps: int | None = None, *, warn: bool = True) -> dict[str, Any]:
     """Defaults filled in and checked (`check`); a warmup longer than the run is clipped to
-    it with a warning."""
+    it, with a warning when `warn`."""
     out = check(config)
     if out['total_steps'] is None:
         out['total_steps'] = total_steps
@@ -76,8 +75,10 @@ def resolve(config, total_steps: int | None = None) -> dict[str, Any]:
     # A cosine schedule needs at least one step after the warmup.
     longest = None if not total else total - 1 if out['schedule'] == 'cosine' else total
     if longest is not None and warm > longest:
-        log.warning('optimizer: warmup_steps=%d is longer than the run of %d steps; warming up '
-                    'over %d steps instead (set optim.warmup_steps to choose)', warm, total, longest)
+        if warn:
+            log.warning('optimizer: warmup_steps=%d is longer than the run of %d steps; warming '
+                        'up over %d steps instead (set optim.warmup_steps to choose)', warm, total,
+                        longest)
         out['warmup_steps'] = longest
     return out
 
@@ -146,22 +147,10 @@ def labels(params, freeze: Sequence[str]) -> Any:
 
 
 def make_optimizer(config, params, *, total_steps: int | None = None) -> optax.GradientTransformation:
-    """The optax transformation described by `config` for the tree `params`.
-
-    Equal configs on trees of one structure return the same (stateless) transformation
-    object, so the trainer's jitted steps, cached by optimizer, are shared between runs: the
-    methods' fine-tuning runs at one shape compile one step program."""
+    """The optax transformation described by `config` for the tree `params`."""
     c = resolve(config, total_steps)
     lab = labels(params, c['freeze'])
-    return _make_optimizer(json.dumps(c, sort_keys=True), jax.tree.structure(lab),
-                           tuple(jax.tree.leaves(lab)))
-
-
-@functools.lru_cache(maxsize=64)
-def _make_optimizer(config_json: str, label_structure, label_leaves: tuple) -> optax.GradientTransformation:
-    c = json.loads(config_json)
-    lab = jax.tree.unflatten(label_structure, label_leaves)
-    if c['freeze'] and 'train' not in label_leaves:
+    if c['freeze'] and 'train' not in jax.tree.leaves(lab):
         raise ValueError(f"optimizer: freeze={tuple(c['freeze'])} freezes every parameter")
     decay = tuple(c['decay'])
     train = [
@@ -178,6 +167,16 @@ def _make_optimizer(config_json: str, label_structure, label_leaves: tuple) -> o
     if c['freeze']:
         transforms['frozen'] = optax.set_to_zero()
     return optax.partition(transforms, lab)
+
+
+def cache_key(config, params, *, total_steps: int | None = None) -> tuple:
+    """A hashable name of `make_optimizer(config, params, total_steps=...)`'s transformation:
+    equal for equal resolved configs on trees of one structure and frozen set, so it can go
+    into the trainer's `FitConfig.compile_key` (runs of equal keys share a compiled step)."""
+    c = resolve(config, total_steps, warn=False)
+    lab = labels(params, c['freeze'])
+    return ('optimizer', json.dumps(c, sort_keys=True), jax.tree.structure(lab),
+            tuple(jax.tree.leaves(lab)))
 
 
 def current_lr(opt_state) -> jax.Array | None:

@@ -1,22 +1,27 @@
-"""The generic trainer: `fit(loss_fn, trainable, data, optimizer, ...)`.
+"""The generic trainer: `fit(loss_fn, trainable, data, optimizer, config, hooks=[...])`.
 
 Every method plugs in through `loss_fn(trainable, batch, rng) -> (loss, metrics)`; the
 trainer owns the rest: a jitted step with buffer donation and explicit shardings (batches
 over the 'data' mesh axis, parameters replicated or FSDP-sharded), optax, orbax
 checkpoints with exact resume, metrics (JSONL, console, TensorBoard), a progress bar,
 evaluation, a non-finite-loss guard and a checkpoint on SIGTERM or Ctrl-C agreed across
-processes.
+processes. `config` is a `FitConfig` (data: where, how long, intervals, placement,
+switches); `hooks` an open list of what runs after each call.
 
 `fit` is the one-call entry; its pieces, usable on their own:
 
 * state: `init_state` (the state dict), `create_state` (placed with its shardings),
   `restore_or_start` (resume from the latest checkpoint, or start fresh);
 * step: `make_train_step` (the pure step, microbatches, several steps per call),
-  `StepProgram` (its jitted, donated, sharded calls), `steps_in_call` (the call schedule);
-* loop: `train_loop` with its `Hooks`: `TrainLog` (host sync, non-finite guard, train
-  metrics), `Evaluation` (`evaluate.evaluate` at intervals), `Checkpoints` (intervals,
-  best metric, end) and `Preemption` (SIGTERM and Ctrl-C, agreed across processes by
-  `agree_to_stop`).
+  `StepProgram` (its jitted, donated, sharded calls, shared between runs by an explicit
+  `compile_key` through `PROGRAMS`), `steps_in_call` (the call schedule);
+* loop: `train_loop(state, program, batches, hooks, run)` over `Batches` (the data with
+  its resumable position);
+* hooks (`Hook`: `start(run)`, `after_call(run, step, state)`, sharing one `Run`):
+  `TrainLog` (host sync, non-finite guard, train metrics), `Evaluation`
+  (`evaluate.evaluate` at intervals), `StopWhen` (end at an evaluation that meets a
+  condition), `Checkpoints` (intervals, best metric, end) and `Preemption` (SIGTERM and
+  Ctrl-C, agreed across processes by `agree_to_stop`).
 
 Train state: a plain dict {'params', 'opt_state', 'step' (int32), 'rng' (uint32 key data)}.
 The step's randomness is `fold_in(rng, step)`, so a resumed run draws the same keys as an
@@ -34,6 +39,7 @@ at the same step.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -44,12 +50,13 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 
 from jlearngene import compiler, distributed, parallel
 from jlearngene.train import checkpoint as ckpt_lib
@@ -70,13 +77,15 @@ class Preempted(SystemExit):
     """Raised after the checkpoint that a SIGTERM (preemption) or SIGINT (Ctrl-C) asked for
     is written; the exit status is 128 + the signal number (143, 130)."""
 
-    def __init__(self, step: int, path: str, signal_name: str = 'SIGTERM'):
+    def __init__(self, step: int, path: str | None, signal_name: str = 'SIGTERM'):
         super().__init__(128 + int(getattr(signal, signal_name, signal.SIGTERM)))
         self.step, self.path, self.signal_name = step, path, signal_name
 
     def __str__(self):
         what = ('interrupted (Ctrl-C)' if self.signal_name == 'SIGINT'
                 else f'preempted ({self.signal_name})')
+        if self.path is None:
+            return f'{what} at step {self.step}; the run keeps no checkpoints'
         return f'{what} at step {self.step}; checkpoint saved to {self.path}'
 
 
@@ -209,38 +218,54 @@ def init_state(trainable, optimizer: optax.GradientTransformation, seed: int = 0
             'rng': jax.random.key_data(jax.random.key(seed))}
 
 
-# Jitted functions are cached on (loss_fn, optimizer, microbatches, shardings) so repeated
-# `fit` calls with the same objects (sweeps, resumed runs in one process) compile once.
-_init_state_jit = jax.jit(init_state, static_argnames=('optimizer', 'seed'))
+# Compiled programs shared between runs, by an explicit key (see `ProgramCache`).
+CacheKey = Hashable
 
 
-@functools.lru_cache(maxsize=8)
-def _jitted_step(loss_fn, optimizer, microbatches, steps_per_call, state_sh_key, batch_sh, repl):
-    treedef, leaves = state_sh_key
-    state_sh = jax.tree.unflatten(treedef, leaves)
-    return compiler.jit(make_train_step(loss_fn, optimizer, microbatches=microbatches,
-                                        steps_per_call=steps_per_call),
-                        in_shardings=(state_sh, batch_sh, repl),
-                        out_shardings=(state_sh, repl), donate_argnums=(0,))
+class ProgramCache:
+    """Jitted programs by an explicit, hashable key, so runs that declare equal keys (a
+    study's many runs of one shape) compile once: jax's own cache then serves every call
+    of equal shapes and dtypes. The key names what the program computes (e.g. the loss's
+    and optimiser's configs, `FitConfig.compile_key`) and how it is laid out (shardings,
+    steps per call); a None key caches nothing. The newest `size` programs are kept."""
+
+    def __init__(self, size: int = 32):
+        self.size = size
+        self._programs: collections.OrderedDict = collections.OrderedDict()
+
+    def get(self, key: CacheKey | None, build: Callable[[], Callable]) -> Callable:
+        """The program cached under `key`, else `build()` (cached unless `key` is None)."""
+        if key is None:
+            return build()
+        if key in self._programs:
+            self._programs.move_to_end(key)
+            return self._programs[key]
+        program = self._programs[key] = build()
+        while len(self._programs) > self.size:
+            self._programs.popitem(last=False)
+        return program
+
+    def clear(self) -> None:
+        self._programs.clear()
 
 
-@functools.lru_cache(maxsize=4)
-def _jitted_eval(eval_fn, params_sh_key, batch_sh, repl):
-    treedef, leaves = params_sh_key
-    return compiler.jit(eval_fn, in_shardings=(jax.tree.unflatten(treedef, leaves), batch_sh),
-                        out_shardings=repl)
+PROGRAMS = ProgramCache()
 
 
-def _key(tree):
+def _sharding_key(tree):
     leaves, treedef = jax.tree.flatten(tree)
     return treedef, tuple(leaves)
+
+
+def _keyed(kind: str, key: CacheKey | None, *layout) -> tuple | None:
+    return None if key is None else (kind, key, *layout)
 
 
 # ----------------------------------------------------------------------------------------
 # Data helpers.
 
-class _Batches:
-    """Wraps the training data: `next()`, and a resumable position (grain state when the
+class Batches:
+    """The training data as the loop reads it: `next()`, and a resumable position (grain state when the
     iterator has `get_state`/`set_state`, otherwise a count of consumed batches that is
     replayed on resume — exact for deterministic iterators)."""
 
@@ -281,7 +306,6 @@ def _allgather_json(obj) -> list:
     """Every process's JSON-able `obj`, in process order (one process: `[obj]`)."""
     if jax.process_count() == 1:
         return [obj]
-    from jax.experimental import multihost_utils
     raw = np.frombuffer(json.dumps(ckpt_lib.to_json(obj), sort_keys=True).encode(), np.uint8)
     sizes = np.asarray(multihost_utils.process_allgather(np.int32(raw.size))).reshape(-1)
     padded = np.zeros(int(sizes.max()), np.uint8)
@@ -396,19 +420,18 @@ def _write_config(workdir: str, config) -> None:
 
 def create_state(trainable, optimizer: optax.GradientTransformation, mesh, *,
                  sharding: str = 'replicate', axes=None, fsdp_min_size: int = 2 ** 12,
-                 seed: int = 0) -> tuple[dict, Any]:
+                 seed: int = 0, key: CacheKey | None = None) -> tuple[dict, Any]:
     """The initial train state (`init_state`) placed on `mesh` -> (state, state_shardings).
 
     Parameters are replicated or FSDP-split by logical axis (`parallel.param_shardings`);
     optimiser moments share their parameter's sharding, everything else is replicated
-    (`parallel.state_shardings`)."""
-    try:
-        hash(optimizer)
-    except TypeError as e:
-        raise TypeError(f'create_state needs a hashable optimizer (jit caches it): {e}') from None
+    (`parallel.state_shardings`). `key` names the optimiser (with the same meaning as
+    `FitConfig.compile_key`): states of equal keys share one compiled initialisation."""
     trainable_sh = parallel.param_shardings(trainable, mesh, sharding, axes=axes, min_size=fsdp_min_size)
     trainable = jax.device_put(jax.tree.map(_via_host, trainable, trainable_sh), trainable_sh)
-    state = _init_state_jit(trainable, optimizer=optimizer, seed=seed)
+    init = PROGRAMS.get(_keyed('init', key, seed), lambda: jax.jit(
+        functools.partial(init_state, optimizer=optimizer, seed=seed)))
+    state = init(trainable)
     state_sh = parallel.state_shardings(state, trainable_sh, mesh)
     return jax.device_put(state, state_sh), state_sh
 
@@ -422,7 +445,7 @@ def _via_host(x, sharding):
     return x
 
 
-def restore_or_start(ckpt: ckpt_lib.RunCheckpointer, state: dict, batches: _Batches, workdir: str,
+def restore_or_start(ckpt: ckpt_lib.RunCheckpointer, state: dict, batches: Batches, workdir: str,
                      *, resume: bool, model_config=None, config=None,
                      say: Callable[[str], None] | None = None) -> tuple[dict, int]:
     """-> (state, first step). With `resume` and a checkpoint in `ckpt`, the newest readable
@@ -493,28 +516,35 @@ class StepProgram:
     """The jitted training calls of one run: `program(state, host_batches)` runs one step
     per batch in one call (`make_train_step(steps_per_call=n)`), with the state donated and
     the given shardings (batches over the mesh's 'data' axis, stacked on a leading axis
-    when n > 1), drawing the step keys from `base_rng`. Each
-    distinct `n` compiles once; programs are shared between `fit` calls with equal
-    loss_fn, optimizer, microbatches and shardings."""
+    when n > 1), drawing the step keys from `base_rng`. Each distinct `n` compiles once.
+
+    `key` (hashable) names what `loss_fn` and `optimizer` compute: programs of equal keys,
+    microbatches and shardings are shared between runs (`PROGRAMS`), so a study's runs of
+    one shape compile their step once. Equal keys must mean equal functions; without a key
+    (None) the programs are this run's own."""
 
     def __init__(self, loss_fn: LossFn, optimizer: optax.GradientTransformation, state_sh, mesh,
-                 base_rng: jax.Array, *, microbatches: int = 1):
-        try:
-            hash(loss_fn)
-        except TypeError as e:
-            raise TypeError(f'StepProgram needs a hashable loss_fn (jit caches it): {e}') from None
+                 base_rng: jax.Array, *, microbatches: int = 1, key: CacheKey | None = None):
+        check_microbatches(microbatches)
         self.loss_fn, self.optimizer, self.microbatches = loss_fn, optimizer, microbatches
-        self.mesh, self.base_rng = mesh, base_rng
-        self._state_sh_key = _key(state_sh)
+        self.mesh, self.base_rng, self.key, self.state_sh = mesh, base_rng, key, state_sh
         self._fns: dict[int, Callable] = {}
 
     def compiled(self, n: int) -> Callable:
         """The jitted `(state, batch, rng) -> (state, metrics)` of `n` steps."""
         if n not in self._fns:
-            self._fns[n] = _jitted_step(self.loss_fn, self.optimizer, self.microbatches, n,
-                                        self._state_sh_key,
-                                        parallel.batch_sharding(self.mesh, stacked=n > 1),
-                                        parallel.replicated(self.mesh))
+            batch_sh = parallel.batch_sharding(self.mesh, stacked=n > 1)
+            repl = parallel.replicated(self.mesh)
+
+            def build():
+                return compiler.jit(make_train_step(self.loss_fn, self.optimizer,
+                                                    microbatches=self.microbatches,
+                                                    steps_per_call=n),
+                                    in_shardings=(self.state_sh, batch_sh, repl),
+                                    out_shardings=(self.state_sh, repl), donate_argnums=(0,))
+            self._fns[n] = PROGRAMS.get(
+                _keyed('step', self.key, self.microbatches, n, _sharding_key(self.state_sh),
+                       batch_sh, repl), build)
         return self._fns[n]
 
     def __call__(self, state: dict, host_batches: list[dict]) -> tuple[dict, dict]:
@@ -531,86 +561,209 @@ class StepProgram:
 # ----------------------------------------------------------------------------------------
 # The loop's hooks: train metrics, evaluation, checkpoints, preemption.
 
-class TrainLog:
-    """Collects the device metrics of each call and, at a sync (`flush`), fetches them in
-    one transfer, stops on a non-finite loss and writes their mean (plus steps/s)."""
+@dataclasses.dataclass
+class Run:
+    """What the hooks of one run share: the run (`steps`, the first step `start`, the
+    metric writer, the history, the mesh and the state's shardings, the progress bar), the
+    run's `TrainLog` and `Checkpoints` once they have started, and the current call's
+    record: its device `metrics`, whether a hook synced with the host (`synced`, a step
+    every process reaches together), the checkpoint saved (`saved`), the evaluation record
+    (`eval_record`) and a reason to stop after it (`stop`)."""
+    steps: int
+    writer: Any
+    history: dict = dataclasses.field(default_factory=lambda: {'train': [], 'eval': []})
+    start: int = 0
+    mesh: Any = None
+    state_shardings: Any = None
+    bar: Any = None
+    log: TrainLog | None = None
+    checkpoints: Checkpoints | None = None
+    metrics: Any = None
+    synced: bool = False
+    saved: str | None = None
+    eval_record: dict | None = None
+    stop: str | None = None
 
-    def __init__(self, writer: metrics_lib.MetricWriter, history: dict, *, every: int, steps: int,
-                 start: int, last_checkpoint: Callable[[], str]):
-        self.writer, self.history, self.every, self.steps = writer, history, every, steps
-        self._last_checkpoint = last_checkpoint   # a sentence naming the last good checkpoint
+    def begin_call(self, metrics) -> None:
+        """A new call's record: its device metrics, nothing synced, saved or evaluated."""
+        self.metrics, self.synced, self.saved, self.eval_record = metrics, False, None, None
+
+    def flush(self, step: int) -> dict | None:
+        """Sync the train metrics (`TrainLog.flush`) when the run has a TrainLog."""
+        return None if self.log is None else self.log.flush(step)
+
+
+class Hook:
+    """One thing the loop does after every compiled call: `start(run)` binds it to the run
+    (once, before the first call), `after_call(run, step, state)` acts on the call's record
+    (`Run`). `every`: an interval in steps that no call of several steps runs past, so the
+    hook sees the state at each multiple (None: none)."""
+    every: int | None = None
+
+    def start(self, run: Run) -> None:
+        del run
+
+    def after_call(self, run: Run, step: int, state: dict) -> None:
+        raise NotImplementedError
+
+
+def _check_interval(name: str, every, minimum: int, *, optional: bool = True) -> None:
+    if (every is not None or not optional) and (
+            not isinstance(every, int) or isinstance(every, bool) or every < minimum):
+        kind = 'a positive' if minimum else 'a non-negative'
+        raise ValueError(f'{name} must be {kind} integer, got {every!r}')
+
+
+class TrainLog(Hook):
+    """Collects the device metrics of each call and, every `every` steps and at the end,
+    syncs them in one transfer (`flush`), stops on a non-finite loss and writes their mean
+    (plus steps/s). `last_checkpoint()` is the sentence of a non-finite stop about the
+    run's checkpoints."""
+
+    def __init__(self, every: int = 50, *, last_checkpoint: Callable[[], str] = lambda: ''):
+        _check_interval('log_every', every, 1, optional=False)
+        self.every = every
+        self._last_checkpoint = last_checkpoint
         self._pending: list = []
-        self._last = (start, time.perf_counter())
+        self.run: Run | None = None
+
+    def start(self, run: Run) -> None:
+        self.run, run.log = run, self
+        self._last = (run.start, time.perf_counter())
 
     def add(self, device_metrics) -> None:
         self._pending.append(device_metrics)
 
     def due(self, step: int) -> bool:
-        return step % self.every == 0 or step == self.steps
+        return step % self.every == 0 or step == self.run.steps
+
+    def after_call(self, run: Run, step: int, state: dict) -> None:
+        del state
+        self.add(run.metrics)
+        if self.due(step):
+            run.synced = True
+            rec = self.flush(step)
+            if rec and run.bar is not None:
+                run.bar.update(0, loss=rec['loss'])
 
     def flush(self, step: int) -> dict | None:
         """Sync the pending metrics (None when there are none); raises NonFiniteLossError."""
         if not self._pending:
             return None
+        run = self.run
         records = _step_records(_to_host(self._pending))
         first = step - len(records) + 1
         for i, r in enumerate(records):
             if not math.isfinite(r['loss']):
+                note = self._last_checkpoint()
                 raise NonFiniteLossError(
-                    f"loss is {r['loss']} at step {first + i} (of {self.steps}); stopping. "
-                    f'{self._last_checkpoint()} Lower the learning rate, enable clip_norm, or '
-                    'check the data.')
+                    f"loss is {r['loss']} at step {first + i} (of {run.steps}); stopping. "
+                    + (f'{note} ' if note else '') + 'Lower the learning rate, enable '
+                    'clip_norm, or check the data.')
         self._pending = []
         now = time.perf_counter()
         rec = _mean_records(records)
         rec['steps_per_sec'] = (step - self._last[0]) / max(now - self._last[1], 1e-9)
         self._last = (step, now)
-        self.writer.write(step, rec, 'train')
-        self.history['train'].append({'step': step, **rec})
+        run.writer.write(step, rec, 'train')
+        run.history['train'].append({'step': step, **rec})
         return rec
 
 
-class Evaluation:
-    """Evaluates the params every `every` steps and at the end (`evaluate` over `eval_data`,
-    with `eval_fn` jitted for the params' and batches' shardings); records 'eval/<name>'."""
+class Evaluation(Hook):
+    """Evaluates the params every `every` steps and at the end (`evaluate` over
+    `eval_data`), records 'eval/<name>' = sum / count and leaves the record in
+    `run.eval_record` for the hooks after it.
 
-    def __init__(self, eval_fn: Callable, eval_data, params_sh, mesh, writer: metrics_lib.MetricWriter,
-                 history: dict, *, every: int | None, steps: int):
-        self.eval_fn, self.eval_data, self.mesh = eval_fn, eval_data, mesh
-        self.writer, self.history, self.every, self.steps = writer, history, every, steps
-        self.jitted = _jitted_eval(eval_fn, _key(params_sh), parallel.batch_sharding(mesh),
-                                   parallel.replicated(mesh))
+    `eval_fn(params, batch) -> {name: sum over valid examples, ..., 'count': n}` (see
+    `tasks.classification_eval`) is jitted for the run's params and batch shardings;
+    `eval_data` is a zero-argument callable returning an iterator of eval batches, or a
+    re-iterable (a one-shot iterator is cached in host memory after its first pass).
+    `key` (default: `eval_fn.key` where the factory declares one) names what `eval_fn`
+    computes: runs of equal keys and shardings share its compiled program (`PROGRAMS`)."""
+
+    def __init__(self, eval_fn: Callable, eval_data, *, every: int | None = None,
+                 key: CacheKey | None = None):
+        if eval_data is None:
+            raise ValueError('Evaluation needs eval_data')
+        _check_interval('eval_every', every, 0)
+        self.eval_fn, self.eval_data, self.every = eval_fn, eval_data, every or None
+        self.key = getattr(eval_fn, 'key', None) if key is None else key
         self._cache: list = []
+        self.run: Run | None = None
+        self.jitted = None
+
+    def start(self, run: Run) -> None:
+        self.run = run
+        if run.mesh is None:
+            return
+        params_sh = run.state_shardings['params']
+        batch_sh, repl = parallel.batch_sharding(run.mesh), parallel.replicated(run.mesh)
+        self.jitted = PROGRAMS.get(
+            _keyed('eval', self.key, _sharding_key(params_sh), batch_sh, repl),
+            lambda: compiler.jit(self.eval_fn, in_shardings=(params_sh, batch_sh),
+                                 out_shardings=repl))
 
     def due(self, step: int) -> bool:
-        return bool(self.every and step % self.every == 0) or step == self.steps
+        return bool(self.every and step % self.every == 0) or step == self.run.steps
+
+    def after_call(self, run: Run, step: int, state: dict) -> None:
+        if self.due(step):
+            run.synced = True
+            run.flush(step)
+            run.eval_record = self(step, state['params'])
 
     def __call__(self, step: int, params) -> dict:
         result = evaluate(self.eval_fn, params, _eval_iter(self.eval_data, self._cache),
-                          mesh=self.mesh, jitted=self.jitted)
+                          mesh=self.run.mesh, jitted=self.jitted)
         rec = {f'eval/{k}': v for k, v in result.items()}
-        self.writer.write(step, rec, 'eval')
-        self.history['eval'].append({'step': step, **rec})
+        self.run.writer.write(step, rec, 'eval')
+        self.run.history['eval'].append({'step': step, **rec})
         return rec
 
 
-class Checkpoints:
-    """Saves the state every `every` steps, at the end, and after each evaluation when a
-    `best_metric` ranks checkpoints. The pending train metrics are synced first, so a
-    checkpoint never follows a non-finite loss."""
+class StopWhen(Hook):
+    """Ends the run after an evaluation whose record satisfies `predicate(record)` (e.g. a
+    target accuracy reached; a checkpoint is written there). Place it after the
+    `Evaluation` it reads. The eval record is global, so every process stops at the same
+    step."""
 
-    def __init__(self, ckpt: ckpt_lib.RunCheckpointer, log_: TrainLog, batches: _Batches, *,
-                 every: int | None, steps: int, config=None, model_config=None):
-        self.ckpt, self.log, self.batches = ckpt, log_, batches
-        self.every, self.steps = every, steps
+    def __init__(self, predicate: Callable[[dict], bool], reason: str = 'the stop condition is met'):
+        self.predicate, self.reason = predicate, reason
+
+    def after_call(self, run: Run, step: int, state: dict) -> None:
+        del state
+        if run.eval_record is not None and step < run.steps and self.predicate(run.eval_record):
+            run.stop = self.reason
+
+
+class Checkpoints(Hook):
+    """Saves the state every `every` steps, at the end, and after each evaluation when a
+    `best_metric` ranks the checkpoints, with the data position of `batches` and the
+    configs. The pending train metrics are synced first, so a checkpoint never follows a
+    non-finite loss."""
+
+    def __init__(self, ckpt: ckpt_lib.RunCheckpointer, batches: Batches, *,
+                 every: int | None = None, config=None, model_config=None):
+        _check_interval('checkpoint_every', every, 0)
+        self.ckpt, self.batches, self.every = ckpt, batches, every or None
         self.config, self.model_config = _config_json(config), model_config
+        self.run: Run | None = None
+
+    def start(self, run: Run) -> None:
+        self.run, run.checkpoints = run, self
 
     def due(self, step: int, evaluated: bool) -> bool:
-        return step == self.steps or bool(self.every and step % self.every == 0) or \
+        return step == self.run.steps or bool(self.every and step % self.every == 0) or \
             (evaluated and bool(self.ckpt.best_metric))
 
+    def after_call(self, run: Run, step: int, state: dict) -> None:
+        if self.due(step, run.eval_record is not None):
+            run.synced = True
+            run.saved = self.save(step, state, run.eval_record)
+
     def save(self, step: int, state: dict, metrics: dict | None = None) -> str:
-        self.log.flush(step)
+        self.run.flush(step)
         return self.ckpt.save(step, state, data_state=gather_data_state(self.batches.get_state()),
                               config=self.config,
                               model_config=self.model_config, metrics=metrics)
@@ -623,21 +776,19 @@ def agree_to_stop(flags) -> bool:
 
 
 def _gather_flags(flag: bool) -> np.ndarray:
-    from jax.experimental import multihost_utils
     return np.asarray(multihost_utils.process_allgather(np.asarray(flag, np.int32)))
 
 
 def _preemption_sync_point(step: int) -> bool | None:
     """jax's preemption service's verdict for `step` (True at the agreed save step), or None
     when the distributed runtime runs without the service."""
-    from jax.experimental import multihost_utils
     try:
         return multihost_utils.reached_preemption_sync_point(step)
     except RuntimeError:
         return None
 
 
-class Preemption:
+class Preemption(Hook):
     """SIGTERM (and Ctrl-C) handling agreed across processes (a context manager; the
     handlers are only installed, and the previous ones restored on exit, in the main
     thread). `signals` names the signals that ask for a checkpoint and a stop; a second
@@ -711,101 +862,150 @@ class Preemption:
         return sync_point and agree_to_stop(self._gather(self.flag))
 
 
-@dataclasses.dataclass
-class Hooks:
-    """What the loop does after each call: log (sync + metrics), evaluate, checkpoint, and
-    stop on an agreed preemption."""
-    log: TrainLog
-    checkpoints: Checkpoints
-    preemption: Preemption
-    evaluation: Evaluation | None = None
-    stop_when: Callable[[dict], bool] | None = None
-
-    def after_call(self, step: int, state: dict, bar: metrics_lib.Progress) -> tuple[bool, str | None, dict | None]:
-        """Run the hooks due at `step` -> (a sync point, the checkpoint saved or None, the
-        eval record or None)."""
-        synced = False
-        if self.log.due(step):
-            synced = True
-            rec = self.log.flush(step)
-            if rec:
-                bar.update(0, loss=rec['loss'])
-        eval_rec = None
-        if self.evaluation is not None and self.evaluation.due(step):
-            synced = True
-            self.log.flush(step)
-            eval_rec = self.evaluation(step, state['params'])
-        saved = None
-        if self.checkpoints.due(step, eval_rec is not None):
-            synced = True
-            saved = self.checkpoints.save(step, state, eval_rec)
-        return synced, saved, eval_rec
-
-
-def train_loop(state: dict, program: StepProgram, batches: _Batches, hooks: Hooks, *, start: int,
-               steps: int, steps_per_call: int, events: Iterable[int],
-               bar: metrics_lib.Progress) -> dict:
-    """Run steps `start`..`steps` in calls of `steps_in_call` steps, each followed by the
-    hooks; on an agreed preemption, save (unless just saved), print it and raise
-    `Preempted`. Returns the final state."""
-    events = list(events)
-    step = start
-    while step < steps:
-        n = steps_in_call(step, steps, steps_per_call, events)
-        state, m = program(state, [next(batches) for _ in range(n)])
-        hooks.log.add(m)
-        step += n
-        bar.update(n)
-        synced, saved, eval_rec = hooks.after_call(step, state, bar)
-        if hooks.preemption.requested(step, sync_point=synced):
-            err = Preempted(step, saved or hooks.checkpoints.save(step, state, eval_rec),
-                            hooks.preemption.signal_name)
-            hooks.log.writer.event(step, str(err))
+    def after_call(self, run: Run, step: int, state: dict) -> None:
+        """After an agreed stop request: save (unless this call saved), print it and raise
+        `Preempted`."""
+        if self.requested(step, sync_point=run.synced):
+            saved = run.saved
+            if saved is None and run.checkpoints is not None:
+                saved = run.checkpoints.save(step, state, run.eval_record)
+            err = Preempted(step, saved, self.signal_name)
+            run.writer.event(step, str(err))
             raise err
-        if eval_rec is not None and step < steps and hooks.stop_when is not None \
-                and hooks.stop_when(eval_rec):
-            if saved is None:
-                hooks.checkpoints.save(step, state, eval_rec)
-            hooks.log.writer.event(step, f'stopped at step {step} of {steps}: stop_when is met')
+
+
+def train_loop(state: dict, program: Callable[[dict, list], tuple[dict, Any]], batches,
+               hooks: Sequence[Hook], run: Run, *, steps_per_call: int = 1) -> dict:
+    """Run steps `run.start`..`run.steps` in calls of `steps_in_call` steps (`program(state,
+    host batches) -> (state, device metrics)`, e.g. a `StepProgram`; `batches` an iterator
+    of host batches, e.g. `Batches`), each call followed by every hook in order
+    (`Hook.after_call`; they are started first). When a hook sets `run.stop`, the run ends
+    there, with a checkpoint when it has `Checkpoints` (unless that call saved one).
+    Returns the final state."""
+    for hook in hooks:
+        hook.start(run)
+    events = [h.every for h in hooks if getattr(h, 'every', None)]
+    step = run.start
+    while step < run.steps:
+        n = steps_in_call(step, run.steps, steps_per_call, events)
+        state, metrics = program(state, [next(batches) for _ in range(n)])
+        step += n
+        run.begin_call(metrics)
+        if run.bar is not None:
+            run.bar.update(n)
+        for hook in hooks:
+            hook.after_call(run, step, state)
+        if run.stop is not None:
+            if run.saved is None and run.checkpoints is not None:
+                run.saved = run.checkpoints.save(step, state, run.eval_record)
+            run.writer.event(step, f'stopped at step {step} of {run.steps}: {run.stop}')
             break
-    hooks.log.flush(step)
+    run.flush(step)
     return state
 
 
 # ----------------------------------------------------------------------------------------
 # fit: the one-call entry.
 
-def _check_fit_args(steps, log_every, eval_every, checkpoint_every, eval_fn, eval_data,
-                    microbatches, steps_per_call) -> None:
-    if steps < 0:
-        raise ValueError(f'steps must be >= 0, got {steps}')
-    for name, every in (('log_every', log_every), ('eval_every', eval_every),
-                        ('checkpoint_every', checkpoint_every)):
-        if every is not None and (not isinstance(every, int) or every < (1 if name == 'log_every' else 0)):
-            raise ValueError(f'{name} must be a positive integer, got {every!r}')
-    if eval_fn is not None and eval_data is None:
-        raise ValueError('eval_fn needs eval_data')
-    check_microbatches(microbatches)
-    if steps_per_call != 'auto':
-        check_steps_per_call(steps_per_call)
+@dataclasses.dataclass(frozen=True)
+class FitConfig:
+    """How `fit` runs (what it does after each call is its hooks).
+
+    workdir: metrics.jsonl, config.json, tensorboard/ and checkpoints/ go here. The newest
+      readable checkpoint there is resumed when `resume` (refused if it does not fit;
+      unreadable newer ones are moved aside, see `restore_or_start`); the console then
+      shows 'resumed from <dir> at step N', and any config field that changed.
+    steps: total steps of the run (a resumed run continues up to it).
+    log_every / checkpoint_every: intervals in steps (checkpoints: None = only at the end;
+      a final checkpoint is always written).
+    keep_checkpoints, best_metric, best_mode: retention (latest N plus the best by e.g.
+      'eval/accuracy', which an `Evaluation` hook records).
+    seed: the run's key (the step's key is `fold_in(key, step)`).
+    experiment_config: the resolved experiment config (ConfigDict/dict), written to
+      workdir/config.json and stored in every checkpoint; `model_config` (a ViTConfig) makes
+      a resume into a different model fail with the mismatched fields named.
+    sharding: 'replicate' or 'fsdp' (parameters split over the 'data' axis by logical axis;
+      `axes` overrides the logical names, default the ViT table; leaves smaller than
+      `fsdp_min_size` elements stay replicated).
+    mesh: a mesh with a 'data' axis and optionally a 'model' axis (default: all devices,
+      `parallel.make_mesh(model=model_parallel)`).
+    model_parallel: without `mesh`, the size of the mesh's 'model' axis: parameters are
+      then also split over it by logical axis (heads, mlp, else embed; see
+      `parallel.param_shardings`), for models too large for FSDP alone. It must divide
+      each process's device count.
+    microbatches: accumulate each step's gradient over this many equal parts of the batch
+      (see `make_train_step`); the batch size must be a multiple of it.
+    steps_per_call: optimiser steps per compiled call (see `make_train_step`): the step is
+      the same, only the host dispatches it less often. A call never runs past a hook's
+      interval (steps up to one run one at a time, with a second compiled program), and
+      holds that many batches in memory at once; a SIGTERM or Ctrl-C is acted on after the
+      call. 'auto' (`auto_steps_per_call`): on CPU the largest K <= 8 dividing the
+      intervals and `steps`, 1 on other platforms.
+    resume, progress, console, tensorboard, handle_sigterm: switches for resuming from
+      workdir, the tqdm bar, console lines (metrics, resume, preemption), TensorBoard events
+      and the SIGTERM / Ctrl-C checkpoint (`Preemption`: agreed across processes; it then
+      raises `Preempted`, a SystemExit with status 143 or 130).
+    compile_key: a hashable name of what `loss_fn` and `optimizer` compute (e.g. their
+      configs: `tasks.classification_loss(...).key` and `optim.cache_key(...)`): runs of
+      equal keys and shapes share the compiled initialisation and step (`PROGRAMS`); None
+      compiles this run's own.
+    """
+    workdir: str
+    steps: int
+    log_every: int = 50
+    checkpoint_every: int | None = None
+    keep_checkpoints: int = 2
+    best_metric: str | None = None
+    best_mode: str = 'max'
+    seed: int = 0
+    experiment_config: Any = None
+    model_config: Any = None
+    sharding: str = 'replicate'
+    axes: Any = None
+    mesh: Any = None
+    model_parallel: int = 1
+    fsdp_min_size: int = 2 ** 12
+    microbatches: int = 1
+    steps_per_call: int | str = 'auto'
+    resume: bool = True
+    progress: bool = True
+    console: bool = True
+    tensorboard: bool = True
+    handle_sigterm: bool = True
+    compile_key: CacheKey | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 0:
+            raise ValueError(f'steps must be a non-negative integer, got {self.steps!r}')
+        _check_interval('log_every', self.log_every, 1, optional=False)
+        _check_interval('checkpoint_every', self.checkpoint_every, 0)
+        check_microbatches(self.microbatches)
+        if self.steps_per_call != 'auto':
+            check_steps_per_call(self.steps_per_call)
+
+    @classmethod
+    def of(cls, config: 'FitConfig | Mapping[str, Any]') -> 'FitConfig':
+        """`config` itself, or the FitConfig of a mapping of its fields (ValueError naming
+        unknown ones)."""
+        if isinstance(config, cls):
+            return config
+        if not isinstance(config, Mapping):
+            raise TypeError(f'fit config must be a FitConfig or a mapping, got {type(config).__name__}')
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise ValueError(f'fit config has unknown field(s) {unknown}; known: {sorted(known)}')
+        return cls(**config)
 
 
 def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
-        optimizer: optax.GradientTransformation, *, workdir: str, steps: int,
-        eval_fn: Callable | None = None, eval_data=None, eval_every: int | None = None,
-        log_every: int = 50, checkpoint_every: int | None = None, keep_checkpoints: int = 2,
-        best_metric: str | None = None, best_mode: str = 'max', seed: int = 0, config=None,
-        model_config=None, sharding: str = 'replicate', axes=None, mesh=None,
-        model_parallel: int = 1,
-        fsdp_min_size: int = 2 ** 12, microbatches: int = 1, steps_per_call: int | str = 'auto',
-        resume: bool = True, progress: bool = True, console: bool = True,
-        tensorboard: bool = True, handle_sigterm: bool = True,
-        stop_when: Callable[[dict], bool] | None = None):
-    """Train `trainable` for `steps` optimiser steps; returns `(trainable, history)`.
+        optimizer: optax.GradientTransformation, config: FitConfig | Mapping[str, Any],
+        hooks: Sequence[Hook] = ()):
+    """Train `trainable` for `config.steps` optimiser steps; returns `(trainable, history)`.
 
     The pieces, in order: `create_state` (placement, init), `restore_or_start` (resume),
-    `StepProgram` (the jitted calls), `train_loop` with its `Hooks` (`TrainLog`,
-    `Evaluation`, `Checkpoints`, `Preemption`).
+    `StepProgram` (the jitted calls), `train_loop` with the hooks `TrainLog`, then
+    `hooks` in order (e.g. `Evaluation`, `StopWhen`), then `Checkpoints` and `Preemption`.
 
     Args:
       loss_fn: `(trainable, batch, rng) -> (loss, metrics)`; metrics are scalars.
@@ -813,104 +1013,60 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
       data: endless iterable of host batches (dicts of numpy arrays, leading batch axis,
         this process's share); a grain iterator's `get_state` makes resume exact.
       optimizer: an optax transformation (e.g. `optim.make_optimizer`).
-      workdir: metrics.jsonl, config.json, tensorboard/ and checkpoints/ go here. The newest
-        readable checkpoint there is resumed when `resume` (refused if it does not fit;
-        unreadable newer ones are moved aside, see `restore_or_start`); the console then
-        shows 'resumed from <dir> at step N', and any config field that changed.
-      steps: total steps of the run (a resumed run continues up to it).
-      eval_fn: `(trainable, batch) -> {name: sum over valid examples, ..., 'count': n}`
-        (see `tasks.classification_eval`); reported as 'eval/<name>' = sum / count
-        (`evaluate.evaluate`).
-      eval_data: a zero-argument callable returning an iterator of eval batches, or a
-        re-iterable; a one-shot iterator is cached in host memory after its first pass.
-      eval_every / log_every / checkpoint_every: intervals in steps (None = only at the end
-        for eval/checkpoints). A final checkpoint is always written.
-      keep_checkpoints, best_metric, best_mode: retention (latest N plus the best by e.g.
-        'eval/accuracy').
-      config: the resolved experiment config (ConfigDict/dict), written to
-        workdir/config.json and stored in every checkpoint; `model_config` (a ViTConfig)
-        makes a resume into a different model fail with the mismatched fields named.
-      sharding: 'replicate' or 'fsdp' (parameters split over the 'data' axis by logical axis;
-        `axes` overrides the logical names, default the ViT table; leaves smaller than
-        `fsdp_min_size` elements stay replicated).
-      mesh: a mesh with a 'data' axis and optionally a 'model' axis (default: all devices,
-        `parallel.make_mesh(model=model_parallel)`).
-      model_parallel: without `mesh`, the size of the mesh's 'model' axis: parameters are
-        then also split over it by logical axis (heads, mlp, else embed; see
-        `parallel.param_shardings`), for models too large for FSDP alone. It must divide
-        each process's device count.
-      microbatches: accumulate each step's gradient over this many equal parts of the batch
-        (see `make_train_step`); the batch size must be a multiple of it.
-      steps_per_call: optimiser steps per compiled call (see `make_train_step`): the step
-        is the same, only the host dispatches it less often. A call never runs past a log,
-        eval or checkpoint step (steps up to one run one at a time, with a second compiled
-        program), and holds that many batches in memory at once; a SIGTERM or Ctrl-C is acted on
-        after the call. 'auto' (`auto_steps_per_call`): on CPU the largest K <= 8 dividing
-        the intervals and `steps`, 1 on other platforms.
-      resume, progress, console, tensorboard, handle_sigterm: switches for resuming from
-        workdir, the tqdm bar, console lines (metrics, resume, preemption), TensorBoard
-        events and the SIGTERM / Ctrl-C checkpoint (`Preemption`: agreed across processes;
-        it then raises `Preempted`, a SystemExit with status 143 or 130).
-      stop_when: `(eval record) -> bool`, asked after each evaluation: True ends the run there
-        (a checkpoint is written), e.g. early stopping once a target accuracy is reached.
-        The eval record is global, so every process stops at the same step.
+      config: a `FitConfig` (or a mapping of its fields): where and how long it runs,
+        intervals, placement, switches.
+      hooks: what else runs after each call (`Hook`s), e.g. `Evaluation(eval_fn,
+        eval_data, every=...)` (recorded in history['eval']) and `StopWhen(predicate)`.
     """
-    _check_fit_args(steps, log_every, eval_every, checkpoint_every, eval_fn, eval_data,
-                    microbatches, steps_per_call)
-    os.makedirs(workdir, exist_ok=True)
-    mesh = mesh or parallel.make_mesh(model=model_parallel)
-    try:
-        hash(loss_fn), hash(optimizer)
-    except TypeError as e:  # before anything is read or written
-        raise TypeError(f'fit needs a hashable optimizer and loss_fn (jit caches them): {e}') from None
-    state, state_sh = create_state(trainable, optimizer, mesh, sharding=sharding, axes=axes,
-                                   fsdp_min_size=fsdp_min_size, seed=seed)
-    batches = _Batches(data)
-    ckpt = ckpt_lib.RunCheckpointer(os.path.join(workdir, 'checkpoints'), keep=keep_checkpoints,
-                                    best_metric=best_metric, best_mode=best_mode)
+    c = FitConfig.of(config)
+    hooks = list(hooks)
+    os.makedirs(c.workdir, exist_ok=True)
+    mesh = c.mesh or parallel.make_mesh(model=c.model_parallel)
+    state, state_sh = create_state(trainable, optimizer, mesh, sharding=c.sharding, axes=c.axes,
+                                   fsdp_min_size=c.fsdp_min_size, seed=c.seed, key=c.compile_key)
+    batches = Batches(data)
+    ckpt = ckpt_lib.RunCheckpointer(os.path.join(c.workdir, 'checkpoints'), keep=c.keep_checkpoints,
+                                    best_metric=c.best_metric, best_mode=c.best_mode)
     writer = bar = None
     try:
-        state, start = restore_or_start(ckpt, state, batches, workdir, resume=resume,
-                                        model_config=model_config, config=config,
-                                        say=_console_say if console else None)
-        _write_config(workdir, config)  # after the resume check: a refused run leaves it alone
+        state, start = restore_or_start(ckpt, state, batches, c.workdir, resume=c.resume,
+                                        model_config=c.model_config, config=c.experiment_config,
+                                        say=_console_say if c.console else None)
+        _write_config(c.workdir, c.experiment_config)  # after the resume check: a refused run leaves it alone
         # The run's key comes from the (possibly restored) state; a host copy, since the
         # state itself is donated at every step.
         base_rng = jax.device_put(np.asarray(jax.device_get(state['rng'])), parallel.replicated(mesh))
-        program = StepProgram(loss_fn, optimizer, state_sh, mesh, base_rng, microbatches=microbatches)
-        events = [e for e in (log_every, eval_every if eval_fn is not None else None,
-                              checkpoint_every) if e]
-        if steps_per_call == 'auto':
-            steps_per_call = auto_steps_per_call(mesh.devices.flat[0].platform, events + [steps])
-
-        writer = metrics_lib.MetricWriter(workdir, console=console, tensorboard=tensorboard,
+        program = StepProgram(loss_fn, optimizer, state_sh, mesh, base_rng,
+                              microbatches=c.microbatches, key=c.compile_key)
+        writer = metrics_lib.MetricWriter(c.workdir, console=c.console, tensorboard=c.tensorboard,
                                           start_step=start)
         if start:
             writer.event(start, f'resumed from {ckpt.directory} at step {start}')
         if writer.dropped:
             writer.event(start, f'dropped {writer.dropped} row(s) after step {start} from an '
                                 f'earlier attempt from {writer.path}')
-        history: dict[str, list] = {'train': [], 'eval': []}
-        log_ = TrainLog(writer, history, every=log_every, steps=steps, start=start,
-                        last_checkpoint=lambda: _last_checkpoint(ckpt))
-        evaluation = None
-        if eval_fn is not None:
-            evaluation = Evaluation(eval_fn, eval_data, state_sh['params'], mesh, writer, history,
-                                    every=eval_every, steps=steps)
-        checkpoints = Checkpoints(ckpt, log_, batches, every=checkpoint_every, steps=steps,
-                                  config=config, model_config=model_config)
-        bar = metrics_lib.Progress(steps, initial=start, enabled=progress)
-        with Preemption(handle_sigterm) as preemption:
-            hooks = Hooks(log_, checkpoints, preemption, evaluation, stop_when)
-            state = train_loop(state, program, batches, hooks, start=start, steps=steps,
-                               steps_per_call=steps_per_call, events=events, bar=bar)
+        bar = metrics_lib.Progress(c.steps, initial=start, enabled=c.progress)
+        run = Run(c.steps, writer, start=start, mesh=mesh, state_shardings=state_sh, bar=bar)
+        with Preemption(c.handle_sigterm) as preemption:
+            everything = [TrainLog(c.log_every, last_checkpoint=lambda: _last_checkpoint(ckpt)),
+                          *hooks,
+                          Checkpoints(ckpt, batches, every=c.checkpoint_every,
+                                      config=c.experiment_config, model_config=c.model_config),
+                          preemption]
+            steps_per_call = c.steps_per_call
+            if steps_per_call == 'auto':
+                steps_per_call = auto_steps_per_call(
+                    mesh.devices.flat[0].platform,
+                    [h.every for h in everything if getattr(h, 'every', None)] + [c.steps])
+            state = train_loop(state, program, batches, everything, run,
+                               steps_per_call=steps_per_call)
     finally:
         if bar is not None:
             bar.close()
         if writer is not None:
             writer.close()
         ckpt.close()
-    return state['params'], history
+    return state['params'], run.history
 
 
 def _last_checkpoint(ckpt: ckpt_lib.RunCheckpointer) -> str:

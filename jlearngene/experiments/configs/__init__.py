@@ -10,12 +10,14 @@ They ship inside the package, so an installed wheel can run them by name::
 returns the locked ConfigDict with overrides applied, `names()` lists the bundled configs.
 
 `validate(config)` checks a config file as strictly as the locked config checks command-line
-overrides: a key that the task's bundled config (its template: `digits_vit` for
-classification, the config named by `experiment` for experiments) does not have is an
-error at any level (with the closest known key), `model`, `optim` and `data` are checked
-against the fields their consumers know, and step counts, batch sizes and learning rates
-must be positive (`ConfigError`, naming the key). `resolve` and `load` apply it, so a
-misspelt key in a config file fails before anything is read or written.
+overrides: its values are set into a locked copy of the task's bundled config (its template:
+`digits_vit` for classification, the config named by `experiment` for experiments), so
+ml_collections rejects a key the template lacks (named with the closest known key) and a
+value of another type; `model`, `optim` and `data` are checked against the fields their
+consumers know; what types cannot say is a short table of value ranges (step counts, batch
+sizes and learning rates positive). Each problem is a one-line `ConfigError` naming the key.
+`resolve` and `load` apply it, so a misspelt key in a config file fails before anything is
+read or written.
 """
 from __future__ import annotations
 
@@ -81,7 +83,10 @@ def _get_config(where: str, arg: str | None) -> ml_collections.ConfigDict:
     module_spec.loader.exec_module(module)
     if not hasattr(module, 'get_config'):
         raise ValueError(f'config file {where!r} defines no get_config(arg)')
-    config = module.get_config(arg) if arg is not None else module.get_config()
+    try:
+        config = module.get_config(arg) if arg is not None else module.get_config()
+    except TypeError as e:   # ml_collections' type safety: a value of another type than the field's
+        raise ConfigError(f'{where}: {str(e).splitlines()[0]}') from None
     if not isinstance(config, ml_collections.ConfigDict):
         raise ValueError(f'get_config of {where!r} returned a {type(config).__name__}, '
                          'not an ml_collections.ConfigDict')
@@ -89,35 +94,78 @@ def _get_config(where: str, arg: str | None) -> ml_collections.ConfigDict:
     return config
 
 
-def load(spec: str, overrides: Mapping[str, Any] | None = None) -> ml_collections.ConfigDict:
+def load(spec: str, overrides: Mapping[str, Any] | None = None, *,
+         from_text: bool = False) -> ml_collections.ConfigDict:
     """The locked ConfigDict of `spec` ('tleg:smoke', 'digits_vit', 'file.py:arg') with
-    dotted-key `overrides` ({'descend.steps': 10}) applied; a misspelt key is an error, and
-    the result passes `validate`."""
+    dotted-key `overrides` ({'descend.steps': 10}) applied; a misspelt key is an error naming
+    the closest field, and the result passes `validate`. `from_text`: the values are
+    command-line text, read as each field's type (`_from_text`)."""
     where, arg = split(spec)
     if not (os.path.exists(where) or where.endswith('.py')):
         where = path(where)
     config = _get_config(where, arg)
     config.lock()
     for key, value in (overrides or {}).items():
-        node = config
-        for part in key.split('.')[:-1]:
-            if part not in node:
-                raise ValueError(f'the config has no field {key!r} to override')
-            node = node[part]
-        leaf = key.split('.')[-1]
-        if leaf not in node:
-            raise ValueError(f'the config has no field {key!r} to override')
-        node[leaf] = value
+        node, parts = config, key.split('.')
+        for i, part in enumerate(parts):
+            if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+                known = list(node) if isinstance(node, ml_collections.ConfigDict) else []
+                close = difflib.get_close_matches(part, known, n=1)
+                raise ConfigError(f'the config has no field {key!r} to override'
+                                  + (f' (did you mean {".".join(parts[:i] + close)!r}?)' if close else ''))
+            if i < len(parts) - 1:
+                node = node[part]
+        leaf = parts[-1]
+        if from_text:
+            value = _from_text(node[leaf], value, key)
+        try:
+            node[leaf] = value
+        except TypeError:
+            raise ConfigError(f'{key} must be {_kind(node[leaf])} (it is {node[leaf]!r}), '
+                              f'got {value!r}') from None
     if overrides:
         validate(config, template=None, where=where)
     return config
 
 
+def _kind(value: Any) -> str:
+    """'an integer', 'a string', ... for an error message about `value`'s type."""
+    names = {bool: 'true or false', int: 'an integer', float: 'a number', str: 'a string',
+             tuple: 'a tuple', list: 'a list', ml_collections.ConfigDict: 'a section'}
+    return names.get(type(value), f'a {type(value).__name__}')
+
+
+def _from_text(current: Any, text: str, key: str) -> Any:
+    """Command-line `text` as the type of the field's `current` value, read by the parsers
+    ml_collections' config_flags uses: absl's for bool, int and float, its TupleParser for
+    tuples ('3,4,5', '((32,1),)'); a string field takes the text, any other field (None, a
+    list) a Python literal, else the text."""
+    import ast
+
+    from absl import flags
+    from ml_collections.config_flags import tuple_parser
+    if isinstance(current, str):
+        return text
+    parser = {bool: flags.BooleanParser, int: flags.IntegerParser, float: flags.FloatParser,
+              tuple: tuple_parser.TupleParser}.get(type(current))
+    if parser is None:
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return text
+    try:
+        return parser().parse(text)
+    except ValueError:
+        raise ConfigError(f'{key} must be {_kind(current)}, got {text!r}') from None
+
+
 # ----------------------------------------------------------------------------------------
 # Validation.
 
-# Classification keys that tasks.run_classification reads with a default.
+# Classification keys that commands.run.run_classification reads with a default.
 _OPTIONAL_CLASSIFICATION_KEYS = ('task', 'microbatches', 'steps_per_call', 'init')
+# Sections whose fields their consumers check (ViTConfig, optim.check, pipeline.check_config).
+_OWN_CHECKS = ('model', 'optim', 'data')
 # Sections whose sub-sections are per-name options (e.g. per method): only the sub-sections
 # the template has are checked.
 _OPEN_SECTIONS = ('method_options',)
@@ -127,13 +175,12 @@ def _as_dict(c) -> dict:
     return c.to_dict() if hasattr(c, 'to_dict') else dict(c)
 
 
-def _unknown(keys, known, where: str, section: str) -> None:
-    for key in sorted(set(keys) - set(known)):
-        close = difflib.get_close_matches(key, list(known), n=1)
-        hint = f' (did you mean {close[0]!r}?)' if close else ''
-        name = f'{section}.{key}' if section else key
-        raise ConfigError(f'{where}unknown config key {name!r}{hint}; known keys'
-                          f'{" of " + section if section else ""}: {", ".join(sorted(known))}')
+def _unknown(key: str, known, where: str, section: str) -> ConfigError:
+    close = difflib.get_close_matches(key, list(known), n=1)
+    hint = f' (did you mean {close[0]!r}?)' if close else ''
+    name = f'{section}.{key}' if section else key
+    return ConfigError(f'{where}unknown config key {name!r}{hint}; known keys'
+                       f'{" of " + section if section else ""}: {", ".join(sorted(known))}')
 
 
 def template_for(config) -> ml_collections.ConfigDict | None:
@@ -149,9 +196,9 @@ def template_for(config) -> ml_collections.ConfigDict | None:
 
 def validate(config, *, template: Any = 'auto', where: str = '') -> None:
     """ConfigError naming the first problem of `config` (see the module docstring).
-    `template` is the config whose keys are the known ones ('auto': `template_for(config)`;
-    None: check values and the `model`/`optim`/`data` fields only); `where` (e.g. the file)
-    starts every message."""
+    `template` is the config whose keys and types are the known ones ('auto':
+    `template_for(config)`; None: check values and the `model`/`optim`/`data` fields only);
+    `where` (e.g. the file) starts every message."""
     from jlearngene.data import pipeline
     from jlearngene.train import optim
     if template == 'auto':
@@ -162,72 +209,85 @@ def validate(config, *, template: Any = 'auto', where: str = '') -> None:
     if task not in ('classification', 'experiment'):
         raise ConfigError(f"{where}task must be 'classification' or 'experiment', got {task!r}")
     if template is not None:
-        _check_keys(c, _as_dict(template), where, '')
+        locked = ml_collections.ConfigDict(_as_dict(template))
+        locked.lock()
+        _set_into(locked, c, where, '')
         if task == 'classification':
-            missing = sorted(set(_as_dict(template)) - set(c) - set(_OPTIONAL_CLASSIFICATION_KEYS))
+            missing = sorted(set(locked) - set(c) - set(_OPTIONAL_CLASSIFICATION_KEYS))
             if missing:
                 raise ConfigError(f'{where}the classification task needs the key(s) {missing} '
                                   '(see the bundled digits_vit config)')
     if isinstance(c.get('model'), Mapping):
         from jlearngene.models import ViTConfig
-        _unknown(c['model'], set(ViTConfig.__dataclass_fields__) | {'variant'}, where, 'model')
+        unknown = sorted(set(c['model']) - set(ViTConfig.__dataclass_fields__) - {'variant'})
+        if unknown:
+            raise _unknown(unknown[0], set(ViTConfig.__dataclass_fields__) | {'variant'}, where, 'model')
         if task == 'classification':
             from jlearngene.train.tasks import model_config
             model_config(c['model'])
-    for key in ('optim',):
-        if isinstance(c.get(key), Mapping):
-            try:
-                optim.check(c[key])
-            except ValueError as e:
-                raise ConfigError(f'{where}{e}') from None
-    if isinstance(c.get('data'), Mapping):
-        try:
+    try:
+        if isinstance(c.get('optim'), Mapping):
+            optim.check(c['optim'])
+        if isinstance(c.get('data'), Mapping):
             pipeline.check_config(c['data'])
-        except ValueError as e:
-            raise ConfigError(f'{where}{e}') from None
+    except ValueError as e:
+        raise ConfigError(f'{where}{e}') from None
     _check_values(c, where, '')
 
 
-def _check_keys(c: dict, t: dict, where: str, section: str) -> None:
-    """Keys of `c` must be keys of the template `t`, recursively into the sections both
-    have (model, optim and data have their own field checks)."""
-    _unknown(c, t, where, section)
+def _set_into(locked: ml_collections.ConfigDict, c: Mapping, where: str, section: str) -> None:
+    """Sets `c`'s values into the locked template copy `locked`, section by section, so that
+    ml_collections rejects a key the template lacks (locking) and a value of another type
+    (type safety); the sections of _OWN_CHECKS are left to their consumers."""
     for k, v in c.items():
         name = f'{section}.{k}' if section else k
-        if name in ('model', 'optim', 'data') or not (isinstance(v, Mapping)
-                                                       and isinstance(t.get(k), Mapping)):
+        if k not in locked:
+            raise _unknown(k, locked, where, section)
+        if name in _OWN_CHECKS:
             continue
-        if name in _OPEN_SECTIONS:
-            for sub, sv in v.items():
-                if isinstance(sv, Mapping) and isinstance(t[k].get(sub), Mapping):
-                    _check_keys(dict(sv), dict(t[k][sub]), where, f'{name}.{sub}')
+        if isinstance(v, Mapping) and isinstance(locked[k], ml_collections.ConfigDict):
+            if name not in _OPEN_SECTIONS:
+                _set_into(locked[k], v, where, name)
+            else:   # only the per-name sub-sections the template has
+                for sub, sv in v.items():
+                    if isinstance(sv, Mapping) and isinstance(locked[k].get(sub), ml_collections.ConfigDict):
+                        _set_into(locked[k][sub], sv, where, f'{name}.{sub}')
             continue
-        _check_keys(dict(v), dict(t[k]), where, name)
+        try:
+            locked[k] = v
+        except TypeError:
+            raise ConfigError(f'{where}{name} must be {_kind(locked[k])} (the template has '
+                              f'{locked[k]!r}), got {v!r}') from None
+
+
+def _value_range(key: str, in_stage: bool):
+    """(what, test) for the values of `key`, or None: what ml_collections' types cannot say.
+    A stage's `steps` may be 0 (its `epochs` then set the budget)."""
+    if key == 'steps' and in_stage:
+        return 'a non-negative integer (0: the epochs set the budget)', lambda x: x >= 0
+    if key == 'steps' or key.endswith('batch_size') or key in ('log_every', 'keep_checkpoints'):
+        return 'a positive integer', lambda x: x > 0
+    if key.endswith(('_every', 'warmup_steps')):
+        return 'a non-negative integer', lambda x: x >= 0
+    if key == 'lr':
+        return 'a positive number', lambda x: x > 0
+    if key == 'epochs':
+        return 'a non-negative number', lambda x: x >= 0
+    return None
 
 
 def _check_values(c: dict, where: str, section: str) -> None:
-    """Step counts and batch sizes positive (stage `steps` may be 0: `epochs` then sets the
-    budget), learning rates positive, intervals and epochs non-negative."""
+    """The value ranges of `_value_range`, and a stage's budget (steps or epochs)."""
     for k, v in c.items():
         name = f'{section}.{k}' if section else k
         if isinstance(v, Mapping):
             _check_values(dict(v), where, name)
             continue
-        rule = None
-        if k == 'steps':
-            rule = ('a positive integer', lambda x: x > 0, int) if not section else \
-                ('a non-negative integer (0: the epochs set the budget)', lambda x: x >= 0, int)
-        elif k.endswith('batch_size') or k in ('log_every', 'keep_checkpoints'):
-            rule = ('a positive integer', lambda x: x > 0, int)
-        elif k.endswith(('_every', 'warmup_steps')):
-            rule = ('a non-negative integer', lambda x: x >= 0, int)
-        elif k == 'lr':
-            rule = ('a positive number', lambda x: x > 0, (int, float))
-        elif k == 'epochs':
-            rule = ('a non-negative number', lambda x: x >= 0, (int, float))
+        rule = _value_range(k, bool(section))
         if rule is None:
             continue
-        what, ok, kind = rule
+        what, ok = rule
+        kind = int if 'integer' in what else (int, float)
         if isinstance(v, bool) or not isinstance(v, kind) or not math.isfinite(v) or not ok(v):
             raise ConfigError(f'{where}{name} must be {what}, got {v!r}')
     if section and c.get('steps') == 0 and c.get('epochs', None) == 0:

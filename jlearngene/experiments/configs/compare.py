@@ -3,11 +3,11 @@ Cluster-Learngene, Scala and Mango against a converged Scratch, He-LG, IMwLM and
 (Pre-Fin, Auto-LG, Share-Init, Net2Net, StackBERT, LiGO on request), on descendants of three
 (width, depth) shapes (`jlearngene.experiments.study`; recorded: experiments/compare/README.md).
 
-    jlearngene compare --config compare --workdir DIR           # = jlearngene train --config compare ...
-    jlearngene compare --config compare:smoke --workdir DIR     # seconds: the tests' miniature
-    jlearngene compare --config compare:paper --workdir DIR \
-        --config.data.data_dir=~/tensorflow_datasets            # accelerator shapes (DeiT-B)
-    jlearngene compare --config compare --workdir DIR --config.methods="('tleg','ligo')"
+    jlearngene compare --workdir DIR                     # = jlearngene train --config compare ...
+    jlearngene compare smoke --workdir DIR               # seconds: the tests' miniature
+    jlearngene compare paper --workdir DIR \
+        --config.data.data_dir=~/tensorflow_datasets     # accelerator shapes (DeiT-B)
+    jlearngene compare --workdir DIR --config.methods="('tleg','ligo')"
 
 Arguments: 'digits' (default), 'smoke' or 'paper', optionally followed by ',quick' (one seed).
 
@@ -52,9 +52,10 @@ def get_config(arg=None):
     c.small = _d(width=32, num_heads=4, mlp_dim=64, depth=3, fraction=1.0)
     c.operator = _d(fraction=0.05, lr=1e-3, weight_decay=0.0)
     c.descend = _d(fractions=(0.35,), lr=1e-3, evals=5)
-    # per method: 'gene' options (he_lg/auto_lg k: 0 = ⌈depth/2⌉; mango: the operator's)
+    # per method: 'gene' options (he_lg/auto_lg k: 0 = ⌈depth/2⌉; He-LG's embeddings drawn
+    # fresh, as the recorded run; mango: the operator's)
     # and 'descend' options
-    c.method_options = _d(he_lg=_d(gene=_d(k=0)), auto_lg=_d(gene=_d(k=0)),
+    c.method_options = _d(he_lg=_d(gene=_d(k=0, embeddings='random')), auto_lg=_d(gene=_d(k=0)),
                           letra=_d(descend=_d(selection='continuous')),
                           mango=_d(gene=_d(rank=1, noise=1e-2, remat=False)),
                           bert2bert=_d(descend=_d(aki=True)))

@@ -2,8 +2,8 @@ r"""The TLEG study: a teacher, TLEG and Share-Init genes through an Aux-Net, des
 four depths against a converged Scratch, He-LG and Pre-Fin, under the fair protocol
 (`jlearngene.experiments.study`; recorded result: experiments/tleg/README.md).
 
-    jlearngene demo                                            # = the next line
-    jlearngene train --config tleg:digits,quick --workdir DIR  # one seed, a pipeline check
+    jlearngene demo                                            # = the recorded study, in workdirs/demo
+    jlearngene demo quick                                      # = --config tleg:digits,quick: one seed
     jlearngene train --config tleg:digits --workdir DIR        # the recorded study, 3 seeds
     jlearngene train --config tleg:smoke --workdir DIR         # seconds: the tests' miniature
     jlearngene train --config tleg:paper --workdir DIR --config.data.data_dir=~/tensorflow_datasets
@@ -39,9 +39,10 @@ def get_config(arg=None):
     c.aux = _d(fraction=1.5, tau=1.0, alpha=1.0)
     c.descend = _d(fractions=(0.35,), lr=1e-3, evals=5, official_pool_order=False)
     c.methods = ('tleg', 'share_init', 'he_lg', 'pre_fin')
-    # he_lg.k = 0: k follows the descendant's depth, ⌈L_d / 2⌉
+    # he_lg.k = 0: k follows the descendant's depth, ⌈L_d / 2⌉; embeddings='random' as the
+    # recorded study ran (the layers only; He-LG's default inherits them, as its official code)
     c.method_options = _d(tleg=_d(gene=_d(expand=('msa', 'mlp', 'ln'), from_layer=0)),
-                          he_lg=_d(gene=_d(k=0)))
+                          he_lg=_d(gene=_d(k=0, embeddings='random')))
 
     if scale == 'smoke':
         c.seeds = (0,)

@@ -1,5 +1,8 @@
 """Classification and distillation losses on logits (pure jnp; float32 internally).
 
+A bottom-floor module (like `pytree`): the trainer's tasks and the methods' own losses
+(`genes.scala`'s slimmable losses) both build on it.
+
 Targets are integer labels (B,) or probability vectors (B, K) (mixup/cutmix). Every loss
 takes an optional `mask` (B,) of valid examples (padded evaluation batches) and averages
 over the valid ones.
@@ -95,3 +98,15 @@ def accuracy(logits, labels, *, mask=None) -> jax.Array:
     if not jnp.issubdtype(labels.dtype, jnp.integer):
         labels = jnp.argmax(labels, axis=-1)
     return _mean((jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32), mask)
+
+
+def eval_sums(logits, batch) -> dict[str, jax.Array]:
+    """Sums over a batch's valid examples (`batch['mask']`, all when absent) of correct
+    predictions ('accuracy') and cross-entropy ('loss'), and their 'count': an evaluation
+    pass adds these up and divides by the count."""
+    labels = batch['label']
+    mask = batch.get('mask')
+    mask = jnp.ones(labels.shape[:1], jnp.float32) if mask is None else mask.astype(jnp.float32)
+    correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+    ce = cross_entropy_per_example(logits, labels)
+    return {'accuracy': (correct * mask).sum(), 'loss': (ce * mask).sum(), 'count': mask.sum()}
