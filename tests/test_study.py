@@ -91,6 +91,43 @@ def test_plateau_rule():
     assert study.plateau([(0, 0.1), (10, 0.2)], 0.005, 4) == (10, False)   # too short to tell
 
 
+def test_scratch_retrains_a_run_still_rising_up_to_max_steps():
+    """A run the plateau rule flags is trained again at twice the steps while that stays
+    within scratch.max_steps; the sweep itself runs at scratch.steps."""
+    from jlearngene.models import vit_config
+
+    class Fake:
+        def __init__(self, max_steps):
+            self.config = {'scratch': {'lrs': (1e-3, 2e-3, 4e-3), 'steps': 100, 'eval_every': 10,
+                                       'plateau': 0.005, 'patience': 2, 'max_steps': max_steps}}
+            self.calls = []
+
+        def steps(self, section, name):
+            return section['steps']
+
+        def say(self, msg):
+            pass
+
+        def fit(self, name, loss, params, ev, *, steps, lr, seed, eval_every, dset):
+            self.calls.append((lr, seed, steps))
+            rising = steps < 400          # converged only from 400 steps on
+            curve = [(t, (0.5 + t / 1000) if rising else min(0.6, 0.5 + t / 1000))
+                     for t in range(eval_every, steps + 1, eval_every)]
+            return params, curve
+
+    cfg = vit_config('Ti', width=16, num_heads=2, mlp_dim=32, depth=1, image_size=8, patch_size=4,
+                     num_classes=3)
+    runner = Fake(max_steps=400)
+    out = study.scratch_baseline(runner, {(16, 1): cfg}, [0, 1])[(16, 1)]
+    lr = out['lr']
+    assert runner.calls[:3] == [(1e-3, 0, 100), (2e-3, 0, 100), (4e-3, 0, 100)]   # the sweep
+    assert runner.calls[3:] == [(lr, 0, 200), (lr, 0, 400), (lr, 1, 100), (lr, 1, 200), (lr, 1, 400)]
+    assert out['converged'] and out['steps'] == 400 and {r['steps'] for r in out['runs'].values()} == {400}
+    runner = Fake(max_steps=0)       # no retraining: flagged, at scratch.steps
+    out = study.scratch_baseline(runner, {(16, 1): cfg}, [0])[(16, 1)]
+    assert len(runner.calls) == 3 and not out['converged'] and out['steps'] == 100
+
+
 def test_reach_interpolates_between_evaluations():
     curve = [(0, 0.1), (10, 0.3), (20, 0.7)]
     # start 5, 2 per step: x = 5, 25, 45; 0.5 is halfway between steps 10 and 20

@@ -65,7 +65,7 @@ def markdown(results: dict) -> str:
              '|---|---|---|---|---|---|---|---|']
     for key, b in results['scratch'].items():
         sweep = ', '.join(f'{lr}: {a:.3f}' for lr, a in b['sweep'].items())
-        lines.append(f"| {shape_text(parse_key(key))} | {sweep} | {b['lr']:g} | {cfg['scratch'].get('steps') or '–'} | "
+        lines.append(f"| {shape_text(parse_key(key))} | {sweep} | {b['lr']:g} | {b['steps']} | "
                      f"{b['S']} | {'yes' if b['converged'] else '**no**'} | {b['acc']:.4f} ± {b['std']:.4f} | "
                      f"{b['acc'] - cfg['target_gap']:.4f} |")
     lines += ancestor_lines(results)

@@ -412,39 +412,51 @@ class Runner:
 def scratch_baseline(runner: Runner, cfgs: dict[tuple, ViTConfig], seeds: Sequence[int], *,
                      dset: harness.Data | None = None, tag: str = 'scratch') -> dict:
     """Scratch at every shape of `cfgs` (on `dset`, default the descendants' data): the lr
-    sweep on the first seed, every seed at the chosen lr; returns {shape: {'lr', 'sweep',
-    'runs': {seed: record}, 'S', 'acc', 'std', 'converged', 'params' (per seed)}}."""
+    sweep on the first seed at `scratch.steps`, every seed at the chosen lr; a run at the
+    chosen lr that the plateau rule flags as still rising is trained again from the start
+    at twice the steps while that stays within `scratch.max_steps` (0: no longer runs).
+    Returns {shape: {'lr', 'sweep', 'runs': {seed: record}, 'S', 'acc', 'std', 'steps' (the
+    longest run), 'converged', 'params' (per seed)}}."""
     sc = runner.config['scratch']
     lrs = tuple(float(x) for x in sc['lrs'])
     steps = runner.steps(sc, 'scratch')
+    longest = max(steps, int(harness.get(sc, 'max_steps', 0)))
     every = int(harness.get(sc, 'eval_every', 0)) or steps
     tol, patience = float(sc['plateau']), int(sc['patience'])
     out = {}
     for shape, cfg in cfgs.items():
         loss, ev = tasks.classification_loss(cfg), harness.eval_fn(cfg)
 
-        def train(lr, seed):
-            params, curve = runner.fit(f'{tag}_{shape_key(shape)}_lr{lr:g}_s{seed}', loss,
-                                       init(cfg, jax.random.key(seed)), ev, steps=steps, lr=lr,
+        def train(lr, seed, n=steps):
+            suffix = '' if n == steps else f'_n{n}'
+            params, curve = runner.fit(f'{tag}_{shape_key(shape)}_lr{lr:g}_s{seed}{suffix}', loss,
+                                       init(cfg, jax.random.key(seed)), ev, steps=n, lr=lr,
                                        seed=seed, eval_every=every, dset=dset)
             # patience 0 (the paper configs): the paper's schedule is S
-            s, ok = plateau(curve, tol, patience) if patience > 0 else (steps, True)
-            rec = dict(lr=lr, seed=seed, steps=steps, curve=curve, acc=curve[-1][1],
+            s, ok = plateau(curve, tol, patience) if patience > 0 else (n, True)
+            rec = dict(lr=lr, seed=seed, steps=n, curve=curve, acc=curve[-1][1],
                        plateau_step=s, converged=ok)
             runner.say(f'{tag:<8} {shape_text(shape)} lr {lr:g} seed {seed}: {rec["acc"]:.4f}'
-                       f' after {steps} steps (plateau at {rec["plateau_step"]}'
+                       f' after {n} steps (plateau at {rec["plateau_step"]}'
                        f'{"" if ok else ", NOT converged"})')
             return params, rec
 
+        def converged(lr, seed, run):
+            while not run[1]['converged'] and 2 * run[1]['steps'] <= longest:
+                run = train(lr, seed, 2 * run[1]['steps'])
+            return run
+
         first = {lr: train(lr, seeds[0]) for lr in lrs}
         lr = max(lrs, key=lambda x: first[x][1]['acc'])
-        runs = {seeds[0]: first[lr]} | {s: train(lr, s) for s in seeds[1:]}
+        runs = {seeds[0]: converged(lr, seeds[0], first[lr])}
+        runs |= {s: converged(lr, s, train(lr, s)) for s in seeds[1:]}
         accs = [r['acc'] for _, r in runs.values()]
         out[shape] = dict(lr=lr, sweep={f'{x:g}': first[x][1]['acc'] for x in lrs},
                           runs={s: r for s, (_, r) in runs.items()},
                           params={s: p for s, (p, _) in runs.items()},
                           S=int(round(np.mean([r['plateau_step'] for _, r in runs.values()]))),
                           acc=float(np.mean(accs)), std=float(np.std(accs)),
+                          steps=max(r['steps'] for _, r in runs.values()),
                           converged=all(r['converged'] for _, r in runs.values()))
     return out
 

@@ -324,14 +324,15 @@ def study_base(experiment: str, scale: str) -> ml_collections.ConfigDict:
     three seeds; the studies' shared digits split (half the data for testing, 901 images:
     'half_train' / 'half_test'); Scratch's lr sweep (1e-3, 2e-3, 4e-3 around the teacher's
     2e-3), trained 1,200 steps with an evaluation every 50 and the plateau rule (0.5 pt,
-    patience 4 evaluations); the target gap (0.5 pt); amortisation over N = 1, 4, 10; the
+    patience 4 evaluations; `max_steps` > 0 retrains a run still rising at twice its steps
+    while that stays within it); the target gap (0.5 pt); amortisation over N = 1, 4, 10; the
     descendants' fine-tuning lr 1e-3 and 5 evaluations per run. Each study then sets its
     shapes, methods and budget fractions."""
     c = experiment_base(experiment, scale)
     c.seeds = (0, 1, 2)
     c.data.splits = section(train='half_train', test='half_test')
     c.scratch = section(lrs=(1e-3, 2e-3, 4e-3), steps=1200, epochs=0.0, eval_every=50,
-                        plateau=0.005, patience=4)
+                        plateau=0.005, patience=4, max_steps=0)
     c.target_gap = 0.005
     c.amortise = (1, 4, 10)
     c.on_missing = 'mark'          # 'mark': a table entry; 'error': stop before training
