@@ -414,7 +414,7 @@ def scratch_baseline(runner: Runner, cfgs: dict[tuple, ViTConfig], seeds: Sequen
     """Scratch at every shape of `cfgs` (on `dset`, default the descendants' data): the lr
     sweep on the first seed at `scratch.steps`, every seed at the chosen lr; a run at the
     chosen lr that the plateau rule flags as still rising is trained again from the start
-    at twice the steps while that stays within `scratch.max_steps` (0: no longer runs).
+    at twice the steps while that stays within `scratch.max_steps` (0: never retrained).
     Returns {shape: {'lr', 'sweep', 'runs': {seed: record}, 'S', 'acc', 'std', 'steps' (the
     longest run), 'converged', 'params' (per seed)}}."""
     sc = runner.config['scratch']
