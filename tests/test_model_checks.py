@@ -86,6 +86,29 @@ def test_list_layout_blocks_may_differ_in_heads_and_mlp(cfg, params):
                                                        out=bad['blocks'][1]['attn']['out']))
     with pytest.raises(ConfigError, match=r"'blocks/2/attn/out/kernel'.*\(3, 16, 32\).*\(2, 16, 32\)"):
         apply(bad, _x(cfg), cfg)
+    # differing blocks still need the config's width and head size
+    with pytest.raises(ConfigError, match=r"'blocks/0/attn/k/kernel'"):
+        apply(listed, _x(cfg), cfg.replace(head_dim=8))
+
+
+@pytest.mark.parametrize('change,leaf,expected,actual', [
+    (dict(num_heads=4), 'blocks/0/attn/k/kernel', (32, 4, 8), (32, 2, 16)),
+    (dict(mlp_dim=128), 'blocks/0/mlp/fc1/kernel', (32, 128), (32, 64)),
+    (dict(num_heads=4, head_dim=16), 'blocks/0/attn/k/kernel', (32, 4, 16), (32, 2, 16)),
+], ids=['num_heads', 'mlp_dim', 'num_heads_same_head_dim'])
+def test_uniform_list_blocks_must_have_the_configs_sizes(cfg, params, change, leaf, expected, actual):
+    """Blocks that share one head count and MLP size must have the config's, so a config that
+    differs only in `num_heads` or `mlp_dim` is refused."""
+    listed, other, x = unstack_blocks(params), cfg.replace(**change), _x(cfg)
+    shapes = jax.eval_shape(lambda: listed)
+    for call in (lambda: apply(listed, x, other), lambda: axes(other, shapes),
+                 lambda: jax.jit(lambda p: apply(p, x, other))(listed)):
+        with pytest.raises(ConfigError) as e:
+            call()
+        msg = str(e.value)
+        assert f"'{leaf}'" in msg and str(expected) in msg and str(actual) in msg, msg
+    apply(listed, x, cfg)   # the config they were built for
+    axes(cfg, shapes)
 
 
 def test_the_check_costs_nothing_in_the_compiled_program(cfg, params):

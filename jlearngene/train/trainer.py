@@ -39,6 +39,7 @@ at the same step.
 """
 from __future__ import annotations
 
+import abc
 import collections
 import dataclasses
 import functools
@@ -593,18 +594,19 @@ class Run:
         return None if self.log is None else self.log.flush(step)
 
 
-class Hook:
+class Hook(abc.ABC):
     """One thing the loop does after every compiled call: `start(run)` binds it to the run
     (once, before the first call), `after_call(run, step, state)` acts on the call's record
-    (`Run`). `every`: an interval in steps that no call of several steps runs past, so the
-    hook sees the state at each multiple (None: none)."""
+    (`Run`); a hook defines at least `after_call`. `every`: an interval in steps that no call
+    of several steps runs past, so the hook sees the state at each multiple (None: none)."""
     every: int | None = None
 
     def start(self, run: Run) -> None:
         del run
 
+    @abc.abstractmethod
     def after_call(self, run: Run, step: int, state: dict) -> None:
-        raise NotImplementedError
+        """Act on the call that ended at `step` (`run` holds its record)."""
 
 
 def _check_interval(name: str, every, minimum: int, *, optional: bool = True) -> None:
