@@ -94,8 +94,9 @@ def jsonable(obj: Any, where: str) -> Any:
                         '(configs, numbers, strings, lists and dicts can)')
 
 
-def _skeleton(tree: Any, prefix: str = '') -> Any:
-    """The tree's containers with each leaf replaced by its array key (its path)."""
+def _skeleton(tree: Any, leaves: dict[str, Any], prefix: str = '') -> Any:
+    """The tree's containers with each leaf replaced by its array key (its path), which
+    `leaves` maps to the leaf."""
     if tree is None:
         return None
     if isinstance(tree, Mapping):
@@ -104,27 +105,12 @@ def _skeleton(tree: Any, prefix: str = '') -> Any:
             if not isinstance(k, str) or '/' in k or not k:
                 raise GeneFileError(f'gene key {k!r} at {prefix or "the top"!r}: keys must be '
                                     "non-empty strings without '/'")
-            out[k] = _skeleton(v, f'{prefix}{k}/')
+            out[k] = _skeleton(v, leaves, f'{prefix}{k}/')
         return out
     if isinstance(tree, (list, tuple)):
-        return [_skeleton(v, f'{prefix}{i}/') for i, v in enumerate(tree)]
+        return [_skeleton(v, leaves, f'{prefix}{i}/') for i, v in enumerate(tree)]
+    leaves[prefix[:-1]] = tree
     return prefix[:-1]
-
-
-def _leaves(tree: Any, skeleton: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-
-    def walk(t, s):
-        if isinstance(s, dict):
-            for k, v in s.items():
-                walk(t[k], v)
-        elif isinstance(s, list):
-            for x, v in zip(t, s):
-                walk(x, v)
-        elif s is not None:
-            out[s] = t
-    walk(tree, skeleton)
-    return out
 
 
 def _rebuild(skeleton: Any, leaves: Mapping[str, Any]) -> Any:
@@ -166,8 +152,7 @@ def _method(method: str | Method) -> Method:
 
 def _counts(method: Method, gene: Any) -> dict[str, int]:
     method.check_gene(gene)      # the method's parts first: another method's gene is refused
-    total = sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(gene))
-    return {'stored': total, 's_params': int(method.gene_param_count(gene, include_head=False)),
+    return {'stored': n_params(gene), 's_params': int(method.gene_param_count(gene, include_head=False)),
             's_params_with_head': int(method.gene_param_count(gene, include_head=True))}
 
 
@@ -192,7 +177,7 @@ def save_gene(path: str | os.PathLike, method: str | Method, gene: Any, *,
     non-empty directory is replaced only with `overwrite=True` and only when it is a gene
     directory; the new files are written beside it and moved in when complete.
     """
-    import safetensors.numpy
+    from jlearngene.interop.timm import save_safetensors
     m = _method(method)
     path = os.path.abspath(os.fspath(path))
     try:
@@ -214,9 +199,9 @@ def save_gene(path: str | os.PathLike, method: str | Method, gene: Any, *,
         if not overwrite:
             raise GeneFileError(f'{path}: a gene directory already exists; pass overwrite=True '
                                 '(--overwrite) to replace it')
-    skeleton = _skeleton(gene)
-    arrays = {k: np.ascontiguousarray(np.asarray(jax.device_get(v)))
-              for k, v in _leaves(gene, skeleton).items()}
+    leaves: dict[str, Any] = {}
+    skeleton = _skeleton(gene, leaves)
+    arrays = {k: np.ascontiguousarray(np.asarray(jax.device_get(v))) for k, v in leaves.items()}
     for k, a in arrays.items():
         if a.dtype.name not in _DTYPES:
             raise GeneFileError(f'{path}: array {k!r} has dtype {a.dtype.name}; a gene file stores '
@@ -240,12 +225,8 @@ def save_gene(path: str | os.PathLike, method: str | Method, gene: Any, *,
     os.makedirs(parent, exist_ok=True)
     tmp = _make_tmp_dir(parent, os.path.basename(path))
     try:
-        # bytes written with open(), so the file's mode respects the umask (safetensors'
-        # save_file makes it 0600)
-        data = safetensors.numpy.save(arrays, metadata={'format': FORMAT, 'method': m.name})
-        with open(os.path.join(tmp, ARRAYS_FILE), 'wb') as f:
-            f.write(data)
-        del data
+        save_safetensors(arrays, os.path.join(tmp, ARRAYS_FILE),
+                         metadata={'format': FORMAT, 'method': m.name})
         with open(os.path.join(tmp, META_FILE), 'w') as f:
             json.dump(meta, f, indent=1)
             f.write('\n')
@@ -260,11 +241,6 @@ def save_gene(path: str | os.PathLike, method: str | Method, gene: Any, *,
 
 # ----------------------------------------------------------------------------------------
 # Reading.
-
-def is_gene_dir(path: str | os.PathLike) -> bool:
-    """Whether `path` is a directory with a `gene.json`."""
-    return os.path.isfile(os.path.join(os.fspath(path), META_FILE))
-
 
 def read_meta(path: str | os.PathLike) -> dict:
     """The checked `gene.json` of gene directory `path` (no arrays are read)."""
@@ -327,9 +303,8 @@ def read_meta(path: str | os.PathLike) -> dict:
     except (GeneError, KeyError, TypeError, AttributeError, IndexError) as e:
         raise GeneFileError(f"{file}: method {method.name!r} does not fit the arrays it lists "
                             f'({e})') from None
-    meta.setdefault('gene_options', {})
-    meta.setdefault('descend_options', {})
-    meta.setdefault('provenance', {})
+    for key in ('gene_options', 'descend_options', 'provenance'):
+        meta.setdefault(key, {})
     meta['path'] = path
     return meta
 
@@ -500,11 +475,9 @@ def _check_request(width, depth, heads, mlp_dim, overrides) -> None:
 
 def _request_text(width, depth, heads, mlp_dim, overrides) -> str:
     """The request as the command line spells it ('--width 50 --set num_classes=3')."""
-    parts = []
-    for field, v in (('width', width), ('depth', depth), ('heads', heads), ('mlp_dim', mlp_dim)):
-        if v is not None:
-            text = v if isinstance(v, (int, np.integer)) else ','.join(str(h) for h in v)
-            parts.append(f'{FLAGS[field]} {text}')
+    parts = [f'{FLAGS[field]} {v if isinstance(v, (int, np.integer)) else ",".join(map(str, v))}'
+             for field, v in (('width', width), ('depth', depth), ('heads', heads), ('mlp_dim', mlp_dim))
+             if v is not None]
     parts += [f"{FLAGS['overrides']} {k}={v}" for k, v in overrides.items()]
     return ' '.join(parts) or "the gene's own config"
 
@@ -644,9 +617,8 @@ def describe(meta: Mapping[str, Any], *, probe: bool = True) -> str:
                      f"S-Params {p['s_params']:,} ({p['s_params_with_head']:,} with the head)")
     lines.append('checksums: a sha256 of every array, verified at load' if has_checksums(meta) else
                  'checksums: none (an older gene file; its arrays are read unverified)')
-    for key in ('gene_options', 'descend_options', 'provenance'):
-        if meta.get(key):
-            lines.append(f'{key.replace("_", " ")}: {json.dumps(meta[key])[:300]}')
+    lines += [f'{key.replace("_", " ")}: {json.dumps(meta[key])[:300]}'
+              for key in ('gene_options', 'descend_options', 'provenance') if meta.get(key)]
     if probe:
         try:
             base = base_config(meta)
@@ -657,9 +629,8 @@ def describe(meta: Mapping[str, Any], *, probe: bool = True) -> str:
         role = 'target' if 'target' in meta['configs'] else 'source'
         lines.append(f'descendants (descend tried on shapes, other fields as the {role} config): '
                      + made_summary(cap, base, prefix=''))
-        for kind in ('width', 'depth', 'heads'):
-            if cap[f'{kind}_limit']:
-                lines.append(f"  first rejected {cap[f'{kind}_limit'][:400]}")
+        lines += [f"  first rejected {cap[f'{kind}_limit'][:400]}"
+                  for kind in ('width', 'depth', 'heads') if cap[f'{kind}_limit']]
     return '\n'.join(lines)
 
 
@@ -697,21 +668,14 @@ def write_descendant(out: str | os.PathLike, params: Any, cfg: ViTConfig, *, met
     result: dict[str, Any] = {'out': os.path.abspath(os.fspath(out)), 'timm': None, 'timm_kwargs': None}
     sd = None
     if to_timm is not None:
-        if not str(to_timm).endswith('.safetensors'):
-            raise ValueError(f'--to-timm {to_timm!r}: the timm state dict is written as '
-                             '.safetensors; give a file name ending in .safetensors')
-        if os.path.exists(to_timm) and not overwrite:
-            raise FileExistsError(f'{to_timm!r} already exists; pass --overwrite to replace it')
+        T.check_output(to_timm, '--to-timm', 'the timm state dict', '.safetensors', overwrite)
         sd = T.to_timm(params, cfg)
         result['timm_kwargs'] = T.timm_kwargs(cfg)
     extra = {'source': {'format': FORMAT, 'gene': meta.get('path'), 'method': meta.get('method'),
                         'options': jsonable(dict(options), 'options'), 'seed': int(seed)}}
     checkpoint.save_model(result['out'], params, cfg, extra=extra, overwrite=overwrite)
     if sd is not None:
-        cls = 'VisionTransformerDistilled' if cfg.distill_token else 'VisionTransformer'
-        result['timm'] = os.path.abspath(T.save_safetensors(
-            sd, to_timm, metadata={'jlearngene_config': json.dumps(cfg.to_dict()), 'timm_class': cls,
-                                   'timm_kwargs': json.dumps(result['timm_kwargs'])}))
+        result['timm'] = os.path.abspath(T.save_model_safetensors(sd, to_timm, cfg, result['timm_kwargs']))
     return result
 
 
@@ -735,10 +699,8 @@ def save_run_gene(checkpoint_dir: str | os.PathLike, out: str | os.PathLike, *,
     if name is None:
         raise GeneFileError(f"{src}: the checkpoint's metadata names no method (extra['method']); "
                             'use jlearngene gene --method NAME --from-model for a model')
-    method = _method(name)
-    options = extra.get('options') or {}
-    return save_gene(out, method, gene, configs={} if cfg is None else {'source': cfg},
-                     gene_options=options,
+    return save_gene(out, name, gene, configs={} if cfg is None else {'source': cfg},
+                     gene_options=extra.get('options') or {},
                      provenance={'from': src, 'checkpoint_extra': extra}, overwrite=overwrite)
 
 

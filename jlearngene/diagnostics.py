@@ -343,8 +343,7 @@ def plot_layer_linearity(result: Mapping[str, Any], *, path: str | os.PathLike |
         ax_d.plot(layers, coords[:, k], marker='o', label=f'PC-{k + 1} ({100 * explained[k]:.0f} %)')
     slope, icpt = np.polyfit(layers, coords[:, 0], 1)
     ax_d.plot(layers, icpt + slope * layers, 'k--', lw=1, label='line through PC-1')
-    ax_d.set_xlabel('layer')
-    ax_d.set_ylabel('coordinate')
+    ax_d.set(xlabel='layer', ylabel='coordinate')
     ax_d.legend(fontsize=8)
     ax_d.grid(alpha=0.3)
     y = coords[:, 1] if coords.shape[1] > 1 else np.zeros_like(layers, np.float64)
@@ -352,8 +351,7 @@ def plot_layer_linearity(result: Mapping[str, Any], *, path: str | os.PathLike |
     ax_p.plot(coords[:, 0], y, color='0.6', lw=1, zorder=2)
     for i in layers:
         ax_p.annotate(str(i), (coords[i, 0], y[i]), textcoords='offset points', xytext=(4, 4), fontsize=8)
-    ax_p.set_xlabel('PC-1')
-    ax_p.set_ylabel('PC-2' if coords.shape[1] > 1 else '')
+    ax_p.set(xlabel='PC-1', ylabel='PC-2' if coords.shape[1] > 1 else '')
     fig.colorbar(sc, ax=ax_p, label='layer')
     score = result.get('score')
     kinds = ', '.join(result.get('kinds', ()))
@@ -382,10 +380,7 @@ def plot_attention_distance(dist, *, path: str | os.PathLike | None = None,
         for (i, j), v in np.ndenumerate(m):
             if np.isfinite(v):
                 ax.text(j, i, f'{v:.1f}', ha='center', va='center', fontsize=7, color='w')
-    ax.set_xlabel('head')
-    ax.set_ylabel('layer')
-    ax.set_xticks(range(m.shape[1]))
-    ax.set_yticks(range(m.shape[0]))
+    ax.set(xlabel='head', ylabel='layer', xticks=range(m.shape[1]), yticks=range(m.shape[0]))
     fig.colorbar(im, ax=ax, label='pixels')
     ax.set_title(title, fontsize=10)
     return _save(fig, path)
@@ -404,10 +399,7 @@ def plot_cka(matrix, *, path: str | os.PathLike | None = None, xlabel: str = 'an
         for (i, j), v in np.ndenumerate(m):
             ax.text(j, i, f'{v:.2f}', ha='center', va='center', fontsize=7,
                     color='k' if v > 0.6 else 'w')
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_xticks(range(m.shape[1]))
-    ax.set_yticks(range(m.shape[0]))
+    ax.set(xlabel=xlabel, ylabel=ylabel, xticks=range(m.shape[1]), yticks=range(m.shape[0]),
+           title=title)
     fig.colorbar(im, ax=ax)
-    ax.set_title(title)
     return _save(fig, path)

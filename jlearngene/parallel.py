@@ -18,6 +18,7 @@ Across processes (`jlearngene.distributed`) the mesh holds every process's devic
 """
 from __future__ import annotations
 
+import collections
 from typing import Any, Sequence
 
 import jax
@@ -34,28 +35,23 @@ MODEL_AXES = ('heads', 'mlp', 'embed')   # in order of preference
 MODES = ('replicate', 'fsdp')
 
 
-def make_mesh(num_devices: int | None = None, *, devices: Sequence[jax.Device] | None = None,
-              model: int = 1) -> Mesh:
-    """A mesh over `devices` (default: the first `num_devices`, or all): 1-D with axis
-    'data', or with `model` > 1 2-D ('data', 'model') of shape (n // model, model), the
-    'model' axis over neighbouring devices (within one process: `model` must divide each
-    process's device count)."""
-    if devices is None:
-        devices = jax.devices()
-        if num_devices is not None:
-            if not 0 < num_devices <= len(devices):
-                raise ValueError(f'make_mesh: asked for {num_devices} devices, {len(devices)} available')
-            devices = devices[:num_devices]
-    devices = list(devices)
+def make_mesh(num_devices: int | None = None, *, model: int = 1) -> Mesh:
+    """A mesh over the first `num_devices` devices (default: all): 1-D with axis 'data', or
+    with `model` > 1 2-D ('data', 'model') of shape (n // model, model), the 'model' axis
+    over neighbouring devices (within one process: `model` must divide each process's
+    device count)."""
+    devices = jax.devices()
+    if num_devices is not None:
+        if not 0 < num_devices <= len(devices):
+            raise ValueError(f'make_mesh: asked for {num_devices} devices, {len(devices)} available')
+        devices = devices[:num_devices]
     if not isinstance(model, int) or isinstance(model, bool) or model < 1:
         raise ValueError(f'make_mesh: model must be a positive integer, got {model!r}')
     if model == 1:
         return jax.make_mesh((len(devices),), (DATA,), axis_types=(AxisType.Auto,), devices=devices)
     if len(devices) % model:
         raise ValueError(f"make_mesh: a 'model' axis of {model} does not divide {len(devices)} devices")
-    per_process: dict[int, int] = {}
-    for d in devices:
-        per_process[d.process_index] = per_process.get(d.process_index, 0) + 1
+    per_process = collections.Counter(d.process_index for d in devices)
     if any(n % model for n in per_process.values()):
         raise ValueError(f"make_mesh: a 'model' axis of {model} must divide each process's device "
                          f'count ({sorted(per_process.values())}), so model groups stay within a host')
@@ -178,8 +174,7 @@ def state_shardings(state, params_sharding, mesh: Mesh, params_key: str = 'param
     def one(path, x):
         p = pytree.path_str(path)
         if p.startswith(params_key + '/') or p == params_key:
-            sub = p[len(params_key) + 1:]
-            return param_paths[sub][1]
+            return param_paths[p[len(params_key) + 1:]][1]
         parts = p.split('/')
         for i in range(len(parts)):
             hit = param_paths.get('/'.join(parts[i:]))

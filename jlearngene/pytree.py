@@ -21,10 +21,7 @@ PyTree = Any
 
 # Arithmetic: re-exported from optax so every method uses one implementation.
 tree_add = optax.tree_utils.tree_add
-tree_sub = optax.tree_utils.tree_sub
 tree_scale = optax.tree_utils.tree_scale
-tree_norm = optax.tree_utils.tree_norm
-tree_zeros_like = optax.tree_utils.tree_zeros_like
 
 
 def tree_lerp(a: PyTree, b: PyTree, t: float | jax.Array) -> PyTree:
@@ -34,10 +31,7 @@ def tree_lerp(a: PyTree, b: PyTree, t: float | jax.Array) -> PyTree:
 
 def key_name(k) -> str:
     """The string of one jax path entry (dict key, list index or attribute)."""
-    for attr in ('key', 'idx', 'name'):
-        if hasattr(k, attr):
-            return str(getattr(k, attr))
-    return str(k)
+    return next((str(getattr(k, a)) for a in ('key', 'idx', 'name') if hasattr(k, a)), str(k))
 
 
 def path_str(path: Iterable) -> str:
@@ -75,28 +69,26 @@ def mask(tree: PyTree, patterns: str | Iterable[str]) -> PyTree:
 
 def select(tree: PyTree, patterns: str | Iterable[str]) -> dict[str, Any]:
     """{path: leaf} of the leaves whose path matches; raises when nothing matches."""
-    out = {k: v for k, v in flatten(tree).items() if _any_match(patterns, k)}
-    if not out:
-        raise KeyError(f'no leaf matches {patterns!r}; paths are e.g. {list(flatten(tree))[:6]}')
-    return out
+    hits = {k: v for k, v in flatten(tree).items() if _any_match(patterns, k)}
+    return _require_match(hits, tree, patterns)
 
 
 def map_selected(fn: Callable[[str, Any], Any], tree: PyTree,
                  patterns: str | Iterable[str]) -> PyTree:
     """Apply `fn(path, leaf)` to the matching leaves; others pass through unchanged."""
-    hit = []
+    _require_match([k for k in flatten(tree) if _any_match(patterns, k)], tree, patterns)
 
     def visit(p, leaf):
         path = path_str(p)
-        if _any_match(patterns, path):
-            hit.append(path)
-            return fn(path, leaf)
-        return leaf
+        return fn(path, leaf) if _any_match(patterns, path) else leaf
+    return jax.tree_util.tree_map_with_path(visit, tree)
 
-    out = jax.tree_util.tree_map_with_path(visit, tree)
-    if not hit:
+
+def _require_match(hits, tree: PyTree, patterns):
+    """`hits`, unless empty: then a KeyError naming the patterns and some of the paths."""
+    if not hits:
         raise KeyError(f'no leaf matches {patterns!r}; paths are e.g. {list(flatten(tree))[:6]}')
-    return out
+    return hits
 
 
 def replace(tree: PyTree, patterns: str | Iterable[str], value: Any) -> PyTree:
@@ -158,11 +150,7 @@ def structure_diff(a: PyTree, b: PyTree) -> dict[str, list]:
 
 
 def describe_diff(diff: Mapping[str, list]) -> str:
-    parts = []
-    if diff['missing']:
-        parts.append(f"missing: {diff['missing']}")
-    if diff['unexpected']:
-        parts.append(f"unexpected: {diff['unexpected']}")
+    parts = [f'{k}: {diff[k]}' for k in ('missing', 'unexpected') if diff[k]]
     if diff['shape']:
         parts.append('shape mismatch: ' + ', '.join(f'{k} {sa} vs {sb}' for k, sa, sb in diff['shape']))
     return '; '.join(parts)

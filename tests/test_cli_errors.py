@@ -41,6 +41,14 @@ def files(tmp_path_factory):
     return paths
 
 
+def test_a_trained_model_converts_to_both_formats(tmp_path):
+    """`train` stores its source as a string; `convert` then takes the default layouts."""
+    model = checkpoint.save_model(str(tmp_path / 'model'), init(CFG, jax.random.key(0)), CFG,
+                                  extra={'source': 'jlearngene train'})
+    for flag, out in (('--to-timm', 'm.safetensors'), ('--to-big-vision', 'm.npz')):
+        assert cli.main(['convert', flag, model, '--out', str(tmp_path / out)]) == 0
+
+
 def _code(argv) -> int:
     try:
         return cli.main(argv)

@@ -1,5 +1,7 @@
 """The method contract (`jlearngene.genes`): registry, the verbs of every method, the shared
 helpers of `genes.common`, and invariants that hold across methods."""
+import inspect
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -89,6 +91,17 @@ def test_registry_lists_every_method_with_its_verbs():
     assert [n for n in NAMES if genes.get(n).gene_per_target] == ['pre_fin']
     assert genes.get('tleg') is tleg.METHOD and genes.get('he_lg') is baselines.HE_LG
     assert costs.METHODS == NAMES
+
+
+def test_every_method_shares_the_head_defaults():
+    """One API: S-Params count without the head, and descend inherits a gene's head (the
+    slimmable methods slice theirs and take no `head`; Scratch has no gene)."""
+    for name in NAMES:
+        m = genes.get(name)
+        assert inspect.signature(m.gene_param_count).parameters['include_head'].default is False, name
+        head = inspect.signature(m.descend).parameters.get('head')
+        want = {'scratch': 'new', 'scala': None, 'us_net': None, 'matformer': None}.get(name, 'inherit')
+        assert (head and head.default) == want, name
 
 
 def test_get_unknown_name_lists_the_known_ones():
@@ -280,7 +293,7 @@ def test_tleg_random_embeddings_and_uncounted_free_blocks():
     # free per-layer LayerNorms belong to the Aux-Net, not to the stored learngene
     free = pytree.count_params(gene['shared']['blocks'], groups=None)['total']
     total = pytree.count_params(gene, groups=None)['total']
-    assert tleg.gene_param_count(gene) == total - free
+    assert tleg.gene_param_count(gene, include_head=True) == total - free
     assert tleg.METHOD.gene_param_count(gene) == read_count(tleg.METHOD, gene, cfg_(5), head='new')
 
 

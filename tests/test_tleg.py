@@ -283,5 +283,5 @@ def test_gene_param_count(fresh_gene):
     gene = fresh_gene
     block = pytree.count_params(gene['theta_b'], groups=None)['total']
     shared = pytree.count_params(gene['shared'], groups=None)['total']
-    assert tleg.gene_param_count(gene) == 2 * block + shared
-    assert tleg.gene_param_count(gene, include_head=False) == 2 * block + shared - (32 * 10 + 10)
+    assert tleg.gene_param_count(gene, include_head=True) == 2 * block + shared
+    assert tleg.gene_param_count(gene) == 2 * block + shared - (32 * 10 + 10)

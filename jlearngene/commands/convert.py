@@ -144,28 +144,35 @@ def from_timm_file(path: str, out: str, *, overrides: dict | None = None, overwr
     return cfg, params, extra
 
 
+# Each export format's flag, what it writes and the suffix of that file.
+_EXPORT = {'timm': ('--to-timm', 'the timm state dict', '.safetensors'),
+           'big_vision': ('--to-big-vision', 'the big_vision checkpoint', '.npz')}
+
+
+def _load_for_export(ckpt: str, out: str, fmt: str, overwrite: bool):
+    """(params, cfg, extra) of the model checkpoint `ckpt` to be written as `out` in `fmt`
+    (`_EXPORT`); `out` is checked first."""
+    from jlearngene.interop.timm import check_output
+    from jlearngene.train.checkpoint import CheckpointError, load_model
+    flag, what, suffix = _EXPORT[fmt]
+    check_output(out, '--out', what, suffix, overwrite)
+    check_model_checkpoint(ckpt, flag)
+    params, cfg, extra = load_model(ckpt)
+    if cfg is None:
+        raise CheckpointError(f'model checkpoint {ckpt!r} stores no model config; cannot name {fmt} keys')
+    return params, cfg, extra
+
+
 def to_timm_file(ckpt: str, out: str, *, no_embed_class: bool | None = None, overwrite: bool = False):
     """Write a model checkpoint as a timm .safetensors state dict; returns (state_dict, timm_kwargs)."""
     from jlearngene.interop import timm as T
-    from jlearngene.train.checkpoint import CheckpointError, load_model
-
-    if not out.endswith('.safetensors'):
-        raise ValueError(f'--out {out!r}: the timm state dict is written as .safetensors; '
-                         'give a file name ending in .safetensors')
-    if os.path.exists(out) and not overwrite:
-        raise FileExistsError(f'{out!r} already exists; pass --overwrite to replace it')
-    check_model_checkpoint(ckpt, '--to-timm')
-    params, cfg, extra = load_model(ckpt)
-    if cfg is None:
-        raise CheckpointError(f'model checkpoint {ckpt!r} stores no model config; cannot name timm keys')
+    params, cfg, extra = _load_for_export(ckpt, out, 'timm', overwrite)
     if no_embed_class is None:   # as converted; a trained model's 'source' is a string
         source = extra.get('source')
         no_embed_class = isinstance(source, dict) and bool(source.get('no_embed_class', False))
     sd = T.to_timm(params, cfg, no_embed_class=no_embed_class)
     kwargs = T.timm_kwargs(cfg, no_embed_class=no_embed_class)
-    cls = 'VisionTransformerDistilled' if cfg.distill_token else 'VisionTransformer'
-    T.save_safetensors(sd, out, metadata={'jlearngene_config': json.dumps(cfg.to_dict()),
-                                          'timm_class': cls, 'timm_kwargs': json.dumps(kwargs)})
+    T.save_model_safetensors(sd, out, cfg, kwargs)
     return sd, kwargs
 
 
@@ -191,21 +198,11 @@ def from_big_vision_file(path: str, out: str, *, overrides: dict | None = None,
 def to_big_vision_file(ckpt: str, out: str, *, layout: str | None = None, overwrite: bool = False):
     """Write a model checkpoint as a big_vision / ViT `.npz`; returns (checkpoint dict, layout)."""
     from jlearngene.interop import big_vision as BV
-    from jlearngene.train.checkpoint import CheckpointError, load_model
-
-    if not out.endswith('.npz'):
-        raise ValueError(f'--out {out!r}: the big_vision checkpoint is written as .npz; '
-                         'give a file name ending in .npz')
-    if os.path.exists(out) and not overwrite:
-        raise FileExistsError(f'{out!r} already exists; pass --overwrite to replace it')
-    check_model_checkpoint(ckpt, '--to-big-vision')
-    params, cfg, extra = load_model(ckpt)
-    if cfg is None:
-        raise CheckpointError(f'model checkpoint {ckpt!r} stores no model config; cannot name '
-                              'big_vision keys')
-    source = extra.get('source') or {}
-    if layout is None:
-        layout = source.get('layout', 'big_vision') if source.get('format') == 'big_vision' else 'big_vision'
+    params, cfg, extra = _load_for_export(ckpt, out, 'big_vision', overwrite)
+    source = extra.get('source')
+    if layout is None:   # as converted; a trained model's 'source' is a string
+        from_bv = isinstance(source, dict) and source.get('format') == 'big_vision'
+        layout = source.get('layout', 'big_vision') if from_bv else 'big_vision'
     tree = BV.to_big_vision(params, cfg, layout=layout)
     BV.save_npz(tree, out)
     return tree, layout

@@ -62,8 +62,7 @@ def load_params(config, workdir: str | None, which: str, model_path: str | None)
     cfg = tasks.model_config(config.model)
     if model_path or which == 'model':
         path = model_path or os.path.join(workdir, 'model')
-        params, _, _ = checkpoint.load_model(path, expect_cfg=cfg)
-        return params, cfg, path
+        return checkpoint.load_model(path, expect_cfg=cfg)[0], cfg, path
     check_checkpoint_arg(which)
     directory = os.path.join(workdir, 'checkpoints')
     if not os.path.isdir(directory):   # RunCheckpointer would create it

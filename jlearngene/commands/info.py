@@ -9,6 +9,7 @@ file. A path that does not exist, an empty file and a file of another kind are o
 errors that say which."""
 from __future__ import annotations
 
+import math
 import os
 
 import jax
@@ -34,17 +35,19 @@ def param_table(cfgs: dict) -> str:
     return '\n'.join(rows)
 
 
+def _tensor_table(arrays: dict, title: str, column: str, total: str) -> str:
+    """Markdown table of arrays ({key: array or ShapeDtypeStruct}) under `title`, `total` last."""
+    rows = [title, ''] if title else []
+    rows += [f'| {column} | shape | dtype | count |', '|---|---|---|---|']
+    rows += [f'| {k} | {tuple(a.shape)} | {a.dtype} | {math.prod(a.shape):,} |' for k, a in arrays.items()]
+    return '\n'.join(rows + ['', total])
+
+
 def leaf_table(shapes, title: str = '') -> str:
     """Markdown table of every leaf (path, shape, dtype, count) plus group totals."""
-    flat = pytree.flatten(shapes)
-    rows = [title, '', '| parameter | shape | dtype | count |', '|---|---|---|---|'] if title else \
-        ['| parameter | shape | dtype | count |', '|---|---|---|---|']
-    for path, x in flat.items():
-        rows.append(f'| {path} | {tuple(x.shape)} | {x.dtype} | {pytree.size(x):,} |')
     counts = pytree.count_params(shapes)
-    rows.append('')
-    rows.append('totals: ' + ', '.join(f'{k} {v:,}' for k, v in counts.items()))
-    return '\n'.join(rows)
+    return _tensor_table(pytree.flatten(shapes), title, 'parameter',
+                         'totals: ' + ', '.join(f'{k} {v:,}' for k, v in counts.items()))
 
 
 def _config_file_table(spec: str) -> str:
@@ -69,16 +72,14 @@ def _config_file_table(spec: str) -> str:
 
 def _checkpoint_table(path: str) -> str:
     from jlearngene.train import checkpoint
-    if os.path.isdir(os.path.join(path, 'checkpoints')) or os.path.isdir(os.path.join(path, 'model')):
-        model = os.path.join(path, 'model')
-        if os.path.isdir(model):
-            path = model
-        else:
-            with checkpoint.RunCheckpointer(os.path.join(path, 'checkpoints')) as ck:
-                step = ck.latest_step()
-            if step is None:
-                raise checkpoint.CheckpointError(f'{path!r} has no checkpoints yet')
-            path = os.path.join(path, 'checkpoints', str(step))
+    if os.path.isdir(os.path.join(path, 'model')):
+        path = os.path.join(path, 'model')
+    elif os.path.isdir(os.path.join(path, 'checkpoints')):
+        with checkpoint.RunCheckpointer(os.path.join(path, 'checkpoints')) as ck:
+            step = ck.latest_step()
+        if step is None:
+            raise checkpoint.CheckpointError(f'{path!r} has no checkpoints yet')
+        path = os.path.join(path, 'checkpoints', str(step))
     parent, step = os.path.split(os.path.abspath(path))
     if step.isdigit() and not os.path.isdir(os.path.join(path, 'params')):
         with checkpoint.RunCheckpointer(parent) as ck:
@@ -95,14 +96,9 @@ def _checkpoint_table(path: str) -> str:
 
 
 def _array_table(arrays: dict, title: str) -> str:
-    """Markdown table of a file's arrays ({key: array or ShapeDtypeStruct}) and their total."""
-    import math
-    rows = [title, ''] if title else []
-    rows += ['| tensor | shape | dtype | count |', '|---|---|---|---|']
-    for key, a in arrays.items():
-        rows.append(f'| {key} | {tuple(a.shape)} | {a.dtype} | {math.prod(a.shape):,} |')
-    rows += ['', f'total {sum(math.prod(a.shape) for a in arrays.values()):,} parameters']
-    return '\n'.join(rows)
+    """Markdown table of a file's arrays and their total."""
+    total = sum(math.prod(a.shape) for a in arrays.values())
+    return _tensor_table(arrays, title, 'tensor', f'total {total:,} parameters')
 
 
 def _one_line(e: Exception) -> str:
@@ -186,16 +182,15 @@ def _other_file_table(path: str) -> str | None:
         raise ValueError(f'{path!r} is not a readable JSON file ({e})') from None
     if not isinstance(obj, dict):
         return f'JSON file {path}: a {type(obj).__name__}'
-    text = f'JSON file {path}: keys {sorted(obj)}'
     if 'rows' in obj and isinstance(obj.get('config'), dict):   # an experiment's results.json
         return _results_text(path, obj)
-    if isinstance(obj.get('model'), dict):   # a run config (config.json)
-        from jlearngene.train.tasks import model_config
-        cfg = model_config(obj['model'])
-        name = os.path.basename(os.path.dirname(os.path.abspath(path)))
-        text = (f"run config {path} (task {obj.get('task', 'classification')!r})\n\n"
-                + param_table({name or path: cfg}))
-    return text
+    if not isinstance(obj.get('model'), dict):   # not a run config (config.json)
+        return f'JSON file {path}: keys {sorted(obj)}'
+    from jlearngene.train.tasks import model_config
+    cfg = model_config(obj['model'])
+    name = os.path.basename(os.path.dirname(os.path.abspath(path)))
+    return (f"run config {path} (task {obj.get('task', 'classification')!r})\n\n"
+            + param_table({name or path: cfg}))
 
 
 def _results_text(path: str, results: dict) -> str:
@@ -212,11 +207,8 @@ def _results_text(path: str, results: dict) -> str:
 def _workdir_text(path: str) -> str:
     """An experiment's workdir: its results, the model artefacts and runs it holds."""
     text = _other_file_table(os.path.join(path, 'results.json')) or ''
-    parts = []
-    for folder in ('teacher', 'genes', 'runs'):
-        where = os.path.join(path, folder)
-        if os.path.isdir(where):
-            parts.append(f'{folder}/: {len(os.listdir(where))} entries')
+    parts = [f'{folder}/: {len(os.listdir(os.path.join(path, folder)))} entries'
+             for folder in ('teacher', 'genes', 'runs') if os.path.isdir(os.path.join(path, folder))]
     return f'experiment workdir {path}\n' + text + ('\n' + ', '.join(parts) if parts else '')
 
 
@@ -246,6 +238,22 @@ def _gene_table(path: str) -> str:
         else artefacts.describe(meta)
 
 
+def _path_text(target: str) -> str | None:
+    """What `info` prints for a config file or an existing path; None for neither."""
+    if target.partition(':')[0].endswith('.py'):
+        return _config_file_table(target)
+    if not os.path.isdir(target):
+        return _file_table(target) if os.path.exists(target) else None
+    if any(os.path.exists(os.path.join(target, f)) for f in ('gene.json', 'gene.safetensors')):
+        return _gene_table(target)
+    if not os.listdir(target):
+        raise ValueError(f'{target!r} is an empty directory: not a checkpoint, training workdir or '
+                         'gene directory')
+    if os.path.isfile(os.path.join(target, 'results.json')):
+        return _workdir_text(target)
+    return _checkpoint_table(target)
+
+
 def main(argv: list[str]) -> int:
     parser = Parser('jlearngene info', __doc__)
     parser.add_argument('variant', nargs='?', help="variant name ('S', 'B/16'; all if omitted), a config "
@@ -255,26 +263,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--set', action='append', type=parse_override, default=[], metavar='FIELD=VALUE',
                         help='override a config field (repeatable), e.g. --set depth=6')
     args = parser.parse_args(argv)
-    overrides = dict(args.set)
     target = args.variant or ''
-    if target.partition(':')[0].endswith('.py'):
-        print(_config_file_table(target))
-        return 0
-    if target and os.path.isdir(target) and any(
-            os.path.exists(os.path.join(target, f)) for f in ('gene.json', 'gene.safetensors')):
-        print(_gene_table(target))
-        return 0
-    if target and os.path.isdir(target) and not os.listdir(target):
-        raise ValueError(f'{target!r} is an empty directory: not a checkpoint, training workdir or '
-                         'gene directory')
-    if target and os.path.isfile(os.path.join(target, 'results.json')):
-        print(_workdir_text(target))
-        return 0
-    if target and os.path.isdir(target):
-        print(_checkpoint_table(target))   # errors: one line on stderr, from jlearngene.cli
-        return 0
-    if target and os.path.exists(target):
-        print(_file_table(target))
+    text = _path_text(target) if target else None
+    if text is not None:
+        print(text)   # errors: one line on stderr, from jlearngene.cli
         return 0
     if target and target.partition('/')[0] not in VARIANTS:
         if os.sep in target or '/' in target or '.' in target:   # a path
@@ -283,5 +275,5 @@ def main(argv: list[str]) -> int:
                                 "optionally with '/patch', e.g. 'S/16') nor an existing file or "
                                 'directory')
     names = [args.variant] if args.variant else list(VARIANTS)
-    print(param_table({n: vit_config(n, **overrides) for n in names}))
+    print(param_table({n: vit_config(n, **dict(args.set)) for n in names}))
     return 0

@@ -29,8 +29,7 @@ def plot(workdir: str, out: str | None = None) -> str:
             xs, ys = zip(*pts)
             ax.plot(xs, ys, marker='o' if len(pts) < 30 else None, label=label)
     for ax, name in ((ax_loss, 'loss'), (ax_acc, 'accuracy')):
-        ax.set_xlabel('step')
-        ax.set_ylabel(name)
+        ax.set(xlabel='step', ylabel=name)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend()

@@ -45,8 +45,7 @@ def initial_params(config, cfg: ViTConfig):
     """Fresh parameters (seeded) or the model artefact named by `config.init`."""
     path = config.get('init', '') if hasattr(config, 'get') else ''
     if path:
-        params, _, _ = checkpoint.load_model(path, expect_cfg=cfg)
-        return params
+        return checkpoint.load_model(path, expect_cfg=cfg)[0]
     return jax.jit(init, static_argnums=0)(cfg, jax.random.key(config.seed))
 
 

@@ -74,8 +74,7 @@ class Augment:
         unknown = set(value) - fields
         if unknown:
             raise DataError(f'Augment: unknown options {sorted(unknown)}; known: {sorted(fields)}')
-        value = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
-        return cls(**value)
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
 
     @property
     def per_example(self) -> bool:
@@ -133,19 +132,16 @@ def mix_batch(image: np.ndarray, label: np.ndarray, num_classes: int, a: Augment
     b, h, w = image.shape[:3]
     soft = np.full((b, num_classes), a.label_smoothing / num_classes, np.float32)
     soft[np.arange(b), label] += 1.0 - a.label_smoothing
-    mixing = a.mixup_alpha > 0 or a.cutmix_alpha > 0
-    if not mixing or rng.random() >= a.mix_prob:
+    if not (a.mixup_alpha > 0 or a.cutmix_alpha > 0) or rng.random() >= a.mix_prob:
         return image, soft
-    use_cutmix = a.cutmix_alpha > 0 and (a.mixup_alpha <= 0 or rng.random() < a.switch_prob)
-    if use_cutmix:
+    if a.cutmix_alpha > 0 and (a.mixup_alpha <= 0 or rng.random() < a.switch_prob):   # cutmix
         lam = rng.beta(a.cutmix_alpha, a.cutmix_alpha)
         cut = math.sqrt(1.0 - lam)
         ch, cw = int(h * cut), int(w * cut)
         cy, cx = rng.integers(0, h), rng.integers(0, w)
         y0, y1 = np.clip([cy - ch // 2, cy + ch // 2], 0, h)
         x0, x1 = np.clip([cx - cw // 2, cx + cw // 2], 0, w)
-        partner = image[::-1].copy()
-        image = image.copy()
+        image, partner = image.copy(), image[::-1]
         image[:, y0:y1, x0:x1] = partner[:, y0:y1, x0:x1]
         lam = 1.0 - (y1 - y0) * (x1 - x0) / (h * w)
     else:

@@ -7,10 +7,9 @@ process p of P reads only its block of it, positions [j*B + p*b, j*B + (p+1)*b) 
 Laid out over the mesh in process order (`parallel.shard_batch`), the processes' batches
 form exactly the batch a single process would see, whatever P is, and the iterator state
 (the local batch count) means the same global step for any P. Batches may straddle an
-epoch boundary. Per-example augmentation draws
-from a generator seeded by (seed, epoch, position in epoch); batch-level mixing by
-(seed, step, process), so `get_state()`/`set_state()` (grain's `{'next_index': step}`)
-resume exactly.
+epoch boundary. Per-example augmentation draws from a generator seeded by (seed, epoch,
+position in epoch); batch-level mixing by (seed, step, process), so `get_state()` /
+`set_state()` (grain's `{'next_index': step}`) resume exactly.
 
 Images come out as float32 `(x / 255 - mean) / std` (default mean = std = 0.5: values in
 [-1, 1]; per-channel tuples are accepted).
@@ -125,13 +124,12 @@ def train_iterator(source, *, batch_size: int, seed: int, image_size=None,
     to jax's. Deterministic for `seed`; `it.get_state()` / `it.set_state(state)` resume
     exactly (the state is only valid for the same source, batch size, seed and options).
     """
-    info = source.info
     augment = Augment.create(augment)
     p, count, local, shape, k, mean, std, n, read = _prepare(
         source, batch_size, image_size, mean, std, num_classes, process_index, process_count,
         resize_method)
     if n == 0:
-        raise DataError(f'{info.name}[{info.split}] has no examples')
+        raise DataError(f'{source.info.name}[{source.info.split}] has no examples')
     if not 0 <= seed < 2**32:
         raise DataError(f'seed must be in [0, 2**32), got {seed}')
 
@@ -213,11 +211,9 @@ def check_split(source, *, what: str, batch_size: int, image_size=None,
     shape = _target_shape(info, image_size)
     try:
         _Reader(source, shape, int(num_classes or info.num_classes), resize_method)(0)
-    except DataError as e:
-        raise DataError(f'{what}: its first example does not load: {e}') from None
-    except Exception as e:  # a source's own failure (tfds feature keys, I/O)
-        raise DataError(f'{what}: its first example does not load: '
-                        f'{type(e).__name__}: {e}') from None
+    except Exception as e:  # a DataError, or a source's own failure (tfds feature keys, I/O)
+        why = e if isinstance(e, DataError) else f'{type(e).__name__}: {e}'
+        raise DataError(f'{what}: its first example does not load: {why}') from None
 
 
 # ------------------------------------------------------------------------------ from_config
@@ -307,15 +303,11 @@ def from_config(data_config, split: str, *, batch_size: int, seed: int, train: b
     """
     cfg = _as_dict(data_config)
     source = source_from_config(cfg, split) if source is None else source
-    kwargs = dict(batch_size=batch_size, mean=cfg.get('mean'), std=cfg.get('std'),
-                  process_index=process_index, process_count=process_count,
+    kwargs = dict(batch_size=batch_size, image_size=pipeline_image_size(cfg), mean=cfg.get('mean'),
+                  std=cfg.get('std'), process_index=process_index, process_count=process_count,
                   resize_method=cfg.get('resize_method', 'bilinear'))
-    if (size := pipeline_image_size(cfg)) is not None:
-        kwargs['image_size'] = size
-    if train:
-        it = train_iterator(source, seed=seed, augment=cfg.get('augment'), **kwargs)
-    else:
-        it = eval_batches(source, **kwargs)
+    it = (train_iterator(source, seed=seed, augment=cfg.get('augment'), **kwargs) if train
+          else eval_batches(source, **kwargs))
     return it, source.info
 
 

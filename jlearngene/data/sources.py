@@ -56,10 +56,8 @@ def resize(image: np.ndarray, size, method: str = 'bilinear') -> np.ndarray:
         return image
     if method not in RESIZE_METHODS:
         raise DataError(f'unknown resize method {method!r}; known: {sorted(RESIZE_METHODS)}')
-    resample = RESIZE_METHODS[method]
-    channels = [np.asarray(Image.fromarray(image[..., c]).resize((w, h), resample))
-                for c in range(image.shape[-1])]
-    return np.stack(channels, axis=-1)
+    return np.stack([np.asarray(Image.fromarray(image[..., c]).resize((w, h), RESIZE_METHODS[method]))
+                     for c in range(image.shape[-1])], axis=-1)
 
 
 def _as_hwc_uint8(image, where: str) -> np.ndarray:
@@ -96,8 +94,7 @@ def digits_split_indices(split: str) -> np.ndarray:
     labels = _digits_raw()[1]
     is_test = np.zeros(len(labels), bool)
     for c in np.unique(labels):
-        members = np.flatnonzero(labels == c)
-        is_test[members[::DIGITS_TEST_EVERY[prefix]]] = True
+        is_test[np.flatnonzero(labels == c)[::DIGITS_TEST_EVERY[prefix]]] = True
     return np.flatnonzero(is_test if split.endswith('test') else ~is_test)
 
 
@@ -122,22 +119,27 @@ def _load_digits_raw() -> tuple[np.ndarray, np.ndarray]:
 def _digits_raw():
     images, labels = _load_digits_raw()
     # Values are integers 0..16; map them linearly onto 0..255.
-    images = np.round(images * (255.0 / 16.0)).astype(np.uint8)
-    return images, labels
+    return np.round(images * (255.0 / 16.0)).astype(np.uint8), labels
 
 
 @functools.lru_cache(maxsize=8)
 def _digits_arrays(split: str, image_size: int, method: str):
     images, labels = _digits_raw()
     idx = digits_split_indices(split)
-    out = np.stack([resize(images[i][..., None], image_size, method) for i in idx])
-    out.setflags(write=False)
-    lab = labels[idx]
-    lab.setflags(write=False)
-    return out, lab
+    arrays = np.stack([resize(images[i][..., None], image_size, method) for i in idx]), labels[idx]
+    for a in arrays:
+        a.setflags(write=False)
+    return arrays
 
 
-class ArraySource:
+class _Source:
+    """What every source shares: `repr` names its class and its `info`."""
+
+    def __repr__(self) -> str:
+        return f'{type(self).__name__}({self.info})'
+
+
+class ArraySource(_Source):
     """A source over in-memory arrays (uint8 images (N, H, W, C), integer labels (N,))."""
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, info: DataInfo):
@@ -148,9 +150,6 @@ class ArraySource:
 
     def __getitem__(self, i) -> dict[str, Any]:
         return {'image': self.images[i], 'label': int(self.labels[i])}
-
-    def __repr__(self) -> str:
-        return f'ArraySource({self.info})'
 
 
 def digits(split: str = 'train', image_size: int = 16,
@@ -208,7 +207,7 @@ def array_source(images, labels, *, num_classes: int | None = None, name: str = 
 
 # ------------------------------------------------------------------------------------ folder
 
-class ImageFolderSource:
+class ImageFolderSource(_Source):
     """`root/<split>/<label>/*.png|jpg|jpeg`, decoded lazily with PIL (see `image_folder`)."""
 
     def __init__(self, files: list[str], labels: list[int], mode: str, image_size, method: str,
@@ -233,9 +232,6 @@ class ImageFolderSource:
             raise DataError(f'image_folder: {path} has shape {image.shape}, expected '
                             f'{self.info.image_shape}')
         return {'image': image, 'label': self.labels[i]}
-
-    def __repr__(self) -> str:
-        return f'ImageFolderSource({self.info})'
 
 
 def _subdirs(path: str) -> list[str]:
@@ -315,7 +311,7 @@ def disable_gcs() -> None:
         gcs_utils._is_gcs_disabled = True  # pylint: disable=protected-access
 
 
-class TfdsSource:
+class TfdsSource(_Source):
     """A `tfds.data_source` with its features mapped to {'image', 'label'}."""
 
     def __init__(self, source, image_key: str, label_key: str, info: DataInfo):
@@ -328,9 +324,6 @@ class TfdsSource:
         ex = self.source[i]
         where = f'tfds {self.info.name}[{self.info.split}] example {i}'
         return {'image': _as_hwc_uint8(ex[self.image_key], where), 'label': int(ex[self.label_key])}
-
-    def __repr__(self) -> str:
-        return f'TfdsSource({self.info})'
 
 
 def tfds_source(name: str, split: str, data_dir: str | None = None, *, image_key: str = 'image',

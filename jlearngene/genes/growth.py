@@ -537,18 +537,11 @@ _SMALL_COUNT = functools.partial(common.count, include_head=False)
 # learned operator.
 SMALL_PARTS = common.model_parts()
 OPERATOR_PARTS = {'small': common.Part(parts=common.model_parts()), 'operator': common.Part()}
-NET2NET = common.register(common.Method(
-    name='net2net', label='Net2Net', source='model', gene_from_model=_small_gene,
-    descend=_descend_with(net2net, 'net2net'), gene_param_count=_SMALL_COUNT,
-    gene_parts=SMALL_PARTS))
-STACKBERT = common.register(common.Method(
-    name='stackbert', label='StackBERT', source='model', gene_from_model=_small_gene,
-    descend=_descend_with(stackbert, 'stackbert'), gene_param_count=_SMALL_COUNT,
-    gene_parts=SMALL_PARTS))
-BERT2BERT = common.register(common.Method(
-    name='bert2bert', label='bert2BERT', source='model', gene_from_model=_small_gene,
-    descend=_descend_with(bert2bert, 'bert2bert'), gene_param_count=_SMALL_COUNT,
-    gene_parts=SMALL_PARTS))
+NET2NET, STACKBERT, BERT2BERT = (common.register(common.Method(
+    name=name, label=label, source='model', gene_from_model=_small_gene,
+    descend=_descend_with(grow, name), gene_param_count=_SMALL_COUNT, gene_parts=SMALL_PARTS))
+    for name, label, grow in (('net2net', 'Net2Net', net2net), ('stackbert', 'StackBERT', stackbert),
+                              ('bert2bert', 'bert2BERT', bert2bert)))
 LIGO = common.register(common.Method(
     name='ligo', label='LiGO', source='model', gene_from_model=ligo_gene,
     descend=descend_ligo, gene_param_count=ligo_gene_param_count,

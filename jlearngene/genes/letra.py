@@ -43,7 +43,6 @@ C) by default.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -593,13 +592,6 @@ def _all_rows(gene: Gene) -> dict[str, np.ndarray]:
     return {n: np.arange(np.shape(f)[-2]) for n, f in gene['width'].items()}
 
 
-def aux_config(gene: Gene, cfg: ViTConfig) -> ViTConfig:
-    """`cfg` with the gene's Aux-Net sizes (width, heads, head_dim, MLP, depth)."""
-    s = sizes(gene)
-    return cfg.replace(width=s.aux_width, num_heads=s.aux_heads, head_dim=s.head_dim,
-                       mlp_dim=s.aux_mlp, depth=s.aux_depth)
-
-
 def materialize(trainable: Gene, frozen: Mapping[str, Any] | None, cfg: ViTConfig) -> Params:
     """The Aux-Net's canonical params from the trainable gene (plus `frozen` parts, merged;
     overlaps are an error): every width matrix whole, Aux layer i = coefficient set ⌊i/2⌋
@@ -651,7 +643,7 @@ def descend(gene: Gene, target_cfg: ViTConfig, *, selection: str = 'continuous',
                   key=k_new, what='letra.descend')
 
 
-def gene_param_count(gene: Gene, *, include_head: bool = True) -> int:
+def gene_param_count(gene: Gene, *, include_head: bool = False) -> int:
     """Parameters stored in the gene (S-Params): learngene, width matrices, depth
     coefficients and position embedding; the head (learngene head and C) only with
     `include_head`, as `descend` reads it only with head='inherit' or 'truncate'."""
@@ -672,5 +664,4 @@ GENE_PARTS = {
 
 METHOD = common.register(common.Method(
     name='letra', label='LeTra', source='learned', init_gene=init_gene, materialize=materialize,
-    descend=descend, gene_param_count=functools.partial(gene_param_count, include_head=False),
-    gene_parts=GENE_PARTS))
+    descend=descend, gene_param_count=gene_param_count, gene_parts=GENE_PARTS))

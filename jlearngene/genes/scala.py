@@ -699,13 +699,3 @@ def matformer_loss(cfg: ViTConfig, granularities: Sequence[float] = (0.25, 0.5, 
         return total, metrics
     loss_fn.key = ('scala.matformer_loss', cfg, granularities, float(label_smoothing))
     return loss_fn
-
-
-def masked_eval(cfg: ViTConfig) -> Callable:
-    """`eval_fn((params, masks), batch) -> sums` (as `tasks.classification_eval`) of the
-    masked sub-network (`masked_apply`): one compiled program evaluates every width."""
-    def eval_fn(params_and_masks, batch):
-        params, masks = params_and_masks
-        logits, _ = masked_apply(params, batch['image'], cfg, masks)
-        return losses.eval_sums(logits, batch)
-    return eval_fn

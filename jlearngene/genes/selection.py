@@ -17,7 +17,6 @@ the published code does on timm's fused layout.
 """
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -136,5 +135,4 @@ def gene_param_count(gene: Params, *, include_head: bool = False) -> int:
 
 METHOD = common.register(common.Method(
     name='imwlm', label='IMwLM', source='model', gene_from_model=gene_from_model,
-    descend=descend, gene_param_count=functools.partial(gene_param_count, include_head=False),
-    gene_parts=common.model_parts()))
+    descend=descend, gene_param_count=gene_param_count, gene_parts=common.model_parts()))

@@ -34,7 +34,6 @@ with these functions as its verbs; its S-Params exclude the head by default.
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -310,7 +309,7 @@ def descend(gene: Gene, target_cfg: ViTConfig, *, head: str = 'inherit',
     return params
 
 
-def gene_param_count(gene: Gene, *, include_head: bool = True) -> int:
+def gene_param_count(gene: Gene, *, include_head: bool = False) -> int:
     """Parameters stored in the gene (its S-Params): θ_A + θ_B + shared (head optional), as
     `descend` reads them by default. Free per-layer params of non-expanded modules
     (`shared['blocks']`) are Aux-Net parameters, not part of the learngene: descendants draw
@@ -329,5 +328,4 @@ GENE_PARTS = {'theta_a': common.Part(required=False), 'theta_b': common.Part(),
 
 METHOD = common.register(common.Method(
     name='tleg', label='TLEG', source='learned', init_gene=init_gene, materialize=materialize,
-    descend=descend, gene_param_count=functools.partial(gene_param_count, include_head=False),
-    gene_parts=GENE_PARTS))
+    descend=descend, gene_param_count=gene_param_count, gene_parts=GENE_PARTS))

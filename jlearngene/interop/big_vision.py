@@ -26,9 +26,9 @@ Shared by all: `embedding/{kernel,bias}` (the patch conv, HWIO = the canonical k
 (vit_jax `representation_size`, big_vision `rep_size`: Dense + tanh between the pooled
 features and the head, as in the ImageNet-21k checkpoints) = the canonical `pre_logits` with
 `ViTConfig.representation_size` R, and `head/{kernel,bias}` when there are classes (the head
-kernel is (R, K) after a pre-logits layer, else (D, K)). Attention kernels
-carry explicit heads on both sides: query/key/value (D, H, Dh) with biases (H, Dh), out
-(H, Dh, D); so the head count is read from the shapes.
+kernel is (R, K) after a pre-logits layer, else (D, K)). Attention kernels carry explicit
+heads on both sides: query/key/value (D, H, Dh) with biases (H, Dh), out (H, Dh, D); so the
+head count is read from the shapes.
 
 Position embedding and class token in the 'big_vision' layouts: its `pos_embedding` has no
 class-token row, which reads as a zero row of the canonical `pos_embed`. A canonical tree whose
@@ -56,7 +56,6 @@ and the reason), `save_npz` writes one that big_vision's `utils.load_params` and
 """
 from __future__ import annotations
 
-import math
 import os
 import re
 from typing import Any, Mapping
@@ -67,8 +66,9 @@ import numpy as np
 from flax import traverse_util
 
 from jlearngene import pytree
-from jlearngene.interop.timm import (StateDictError, check_params, load_state_dict, problem_message,
-                                     stacked_for_export)
+from jlearngene.interop.timm import (StateDictError, check_params, entry_problems, isqrt_exact,
+                                     key_problems, load_state_dict, problem_message, ranked_shape,
+                                     stacked_for_export, unexpected_keys, unsupported_hint)
 from jlearngene.models.config import ConfigError, ViTConfig
 
 Checkpoint = dict[str, np.ndarray]
@@ -116,23 +116,9 @@ _UNSUPPORTED = (
 )
 
 
-def _hint(key: str) -> str:
-    for rx, what in _UNSUPPORTED:
-        if re.fullmatch(rx, key):
-            return f' ({what}: not supported by jlearngene ViT)'
-    return ''
-
-
-def _unexpected(keys: list[str]) -> str:
-    return f'unexpected keys ({len(keys)}): ' + ', '.join(k + _hint(k) for k in keys)
-
-
-def _block_prefix(layout: str, i: int | None) -> str:
-    return 'Transformer/encoderblock/' if layout == 'big_vision_scan' else f'Transformer/encoderblock_{i}/'
-
-
 def _block_key(layout: str, leaf: str, i: int | None) -> str:
-    return _block_prefix(layout, i) + _BLOCK_LEAVES[leaf].format(**_BLOCK_MODULES[layout])
+    block = 'encoderblock' if layout == 'big_vision_scan' else f'encoderblock_{i}'
+    return f'Transformer/{block}/' + _BLOCK_LEAVES[leaf].format(**_BLOCK_MODULES[layout])
 
 
 def _check_layout(layout: str) -> None:
@@ -145,22 +131,18 @@ def _check_layout(layout: str) -> None:
 
 def check_representable(cfg: ViTConfig) -> None:
     """ConfigError naming every field of `cfg` that big_vision's / vit_jax's ViT cannot hold."""
-    bad = []
-    if cfg.layer_scale:
-        bad.append('layer_scale=True (no LayerScale)')
-    if cfg.distill_token:
-        bad.append('distill_token=True (no distillation token)')
-    if not cfg.qkv_bias:
-        bad.append('qkv_bias=False (the attention projections always have biases)')
-    if cfg.pool == 'avg' and cfg.class_token:
-        bad.append('pool=avg with class_token=True (average pooling has no class token)')
-    if cfg.pool == 'avg' and cfg.pool_norm == 'after':
-        bad.append("pool_norm='after' (encoder_norm comes before the pooling)")
-    if cfg.attn_width != cfg.width:
-        bad.append(f'num_heads={cfg.num_heads} x head_dim={cfg.head_dim} != width {cfg.width} '
-                   '(the attention width is the model width)')
-    if cfg.attn_scale is not None and cfg.attn_scale != cfg.head_dim ** -0.5:
-        bad.append(f'attn_scale={cfg.attn_scale} (the scale is head_dim ** -0.5)')
+    bad = [why for wrong, why in (
+        (cfg.layer_scale, 'layer_scale=True (no LayerScale)'),
+        (cfg.distill_token, 'distill_token=True (no distillation token)'),
+        (not cfg.qkv_bias, 'qkv_bias=False (the attention projections always have biases)'),
+        (cfg.pool == 'avg' and cfg.class_token,
+         'pool=avg with class_token=True (average pooling has no class token)'),
+        (cfg.pool == 'avg' and cfg.pool_norm == 'after',
+         "pool_norm='after' (encoder_norm comes before the pooling)"),
+        (cfg.attn_width != cfg.width, f'num_heads={cfg.num_heads} x head_dim={cfg.head_dim} != '
+                                      f'width {cfg.width} (the attention width is the model width)'),
+        (cfg.attn_scale is not None and cfg.attn_scale != cfg.head_dim ** -0.5,
+         f'attn_scale={cfg.attn_scale} (the scale is head_dim ** -0.5)')) if wrong]
     if bad:
         raise ConfigError("big_vision's ViT cannot represent this config: " + '; '.join(bad))
 
@@ -263,17 +245,13 @@ def _infer(ckpt: Checkpoint, layout: str) -> tuple[ViTConfig | None, list[str]]:
             problems.append('no encoder blocks (Transformer/encoderblock_<i>/...) found')
         first = 0
     n_lead = int(layout == 'big_vision_scan')
-    q = shape.get(_block_key(layout, 'attn/q/kernel', first))
-    if q is None or len(q) != 3 + n_lead:
-        problems.append(f"{_block_key(layout, 'attn/q/kernel', first)} is "
-                        f'{"missing" if q is None else f"of shape {q}"}; it gives the heads as (D, H, Dh)')
-    else:
+    q = ranked_shape(shape, _block_key(layout, 'attn/q/kernel', first), 3 + n_lead,
+                     'the heads as (D, H, Dh)', problems)
+    if q:
         f.update(num_heads=q[n_lead + 1], head_dim=q[n_lead + 2])
-    fc1 = shape.get(_block_key(layout, 'mlp/fc1/kernel', first))
-    if fc1 is None or len(fc1) != 2 + n_lead:
-        problems.append(f"{_block_key(layout, 'mlp/fc1/kernel', first)} is "
-                        f'{"missing" if fc1 is None else f"of shape {fc1}"}; it gives mlp_dim as (D, M)')
-    else:
+    fc1 = ranked_shape(shape, _block_key(layout, 'mlp/fc1/kernel', first), 2 + n_lead,
+                       'mlp_dim as (D, M)', problems)
+    if fc1:
         f['mlp_dim'] = fc1[-1]
 
     f['class_token'] = 'cls' in ckpt
@@ -288,14 +266,11 @@ def _infer(ckpt: Checkpoint, layout: str) -> tuple[ViTConfig | None, list[str]]:
     head = shape.get('head/kernel')
     f['num_classes'] = head[1] if head is not None and len(head) == 2 else 0
 
-    pos = shape.get(_POS_KEY[layout])
-    if pos is None or len(pos) != 3:
-        problems.append(f'{_POS_KEY[layout]} is {"missing" if pos is None else f"of shape {pos}"}; '
-                        'it gives the image size as (1, tokens, D)')
-    elif 'patch_size' in f:
+    pos = ranked_shape(shape, _POS_KEY[layout], 3, 'the image size as (1, tokens, D)', problems)
+    if pos and 'patch_size' in f:
         n_prefix = int(f['class_token']) if layout == 'vit' else 0
-        grid = math.isqrt(max(pos[1] - n_prefix, 0))
-        if not grid or grid * grid != pos[1] - n_prefix:
+        grid = isqrt_exact(pos[1] - n_prefix)
+        if not grid:
             problems.append(f'{_POS_KEY[layout]} has {pos[1]} rows: {pos[1]} - {n_prefix} class-token '
                             f'rows is not a square patch grid (layout {layout}: '
                             f'{"with" if n_prefix else "without"} a class-token row)')
@@ -316,13 +291,7 @@ def check_checkpoint(tree: Mapping[str, Any], cfg: ViTConfig, layout: str | None
     ckpt = flat_checkpoint(tree)
     layout = layout or detect_layout(ckpt)
     want = big_vision_shapes(cfg, layout)
-    missing = [k for k in want if k not in ckpt]
-    unexpected = sorted(k for k in ckpt if k not in want)
-    problems = []
-    if missing:
-        problems.append(f'missing keys ({len(missing)}): ' + ', '.join(missing))
-    if unexpected:
-        problems.append(_unexpected(unexpected))
+    problems = key_problems(ckpt, want, _UNSUPPORTED)
     rep = ckpt.get('pre_logits/kernel')
     if (rep is not None) != (cfg.representation_size is not None):
         problems.append(
@@ -330,12 +299,7 @@ def check_checkpoint(tree: Mapping[str, Any], cfg: ViTConfig, layout: str | None
             'the config has representation_size=None' if rep is not None else
             f'the config has representation_size={cfg.representation_size} but the checkpoint '
             'has no pre-logits layer (pre_logits/kernel)')
-    for k, s in want.items():
-        if k in ckpt:
-            if ckpt[k].shape != s:
-                problems.append(f'{k}: shape {ckpt[k].shape}, expected {s}')
-            if not np.issubdtype(ckpt[k].dtype, np.floating):
-                problems.append(f'{k}: dtype {ckpt[k].dtype}, expected a floating type')
+    problems += entry_problems(ckpt, want, lambda a: np.issubdtype(a.dtype, np.floating))
     if problems:
         desc = (f'layout={layout} width={cfg.width} depth={cfg.depth} heads={cfg.num_heads} '
                 f'mlp_dim={cfg.mlp_dim} patch={cfg.patch_size} image={cfg.image_size} '
@@ -355,20 +319,17 @@ def from_big_vision(npz_or_dict: str | os.PathLike | Mapping[str, Any],
     with it, the checkpoint must have exactly its shapes. Every missing, unexpected or
     mis-shaped key is reported together in one StateDictError.
     """
-    if isinstance(npz_or_dict, (str, os.PathLike)):
-        ckpt = load_npz(npz_or_dict)
-    else:
-        ckpt = flat_checkpoint(npz_or_dict)
+    ckpt = (load_npz(npz_or_dict) if isinstance(npz_or_dict, (str, os.PathLike))
+            else flat_checkpoint(npz_or_dict))
     layout = detect_layout(ckpt)
     if cfg is None:
         cfg, problems = _infer(ckpt, layout)
         if problems:
             # Also list keys that no layout has, so one message shows everything.
             known = set(_TOP_LEAVES.values()) | set(_POS_KEY.values())
-            strange = sorted(k for k in ckpt if _hint(k) or not (
+            strange = sorted(k for k in ckpt if unsupported_hint(k, _UNSUPPORTED) or not (
                 k in known or k.startswith('Transformer/encoderblock')))
-            if strange:
-                problems.append(_unexpected(strange))
+            problems += unexpected_keys(strange, _UNSUPPORTED)
             raise StateDictError(problem_message(f'cannot convert the big_vision checkpoint '
                                                   f'(layout {layout})', problems))
     check_checkpoint(ckpt, cfg, layout)
@@ -414,10 +375,7 @@ def to_big_vision(params: Any, cfg: ViTConfig, *, layout: str = 'big_vision',
     params = stacked_for_export(params, "big_vision's ViT")
     check_params(params, cfg)
     flat = {k: np.asarray(jax.device_get(v)) for k, v in pytree.flatten(params).items()}
-    out: dict[str, np.ndarray] = {}
-    for path, key in _TOP_LEAVES.items():
-        if path in flat:
-            out[key] = flat[path]
+    out = {key: flat[path] for path, key in _TOP_LEAVES.items() if path in flat}
     pos = flat['pos_embed']
     if cfg.class_token and layout != 'vit':
         row, pos = pos[:, :1], pos[:, 1:]

@@ -40,8 +40,8 @@ Gene = dict[str, Any]
 # LeTs' names of the per-layer width matrices Q_j, K_j, V_j, M_j; E and C are top-level.
 _WIDTH = {'q': 'trans_width_q', 'k': 'trans_width_k', 'v': 'trans_width_v',
           'mlp': 'trans_width_ffn'}
-_EMBED = 'patch_embed.trans_width_emb.trans_weight'
-_HEAD = 'trans_width_cls.trans_weight'
+_TOP_WIDTH = {'embed': 'patch_embed.trans_width_emb.trans_weight',   # E
+              'head': 'trans_width_cls.trans_weight'}                 # C
 _TOP_LEAVES = ('patch_embed/kernel', 'patch_embed/bias', 'norm/scale', 'norm/bias',
                'head/kernel', 'head/bias')
 _OPTIONAL = ('head/kernel', 'head/bias', 'attn/q/bias', 'attn/k/bias', 'attn/v/bias')
@@ -82,10 +82,8 @@ def from_lets(state_dict: Mapping[str, Any], *, head_dim: int = 64) -> Gene:
         return np.stack(arrays)
 
     n_layers = len({int(m.group(1)) for k in sd for m in [re.match(r'__sm_(\d+)_', k)] if m})
-    learngene: dict[str, Any] = {}
-    for path in _TOP_LEAVES:
-        if _top_name(path) in sd or path not in _OPTIONAL:
-            learngene[path] = from_torch(path, take(_top_name(path)), head_dim)
+    learngene = {path: from_torch(path, take(_top_name(path)), head_dim) for path in _TOP_LEAVES
+                 if _top_name(path) in sd or path not in _OPTIONAL}
     blocks = {}
     for path in letra.LEAF_MODULES:
         if _layer_name(0, path) in sd or path not in _OPTIONAL:
@@ -93,11 +91,7 @@ def from_lets(state_dict: Mapping[str, Any], *, head_dim: int = 64) -> Gene:
             blocks[path] = np.stack([from_torch(path, x, head_dim) for x in w])
     learngene = pytree.unflatten(learngene)
     learngene['blocks'] = pytree.unflatten(blocks)
-    width: dict[str, Any] = {}
-    if _EMBED in sd:
-        width['embed'] = take(_EMBED)
-    if _HEAD in sd:
-        width['head'] = take(_HEAD)
+    width = {n: take(name) for n, name in _TOP_WIDTH.items() if name in sd}
     for n, name in _WIDTH.items():
         if f'blocks.0.{name}.trans_weight' in sd:
             width[n] = stack([f'blocks.{j}.{name}.trans_weight' for j in range(n_layers)])
@@ -128,20 +122,14 @@ def to_lets(gene: Gene) -> dict[str, np.ndarray]:
     if 'cls_token' in lg:
         raise StateDictError('interop.lets: the official learngene has no class token')
     flat = {k: np.asarray(v) for k, v in pytree.flatten(jax.device_get(lg)).items()}
-    sd: dict[str, np.ndarray] = {}
-    for path in _TOP_LEAVES:
-        if path in flat:
-            sd[_top_name(path)] = np.ascontiguousarray(to_torch(path, flat[path]))
+    sd = {_top_name(path): np.ascontiguousarray(to_torch(path, flat[path]))
+          for path in _TOP_LEAVES if path in flat}
     for j in range(s.depth):
         for path in letra.LEAF_MODULES:
             if f'blocks/{path}' in flat:
-                x = flat[f'blocks/{path}'][j]
-                sd[_layer_name(j, path)] = np.ascontiguousarray(to_torch(path, x))
+                sd[_layer_name(j, path)] = np.ascontiguousarray(to_torch(path, flat[f'blocks/{path}'][j]))
     w = {k: np.asarray(v) for k, v in jax.device_get(gene['width']).items()}
-    if 'embed' in w:
-        sd[_EMBED] = w['embed']
-    if 'head' in w:
-        sd[_HEAD] = w['head']
+    sd.update({name: w[n] for n, name in _TOP_WIDTH.items() if n in w})
     for n, name in _WIDTH.items():
         for j in range(s.depth if n in w else 0):
             sd[f'blocks.{j}.{name}.trans_weight'] = w[n][j]

@@ -50,16 +50,15 @@ Numerical conventions (what makes jlearngene's logits equal timm's):
     the original ViT/AugReg weights (mean = std = 0.5).
   * Eval mode: DeiT distilled logits are the mean of the class and distillation heads.
 
-Files: `load_state_dict` reads `.safetensors` (through `safetensors.safe_open`) and `.npz`
-into numpy, and `.pth`/`.pt`/`.bin` through torch when the optional extra is installed
-(`pip install -e ".[timm]"`);
-`save_safetensors` writes a file that `safetensors.torch.load_file` and timm read back.
-A file that cannot be read as its format (empty, truncated, random bytes, another format
-under the suffix, a valid file that holds no arrays) is a `StateDictError` naming the file
-and the reason; files are only ever opened for reading.
+Files: `load_state_dict` reads `.safetensors` and `.npz` into numpy, and torch pickles when
+the optional extra is installed (`pip install -e ".[timm]"`); `save_safetensors` writes a file
+that `safetensors.torch.load_file` and timm read back. A file that cannot be read as its
+format (empty, truncated, another format under the suffix, no arrays) is a `StateDictError`
+naming the file and the reason; files are only ever opened for reading.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -250,7 +249,7 @@ def _to_numpy(v: Any) -> np.ndarray:
     return np.asarray(v)
 
 
-def _isqrt_exact(n: int) -> int | None:
+def isqrt_exact(n: int) -> int | None:
     r = math.isqrt(n) if n >= 0 else -1
     return r if r >= 0 and r * r == n else None
 
@@ -295,33 +294,27 @@ def _infer(sd: Mapping[str, Any], overrides: Mapping[str, Any]) -> tuple[ViTConf
         problems.append('no encoder blocks (blocks.<i>.*) found')
     else:
         f['depth'] = max(idx) + 1
-        fc1 = shape.get('blocks.0.mlp.fc1.weight')
-        if fc1 is None or len(fc1) != 2:
-            problems.append(f'blocks.0.mlp.fc1.weight is {"missing" if fc1 is None else f"of shape {fc1}"}; '
-                            'it gives mlp_dim as (M, D)')
-        else:
+        fc1 = ranked_shape(shape, 'blocks.0.mlp.fc1.weight', 2, 'mlp_dim as (M, D)', problems)
+        if fc1:
             f['mlp_dim'] = fc1[0]
         f['qkv_bias'] = any(re.fullmatch(r'blocks\.\d+\.attn\.qkv\.bias', k) for k in sd)
         f['layer_scale'] = any(re.fullmatch(r'blocks\.\d+\.ls[12]\.gamma', k) for k in sd)
 
     f['distill_token'] = 'dist_token' in sd
     class_token = 'cls_token' in sd
-    pool = overrides.get('pool', 'avg' if ('fc_norm.weight' in sd or not class_token) else 'cls')
-    f['pool'] = pool
+    f['pool'] = overrides.get('pool', 'avg' if ('fc_norm.weight' in sd or not class_token) else 'cls')
     f['class_token'] = overrides.get('class_token', class_token)
     f['pool_norm'] = 'after' if 'fc_norm.weight' in sd else 'before'
     head = shape.get('head.weight')
     f['num_classes'] = head[0] if head is not None and len(head) == 2 else 0
 
-    pos = shape.get('pos_embed')
-    if pos is None or len(pos) != 3:
-        problems.append(f'pos_embed is {"missing" if pos is None else f"of shape {pos}"}; it gives the '
-                        'image size as (1, prefix tokens + patches, D)')
-    elif 'patch_size' in f:
+    pos = ranked_shape(shape, 'pos_embed', 3, 'the image size as (1, prefix tokens + patches, D)',
+                       problems)
+    if pos and 'patch_size' in f:
         n_prefix = int(bool(f['class_token'])) + int(f['distill_token'])
-        grid = _isqrt_exact(pos[1] - n_prefix)
+        grid = isqrt_exact(pos[1] - n_prefix)
         if grid is None and n_prefix:
-            grid = _isqrt_exact(pos[1])  # no_embed_class: position rows for the patches only
+            grid = isqrt_exact(pos[1])  # no_embed_class: position rows for the patches only
         if not grid:
             problems.append(f'pos_embed has {pos[1]} rows: neither {pos[1]} nor {pos[1]} - {n_prefix} '
                             'prefix tokens is a square patch grid')
@@ -351,11 +344,59 @@ def problem_message(title: str, problems: list[str]) -> str:
     return '\n'.join(lines)
 
 
-def _hint(key: str) -> str:
-    for rx, what in _UNSUPPORTED:
-        if re.fullmatch(rx, key):
-            return f' ({what}: not supported by jlearngene ViT)'
-    return ''
+def ranked_shape(shape: Mapping[str, tuple], key: str, rank: int, gives: str,
+                 problems: list[str]) -> tuple | None:
+    """`shape[key]` when it has `rank` axes; else None, with a problem saying what it gives."""
+    s = shape.get(key)
+    if s is not None and len(s) == rank:
+        return s
+    problems.append(f'{key} is {"missing" if s is None else f"of shape {s}"}; it gives {gives}')
+    return None
+
+
+def unsupported_hint(key: str, unsupported=_UNSUPPORTED) -> str:
+    """Why jlearngene's ViT lacks a key of a known variant (`unsupported`), else ''."""
+    return next((f' ({what}: not supported by jlearngene ViT)' for rx, what in unsupported
+                 if re.fullmatch(rx, key)), '')
+
+
+def unexpected_keys(keys: list[str], unsupported=_UNSUPPORTED) -> list[str]:
+    """The problem that names `keys` outside the layout (each with the reason where a known
+    ViT variant has it); [] for no keys."""
+    hints = ', '.join(k + unsupported_hint(k, unsupported) for k in keys)
+    return [f'unexpected keys ({len(keys)}): {hints}'] if keys else []
+
+
+def key_problems(arrays: Mapping[str, Any], want: Mapping[str, tuple],
+                 unsupported=_UNSUPPORTED) -> list[str]:
+    """The keys of the layout `want` ({key: shape}) that `arrays` lacks, and those it has
+    beyond it."""
+    missing = [k for k in want if k not in arrays]
+    problems = [f'missing keys ({len(missing)}): ' + ', '.join(missing)] if missing else []
+    return problems + unexpected_keys(sorted(k for k in arrays if k not in want), unsupported)
+
+
+def _dtype_name(v: Any) -> str:
+    return str(getattr(v, 'dtype', np.asarray(v).dtype))
+
+
+def _is_float(v: Any) -> bool:
+    return bool(re.match(r'(torch\.)?(float|bfloat)', _dtype_name(v)))
+
+
+def entry_problems(arrays: Mapping[str, Any], want: Mapping[str, tuple],
+                   floating=_is_float) -> list[str]:
+    """The entries of `arrays` in the layout `want` of another shape or a dtype that
+    `floating` rejects."""
+    problems = []
+    for k, s in want.items():
+        if k in arrays:
+            got = tuple(np.shape(arrays[k]))
+            if got != s:
+                problems.append(f'{k}: shape {got}, expected {s}')
+            if not floating(arrays[k]):
+                problems.append(f'{k}: dtype {_dtype_name(arrays[k])}, expected a floating type')
+    return problems
 
 
 def check_state_dict(state_dict: Mapping[str, Any], cfg: ViTConfig, *,
@@ -366,21 +407,7 @@ def check_state_dict(state_dict: Mapping[str, Any], cfg: ViTConfig, *,
         no_embed_class = (np.ndim(state_dict.get('pos_embed')) == 3
                           and not has_embed_class(state_dict, cfg))
     want = timm_shapes(cfg, no_embed_class=no_embed_class)
-    missing = [k for k in want if k not in state_dict]
-    unexpected = sorted(k for k in state_dict if k not in want)
-    problems = []
-    if missing:
-        problems.append(f'missing keys ({len(missing)}): ' + ', '.join(missing))
-    if unexpected:
-        problems.append(f'unexpected keys ({len(unexpected)}): ' + ', '.join(k + _hint(k) for k in unexpected))
-    for k, s in want.items():
-        if k in state_dict:
-            got = tuple(np.shape(state_dict[k]))
-            if got != s:
-                problems.append(f'{k}: shape {got}, expected {s}')
-            dt = _dtype_name(state_dict[k])
-            if not re.match(r'(torch\.)?(float|bfloat)', dt):
-                problems.append(f'{k}: dtype {dt}, expected a floating type')
+    problems = key_problems(state_dict, want) + entry_problems(state_dict, want)
     if problems:
         desc = (f'width={cfg.width} depth={cfg.depth} heads={cfg.num_heads} mlp_dim={cfg.mlp_dim} '
                 f'patch={cfg.patch_size} image={cfg.image_size} classes={cfg.num_classes} pool={cfg.pool} '
@@ -388,10 +415,6 @@ def check_state_dict(state_dict: Mapping[str, Any], cfg: ViTConfig, *,
                 f'layer_scale={cfg.layer_scale}')
         raise StateDictError(problem_message(f'timm state dict does not match the ViT layout ({desc})',
                                               problems))
-
-
-def _dtype_name(v: Any) -> str:
-    return str(getattr(v, 'dtype', np.asarray(v).dtype))
 
 
 def from_timm(state_dict: Mapping[str, Any], **overrides: Any) -> tuple[ViTConfig, dict]:
@@ -407,9 +430,8 @@ def from_timm(state_dict: Mapping[str, Any], **overrides: Any) -> tuple[ViTConfi
     cfg, problems = _infer(state_dict, overrides)
     if problems:
         # Also list keys that no timm ViT layout has, so one message shows everything.
-        strange = sorted(k for k in state_dict if _hint(k) or not _is_vit_key(k))
-        if strange:
-            problems.append(f'unexpected keys ({len(strange)}): ' + ', '.join(k + _hint(k) for k in strange))
+        problems += unexpected_keys(sorted(k for k in state_dict if unsupported_hint(k)
+                                           or not _VIT_KEY.fullmatch(k)))
         raise StateDictError(problem_message('cannot convert the timm state dict', problems))
     check_state_dict(state_dict, cfg)
     sd = {k: _to_numpy(v) for k, v in state_dict.items()}
@@ -420,10 +442,6 @@ _VIT_KEY = re.compile(
     r'(cls_token|dist_token|pos_embed|patch_embed\.proj\.(weight|bias)|(norm|fc_norm|head|head_dist)'
     r'\.(weight|bias)|blocks\.\d+\.(norm1|norm2|attn\.qkv|attn\.proj|mlp\.fc1|mlp\.fc2)\.(weight|bias)'
     r'|blocks\.\d+\.ls[12]\.gamma)')
-
-
-def _is_vit_key(k: str) -> bool:
-    return bool(_VIT_KEY.fullmatch(k))
 
 
 def _canonical(sd: StateDict, cfg: ViTConfig) -> dict:
@@ -440,25 +458,19 @@ def _canonical(sd: StateDict, cfg: ViTConfig) -> dict:
     for name in ('cls_token', 'dist_token'):
         if name in sd:
             top[name] = f32(sd[name])
-    block_leaves = list(pytree.flatten(want['blocks']))
 
-    def block(i: int) -> dict:
-        g = lambda k: f32(sd[f'blocks.{i}.{k}'])  # noqa: E731
-        out = {}
-        for path in block_leaves:
-            module, tensor = path.rsplit('/', 1)
-            if module in ('attn/q', 'attn/k', 'attn/v'):     # rows [q; k; v] of attn.qkv
-                s = 'qkv'.index(module[-1])
-                w = g(f"attn.qkv.{_TENSORS[tensor]}")[s * d:(s + 1) * d]
-            else:
-                w = g(torch_name(path))
-            out[path] = from_torch(path, w, dh)
-        return pytree.unflatten(out)
+    def leaf(i: int, path: str) -> np.ndarray:   # the block leaf `path` of layer i
+        module, tensor = path.rsplit('/', 1)
+        if module in ('attn/q', 'attn/k', 'attn/v'):     # rows [q; k; v] of attn.qkv
+            s = 'qkv'.index(module[-1])
+            w = f32(sd[f'blocks.{i}.attn.qkv.{_TENSORS[tensor]}'])[s * d:(s + 1) * d]
+        else:
+            w = f32(sd[f'blocks.{i}.{torch_name(path)}'])
+        return from_torch(path, w, dh)
 
-    params = pytree.unflatten(top)
-    blocks = [block(i) for i in range(cfg.depth)]
-    params['blocks'] = jax.tree.map(lambda *xs: np.ascontiguousarray(np.stack(xs)), *blocks)
-    return jax.tree.map(np.ascontiguousarray, params)
+    for path in pytree.flatten(want['blocks']):
+        top['blocks/' + path] = np.stack([leaf(i, path) for i in range(cfg.depth)])
+    return jax.tree.map(np.ascontiguousarray, pytree.unflatten(top))
 
 
 # ----------------------------------------------------------------------------------------
@@ -469,11 +481,8 @@ def check_params(params: Any, cfg: ViTConfig) -> None:
     unexpected or shaped differently from what `cfg` implies."""
     want = jax.eval_shape(lambda: vit.init(cfg, jax.random.key(0)))
     diff = pytree.structure_diff(want, params)
-    problems = []
-    if diff['missing']:
-        problems.append(f"missing parameters ({len(diff['missing'])}): " + ', '.join(diff['missing']))
-    if diff['unexpected']:
-        problems.append(f"unexpected parameters ({len(diff['unexpected'])}): " + ', '.join(diff['unexpected']))
+    problems = [f'{kind} parameters ({len(diff[kind])}): ' + ', '.join(diff[kind])
+                for kind in ('missing', 'unexpected') if diff[kind]]
     problems += [f'{k}: shape {got}, expected {exp}' for k, exp, got in diff['shape']]
     if problems:
         raise StateDictError(problem_message('parameters do not match the config', problems))
@@ -536,11 +545,9 @@ def to_timm(params: Any, cfg: ViTConfig, *, no_embed_class: bool = False,
         for path, x in blocks.items():
             if not path.startswith(('attn/q/', 'attn/k/', 'attn/v/')):
                 out[b + torch_name(path)] = to_torch(path, x[i])
-        out[b + 'attn.qkv.weight'] = np.concatenate(
-            [to_torch(f'attn/{n}/kernel', blocks[f'attn/{n}/kernel'][i]) for n in 'qkv'], axis=0)
-        if cfg.qkv_bias:
-            out[b + 'attn.qkv.bias'] = np.concatenate(
-                [to_torch(f'attn/{n}/bias', blocks[f'attn/{n}/bias'][i]) for n in 'qkv'])
+        for tensor in ('kernel', 'bias') if cfg.qkv_bias else ('kernel',):   # rows [q; k; v]
+            out[b + f'attn.qkv.{_TENSORS[tensor]}'] = np.concatenate(
+                [to_torch(f'attn/{n}/{tensor}', blocks[f'attn/{n}/{tensor}'][i]) for n in 'qkv'])
     # timm's order; writable copies
     return {k: np.array(out[k], dtype=dtype, order='C')
             for k in timm_shapes(cfg, no_embed_class=no_embed_class)}
@@ -575,9 +582,6 @@ def load_state_dict(path: str | os.PathLike) -> StateDict:
         sd = {k[len('module.'):]: v for k, v in sd.items()}
     # numpy has no bfloat16 of its own (safetensors may hand back ml_dtypes.bfloat16).
     return {k: v.astype(np.float32) if v.dtype.name == 'bfloat16' else v for k, v in sd.items()}
-
-
-FILE_KINDS = ('safetensors', 'npz', 'torch', 'empty', 'unknown')
 
 
 def file_kind(path: str | os.PathLike) -> str:
@@ -628,12 +632,10 @@ def _load_npz(path: str) -> StateDict:
             return {k: np.asarray(f[k]) for k in f.files}
     except StateDictError:
         raise
-    except ValueError as e:
-        if 'pickle' in str(e):
+    except Exception as e:  # noqa: BLE001 - zipfile / numpy raise many kinds for bad files
+        if isinstance(e, ValueError) and 'pickle' in str(e):
             raise StateDictError(f'{path!r} holds an object (pickled) array; a state dict .npz '
                                  'holds numeric arrays only') from None
-        raise _unreadable(path, '.npz', e) from None
-    except Exception as e:  # noqa: BLE001 - zipfile / numpy raise many kinds for bad files
         raise _unreadable(path, '.npz', e) from None
 
 
@@ -702,6 +704,25 @@ def save_safetensors(state_dict: Mapping[str, Any], path: str | os.PathLike, *,
     with open(path, 'wb') as f:   # open(): the umask's mode (safetensors' save_file writes 0600)
         f.write(data)
     return path
+
+
+def check_output(path: str | os.PathLike, flag: str, what: str, suffix: str, overwrite: bool) -> None:
+    """A one-line error unless `path` (given as `flag`) names a `suffix` file for `what` that
+    may be written: a new one, or any with `overwrite`."""
+    if not str(path).endswith(suffix):
+        raise ValueError(f'{flag} {path!r}: {what} is written as {suffix}; give a file name '
+                         f'ending in {suffix}')
+    if os.path.exists(path) and not overwrite:
+        raise FileExistsError(f'{path!r} already exists; pass --overwrite to replace it')
+
+
+def save_model_safetensors(state_dict: Mapping[str, Any], path: str | os.PathLike, cfg: ViTConfig,
+                           kwargs: Mapping[str, Any]) -> str:
+    """`save_safetensors` of a jlearngene model's state dict; the header holds its config (which
+    `jlearngene convert --from-timm` reads back), timm's class and constructor `kwargs`."""
+    cls = 'VisionTransformerDistilled' if cfg.distill_token else 'VisionTransformer'
+    return save_safetensors(state_dict, path, metadata={
+        'jlearngene_config': json.dumps(cfg.to_dict()), 'timm_class': cls, 'timm_kwargs': json.dumps(kwargs)})
 
 
 def read_safetensors_metadata(path: str | os.PathLike) -> dict[str, str]:

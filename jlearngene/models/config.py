@@ -142,10 +142,7 @@ class ViTConfig:
     def replace(self, **changes: Any) -> 'ViTConfig':
         """A copy with some fields changed (validated again); ConfigError for a field that
         ViTConfig does not have."""
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(changes) - known)
-        if unknown:
-            raise ConfigError(f'ViTConfig has no field(s) {unknown}; known fields: {sorted(known)}')
+        _check_fields(changes, 'ViTConfig has no field(s)')
         if 'pool' in changes and 'class_token' not in changes:
             changes['class_token'] = None
         if ('head_dim' not in changes and ('width' in changes or 'num_heads' in changes)
@@ -158,10 +155,7 @@ class ViTConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> 'ViTConfig':
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f'ViTConfig has no field(s) {unknown}; known fields: {sorted(known)}')
+        _check_fields(d, 'ViTConfig has no field(s)')
         return cls(**dict(d))
 
     def diff(self, other: 'ViTConfig') -> dict[str, tuple[Any, Any]]:
@@ -178,6 +172,14 @@ def expect_config(cfg: Any, what: str) -> 'ViTConfig':
            else "vit_config('Ti', **fields), ViTConfig(...) or ViTConfig.from_dict(d)")
     raise ConfigTypeError(f'{what}: expected a ViTConfig, got {type(cfg).__name__}; make one '
                           f'with {how}')
+
+
+def _check_fields(names, problem: str) -> None:
+    """ConfigError `<problem> [unknown]; known fields: [...]` unless every name is a field."""
+    known = {f.name for f in dataclasses.fields(ViTConfig)}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise ConfigError(f'{problem} {unknown}; known fields: {sorted(known)}')
 
 
 def _check(cond: bool, field: str, value: Any, why: str) -> None:
@@ -204,15 +206,11 @@ def validate(cfg: ViTConfig) -> None:
            cfg.representation_size, 'a pre-logits layer is not combinable with distill_token=True')
     _check(cfg.image_size % cfg.patch_size == 0, 'image_size', cfg.image_size,
            f'must be divisible by patch_size={cfg.patch_size}')
-    _check(cfg.pool in POOLS, 'pool', cfg.pool, f'unknown pool, expected one of {POOLS}')
-    _check(cfg.gelu in GELUS, 'gelu', cfg.gelu, f'unknown gelu, expected one of {GELUS}')
-    _check(cfg.dtype in DTYPES, 'dtype', cfg.dtype, f'unknown dtype, expected one of {DTYPES}')
-    _check(cfg.dense_precision in DENSE_PRECISIONS, 'dense_precision', cfg.dense_precision,
-           f'unknown dense_precision, expected one of {DENSE_PRECISIONS}')
-    _check(cfg.init_truncation in INIT_TRUNCATIONS, 'init_truncation', cfg.init_truncation,
-           f'unknown init_truncation, expected one of {INIT_TRUNCATIONS}')
-    _check(cfg.pool_norm in POOL_NORMS, 'pool_norm', cfg.pool_norm,
-           f'unknown pool_norm, expected one of {POOL_NORMS}')
+    for name, choices in (('pool', POOLS), ('gelu', GELUS), ('dtype', DTYPES),
+                          ('dense_precision', DENSE_PRECISIONS),
+                          ('init_truncation', INIT_TRUNCATIONS), ('pool_norm', POOL_NORMS)):
+        v = getattr(cfg, name)
+        _check(v in choices, name, v, f'unknown {name}, expected one of {choices}')
     _check(not (cfg.pool == 'cls' and not cfg.class_token), 'class_token', cfg.class_token,
            "pool='cls' needs a class token")
     _check(cfg.attn_scale is None or (isinstance(cfg.attn_scale, (int, float))
@@ -239,8 +237,5 @@ def vit_config(variant: str = 'Ti', **overrides: Any) -> ViTConfig:
             raise ConfigError(f'variant {variant!r}: patch size {patch!r} is not an integer')
         fields['patch_size'] = int(patch)
     fields.update(overrides)
-    known = {f.name for f in dataclasses.fields(ViTConfig)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise ConfigError(f'vit_config got unknown field(s) {unknown}; known fields: {sorted(known)}')
+    _check_fields(overrides, 'vit_config got unknown field(s)')
     return ViTConfig(**fields)

@@ -126,9 +126,8 @@ def unstack_blocks(params: Any) -> Any:
     if not is_stacked(params):
         return params
     blocks = params['blocks']
-    out = dict(params)
-    out['blocks'] = [jax.tree.map(lambda x, i=i: x[i], blocks) for i in range(depth_of(params))]
-    return out
+    return {**params,
+            'blocks': [jax.tree.map(lambda x, i=i: x[i], blocks) for i in range(depth_of(params))]}
 
 
 def stack_blocks(params: Any) -> Any:
@@ -144,9 +143,7 @@ def stack_blocks(params: Any) -> Any:
         if any(diff.values()):
             raise ValueError(f'stack_blocks: block {i} differs from block 0 '
                              f'({pytree.describe_diff(diff)}); keep this model in the list layout')
-    out = dict(params)
-    out['blocks'] = jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)
-    return out
+    return {**params, 'blocks': jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)}
 
 
 # ----------------------------------------------------------------------------------------
@@ -246,12 +243,9 @@ def slice_config(cfg: ViTConfig, sizes: Mapping[str, Selection]) -> ViTConfig:
     if fixed:
         raise ValueError(f'slice_config: axes {fixed} are fixed by the input geometry; '
                          f'sliceable: {sorted(_CONFIG_FIELD_OF_AXIS)}')
-    changes = {}
-    for axis, sel in sizes.items():
-        n = int(sel) if isinstance(sel, (int, np.integer)) else int(np.size(sel))
-        changes[_CONFIG_FIELD_OF_AXIS[axis]] = n
-    if 'head_dim' not in changes:   # keep the head size unless it is sliced itself
-        changes['head_dim'] = cfg.head_dim
+    changes = {_CONFIG_FIELD_OF_AXIS[axis]: int(sel) if isinstance(sel, (int, np.integer))
+               else int(np.size(sel)) for axis, sel in sizes.items()}
+    changes.setdefault('head_dim', cfg.head_dim)   # the head size is kept unless sliced itself
     return cfg.replace(**changes)
 
 

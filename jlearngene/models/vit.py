@@ -465,12 +465,6 @@ def embed(params: Params, images: jax.Array, cfg: ViTConfig) -> jax.Array:
     return x + pos.astype(dtype)
 
 
-def _drop_rates(cfg: ViTConfig, depth: int) -> jax.Array:
-    if depth == 1:
-        return jnp.zeros((1,), jnp.float32)
-    return jnp.linspace(0.0, cfg.drop_path, depth, dtype=jnp.float32)
-
-
 def encode(blocks, x: jax.Array, cfg: ViTConfig, *, train=False, rng=None,
            capture: Sequence[str] = (), n_out: int | None = None) -> tuple[jax.Array, dict[str, Any]]:
     """Run the encoder blocks in either layout; stacked blocks run under one `lax.scan`.
@@ -484,7 +478,7 @@ def encode(blocks, x: jax.Array, cfg: ViTConfig, *, train=False, rng=None,
         raise ValueError(f'encode: n_out={n_out} drops tokens that capture={tuple(capture)} reports')
     stacked = isinstance(blocks, dict)
     depth = jax.tree.leaves(blocks)[0].shape[0] if stacked else len(blocks)
-    rates = _drop_rates(cfg, depth)
+    rates = jnp.linspace(0.0, cfg.drop_path, depth, dtype=jnp.float32)   # [0.] for one block
     keys = jax.random.split(rng, depth) if (train and rng is not None) else None
 
     def checkpointed(n):
@@ -541,10 +535,9 @@ def _n_prefix(params: Params) -> int:
 def pool(params: Params, x: jax.Array, cfg: ViTConfig) -> jax.Array:
     """Final LayerNorm and pooling to one feature vector per image (the head's input, or the
     pre-logits layer's when the model has one)."""
-    n_prefix = _n_prefix(params)
     if cfg.pool == 'cls':
         return layer_norm(x[:, 0], params['norm'], cfg.ln_eps)
-    patches = x[:, n_prefix:]
+    patches = x[:, _n_prefix(params):]
     if cfg.pool_norm == 'after':
         return layer_norm(patches.mean(axis=1), params['norm'], cfg.ln_eps)
     return layer_norm(patches, params['norm'], cfg.ln_eps).mean(axis=1)

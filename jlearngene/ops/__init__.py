@@ -157,10 +157,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, *,
         raise ValueError(f'attention: expected q (B, Tq, H, Dh) and k, v (B, T, H, Dh), got '
                          f'{q.shape}, {k.shape}, {v.shape}')
     for b in active_backends():
-        if b.attention is not None:
-            out = b.attention(q, k, v, scale, need_probs, probs_name)
-            if out is not NotImplemented:
-                return out
+        if b.attention is not None and (
+                out := b.attention(q, k, v, scale, need_probs, probs_name)) is not NotImplemented:
+            return out
     return reference.attention(q, k, v, scale, need_probs=need_probs, probs_name=probs_name)
 
 

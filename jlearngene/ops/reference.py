@@ -50,18 +50,11 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, *,
     """(o, probs) of softmax attention; see `jlearngene.ops.attention`.
 
     Without `need_probs` this is `jax.nn.dot_product_attention` (probs None); with it, the
-    explicit product, softmax (in float32 whatever the inputs' dtype) and product, which
-    `probs_attention` writes out.
+    explicit product, softmax (in float32 whatever the inputs' dtype) and product, the
+    probabilities (B, H, Tq, T) written out.
     """
     if not need_probs:
         return jax.nn.dot_product_attention(q, k, v, scale=scale), None
-    return probs_attention(q, k, v, scale, probs_name=probs_name)
-
-
-def probs_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, *,
-                    probs_name: str | None = None):
-    """(o, probs) for q (B, Tq, H, Dh), k and v (B, T, H, Dh), the probabilities written
-    out: softmax((q·scale)·kᵀ) over the keys, o = probs·v."""
     logits = jnp.einsum('bqhk,bthk->bhqt', q * jnp.asarray(scale, q.dtype), k)
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(q.dtype)
     if probs_name is not None:

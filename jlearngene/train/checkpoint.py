@@ -37,6 +37,7 @@ loads unverified. A failed write is a `CheckpointError` in one line as well.
 from __future__ import annotations
 
 import base64
+import contextlib
 import glob
 import json
 import os
@@ -79,9 +80,7 @@ def to_json(obj: Any) -> Any:
         return {str(k): to_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [to_json(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray) and obj.ndim == 0:
+    if isinstance(obj, np.generic) or (isinstance(obj, np.ndarray) and obj.ndim == 0):
         return obj.item()
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
@@ -134,10 +133,9 @@ def _check_json(files: list[str], root: str, where: str) -> None:
 
 def _abstract(meta_tree, sharding=None):
     """ShapeDtypeStructs from orbax array metadata, placed on `sharding` (a tree or one sharding)."""
-    if sharding is None:
-        sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    if isinstance(sharding, jax.sharding.Sharding):
-        return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), meta_tree)
+    if sharding is None or isinstance(sharding, jax.sharding.Sharding):
+        one = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), meta_tree)
     return jax.tree.map(lambda m, s: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=s), meta_tree, sharding)
 
 
@@ -200,30 +198,22 @@ def _check_array_store(item_dir: str, where: str, arrays: set[str] | None = None
                                          f'({_short(str(e))}); it is truncated or corrupted') from None
 
 
-def _orbax_read(read: Callable[[], Any], where: str) -> Any:
-    """`read()`, an orbax read of the checkpoint `where` names. orbax raises many kinds of
-    exception for a file it cannot read; any but a CheckpointError becomes a
-    CorruptCheckpointError naming the innermost cause in one line."""
+def _orbax(call: Callable[[], Any], where: str, *, write: bool = False) -> Any:
+    """`call()`, an orbax read (or `write`) of the checkpoint `where` names, whose failure
+    becomes one line naming the innermost cause (orbax raises many kinds of exception): a
+    CorruptCheckpointError for a read (a CheckpointError passes as it is), a CheckpointError
+    for a write (a full disk, a file-size limit, a permission; orbax leaves no checkpoint
+    under the final name)."""
     try:
-        return read()
-    except CheckpointError:
-        raise
+        return call()
     except Exception as e:  # noqa: BLE001 - orbax raises many kinds
+        if isinstance(e, CheckpointError) and not write:
+            raise
         cause = _root_cause(e)
-        raise CorruptCheckpointError(f'{where} could not be read ({type(cause).__name__}: '
-                                     f'{_short(str(cause))}); it is truncated or corrupted') from None
-
-
-def _orbax_write(write: Callable[[], Any], where: str) -> None:
-    """`write()`, an orbax write of the checkpoint `where` names; its failure (a full disk,
-    a file-size limit, a permission) becomes a CheckpointError naming the innermost cause
-    in one line. orbax leaves no checkpoint under the final name."""
-    try:
-        write()
-    except Exception as e:  # noqa: BLE001 - orbax raises many kinds
-        cause = _root_cause(e)
-        raise CheckpointError(f'{where} could not be written ({type(cause).__name__}: '
-                              f'{_short(str(cause))})') from None
+        why = f'({type(cause).__name__}: {_short(str(cause))})'
+        if write:
+            raise CheckpointError(f'{where} could not be written {why}') from None
+        raise CorruptCheckpointError(f'{where} could not be read {why}; it is truncated or corrupted') from None
 
 
 def _no_metadata(where: str, what: str) -> CorruptCheckpointError:
@@ -354,8 +344,8 @@ def save_model(path: str, params, cfg: ViTConfig | None, *, extra: dict | None =
         'checksum': CHECKSUM, 'checksums': tree_checksums(params),
     }
     with _context():
-        _orbax_write(lambda: ocp.save_checkpointables(path, {'params': params}, custom_metadata=meta,
-                                                      overwrite=overwrite), f'model checkpoint {path!r}')
+        _orbax(lambda: ocp.save_checkpointables(path, {'params': params}, custom_metadata=meta,
+                                                overwrite=overwrite), f'model checkpoint {path!r}', write=True)
     return path
 
 
@@ -367,16 +357,14 @@ def model_metadata(path: str) -> dict:
     where = f'model checkpoint {path!r}'
     _check_array_store(os.path.join(path, 'params'), where, arrays=set())
 
-    meta = _orbax_read(lambda: ocp.checkpointables_metadata(path), where)
+    meta = _orbax(lambda: ocp.checkpointables_metadata(path), where)
     custom = meta.custom_metadata or {}
     if meta.metadata.get('params', ...) is None:
         raise _no_metadata(where, 'the array metadata of params')
     if custom.get('format') != MODEL_FORMAT or 'params' not in meta.metadata:
         raise CheckpointError(f'{path!r} is not a jlearngene model checkpoint '
                               f"(format {custom.get('format')!r}; a run checkpoint? use RunCheckpointer)")
-    out = dict(custom)
-    out['arrays'] = meta.metadata['params']
-    return out
+    return {**custom, 'arrays': meta.metadata['params']}
 
 
 def load_model(path: str, *, expect_cfg: ViTConfig | None = None, sharding=None):
@@ -393,7 +381,7 @@ def load_model(path: str, *, expect_cfg: ViTConfig | None = None, sharding=None)
             raise CheckpointError(f'model checkpoint {path!r} stores no model config')
         config_mismatch(cfg, expect_cfg, f'model checkpoint {path!r}')
     _check_array_store(os.path.join(path, 'params'), f'model checkpoint {path!r}')
-    params = _orbax_read(
+    params = _orbax(
         lambda: ocp.load_checkpointables(path, {'params': _abstract(meta['arrays'], sharding)})['params'],
         f'model checkpoint {path!r}')
     _verify_checksums(pytree.flatten(params), meta.get('checksums'), f'model checkpoint {path!r}')
@@ -454,8 +442,8 @@ class RunCheckpointer:
         _check_exists(path, 'run checkpoint')
         _check_array_store(os.path.join(path, 'state'), f'run checkpoint {path!r}', arrays=set())
 
-        custom = _orbax_read(lambda: self._ckpt.metadata(step).custom_metadata,
-                             f'run checkpoint {path!r}') or {}
+        custom = _orbax(lambda: self._ckpt.metadata(step).custom_metadata,
+                        f'run checkpoint {path!r}') or {}
         fmt = custom.get('format')
         if fmt is None:   # a step of this run's directory without the metadata save writes
             raise CorruptCheckpointError(f'run checkpoint {path!r}: _CHECKPOINT_METADATA holds no '
@@ -490,8 +478,8 @@ class RunCheckpointer:
         """{path: orbax ArrayMetadata} of the stored state."""
         path = self._path(step)   # its files were checked by `metadata(step)`, read first
 
-        arrays = _orbax_read(lambda: self._ckpt.checkpointables_metadata(step).metadata['state'],
-                             f'run checkpoint {path!r}')
+        arrays = _orbax(lambda: self._ckpt.checkpointables_metadata(step).metadata['state'],
+                        f'run checkpoint {path!r}')
         if arrays is None:
             raise _no_metadata(f'run checkpoint {path!r}', 'the array metadata of the state')
         return pytree.flatten(arrays)
@@ -507,9 +495,8 @@ class RunCheckpointer:
                 'config': to_json(config) if config is not None else None,
                 'model_config': None if model_config is None else model_config.to_dict(),
                 'checksum': CHECKSUM, 'checksums': tree_checksums(flat)}
-        use_metrics = None
-        if metrics and self.best_metric and self.best_metric in metrics:
-            use_metrics = {k: float(v) for k, v in metrics.items()}
+        ranked = metrics and self.best_metric and self.best_metric in metrics
+        use_metrics = {k: float(v) for k, v in metrics.items()} if ranked else None
         if step in self.steps():
             self._ckpt.delete(step)
         def write():
@@ -517,16 +504,17 @@ class RunCheckpointer:
                                             metrics=use_metrics, custom_metadata=meta)
             self._ckpt.wait()
         try:
-            _orbax_write(write, f'run checkpoint {self._path(step)!r}')
+            _orbax(write, f'run checkpoint {self._path(step)!r}', write=True)
         except CheckpointError:
             self._save_failed = True
             raise
         return self._path(step)
 
-    def _load(self, target: Mapping[str, Any], step, model_config, *, exact: bool):
-        """Read the arrays at `target`'s paths ({path: array or ShapeDtypeStruct}, placed on
-        their shardings, default the first local device) and verify their checksums.
-        Returns ({path: array}, metadata)."""
+    def _load(self, tree, step, model_config, *, exact: bool):
+        """Read the arrays of `tree` (arrays or ShapeDtypeStructs, placed on their shardings,
+        default the first local device) into its structure and verify their checksums.
+        Returns (tree, metadata)."""
+        target = _flat_state(tree)
         step = self._resolve(step)
         path = self._path(step)
         where = f'run checkpoint {path!r}'
@@ -543,28 +531,23 @@ class RunCheckpointer:
         def read():
             with _context(partial_load=True):
                 return ocp.load_checkpointables(path, {'state': abstract})['state']
-        flat = pytree.flatten(_orbax_read(read, where))
+        flat = pytree.flatten(_orbax(read, where))
         _verify_checksums(flat, meta.get('checksums'), where)
-        meta = dict(meta)
-        meta['data_state'] = from_json(meta.get('data_state'))
-        return flat, meta
+        meta = {**meta, 'data_state': from_json(meta.get('data_state'))}
+        return jax.tree.unflatten(jax.tree.structure(tree), [flat[p] for p in target]), meta
 
     def restore(self, target, step: int | None = None, *, model_config: ViTConfig | None = None):
         """Load the state saved at `step` (default latest) into the structure, shapes and
         shardings of `target` (arrays or ShapeDtypeStructs), which must match the stored
         state array for array. Returns (state, metadata)."""
-        flat = _flat_state(target)
-        loaded, meta = self._load(flat, step, model_config, exact=True)
-        return jax.tree.unflatten(jax.tree.structure(target), [loaded[p] for p in flat]), meta
+        return self._load(target, step, model_config, exact=True)
 
     def restore_subset(self, target: Mapping[str, Any], step: int | None = None, *,
                        model_config: ViTConfig | None = None):
         """Load only the parts of the state that `target` names, e.g. `{'params': abstract}`
         or `{'params': ..., 'step': ...}` (each part in the structure, shapes and shardings
         given); nothing else is read. Returns (dict of the parts, metadata)."""
-        flat = _flat_state(dict(target))
-        loaded, meta = self._load(flat, step, model_config, exact=False)
-        return jax.tree.unflatten(jax.tree.structure(dict(target)), [loaded[p] for p in flat]), meta
+        return self._load(dict(target), step, model_config, exact=False)
 
     def restore_params(self, target=None, step: int | None = None, *,
                        model_config: ViTConfig | None = None, sharding=None):
@@ -608,12 +591,10 @@ class RunCheckpointer:
         """Close orbax's checkpointer, which raises the error of a failed save again: not
         raised twice when `save` raised it."""
         if not self._save_failed:
-            _orbax_write(self._ckpt.close, f'run checkpoints {self.directory!r}')
+            _orbax(self._ckpt.close, f'run checkpoints {self.directory!r}', write=True)
             return
-        try:
+        with contextlib.suppress(Exception):   # the failure `save` raised
             self._ckpt.close()
-        except Exception:  # noqa: BLE001 - the failure `save` raised
-            pass
 
     def __enter__(self):
         return self

@@ -32,11 +32,9 @@ log = logging.getLogger(__name__)
 
 
 def _fmt(v) -> str:
-    if isinstance(v, float):
-        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
-            return f'{v:.3e}'
-        return f'{v:.4f}'
-    return str(v)
+    if not isinstance(v, float):
+        return str(v)
+    return f'{v:.3e}' if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5) else f'{v:.4f}'
 
 
 def format_line(step: int, kind: str, metrics: Mapping[str, float]) -> str:

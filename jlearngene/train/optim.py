@@ -45,9 +45,7 @@ DEFAULTS = dict(lr=1e-3, warmup_steps=0, total_steps=None, schedule='cosine', mi
 def _as_dict(config) -> dict[str, Any]:
     if config is None:
         return {}
-    if hasattr(config, 'to_dict'):
-        config = config.to_dict()
-    return dict(config)
+    return dict(config.to_dict() if hasattr(config, 'to_dict') else config)
 
 
 def check(config) -> dict[str, Any]:
@@ -126,10 +124,7 @@ def make_schedule(c: Mapping[str, Any]) -> optax.Schedule:
 def scale_by_path(rules: Sequence[tuple[str, float]]) -> optax.GradientTransformation:
     """Multiply updates by the factor of the first regex matching each leaf's path."""
     def factor(path: str) -> float:
-        for rx, mult in rules:
-            if pytree.path_matches(rx, path):
-                return float(mult)
-        return 1.0
+        return next((float(mult) for rx, mult in rules if pytree.path_matches(rx, path)), 1.0)
 
     def update(updates, state, params=None):
         del params
@@ -141,8 +136,6 @@ def scale_by_path(rules: Sequence[tuple[str, float]]) -> optax.GradientTransform
 
 def labels(params, freeze: Sequence[str]) -> Any:
     """'frozen' / 'train' per leaf."""
-    if not freeze:
-        return jax.tree.map(lambda _: 'train', params)
     return jax.tree.map(lambda f: 'frozen' if f else 'train', pytree.mask(params, tuple(freeze)))
 
 
@@ -153,14 +146,10 @@ def make_optimizer(config, params, *, total_steps: int | None = None) -> optax.G
     if c['freeze'] and 'train' not in jax.tree.leaves(lab):
         raise ValueError(f"optimizer: freeze={tuple(c['freeze'])} freezes every parameter")
     decay = tuple(c['decay'])
-    train = [
-        optax.inject_hyperparams(optax.adamw, static_args=('mask',))(
-            learning_rate=make_schedule(c), b1=c['b1'], b2=c['b2'], eps=c['eps'],
-            weight_decay=c['weight_decay'],
-            mask=(lambda tree: pytree.mask(tree, decay)) if decay else (lambda tree: jax.tree.map(lambda _: False, tree))),
-    ]
-    if c['clip_norm']:
-        train.insert(0, optax.clip_by_global_norm(c['clip_norm']))
+    train = [optax.clip_by_global_norm(c['clip_norm'])] if c['clip_norm'] else []
+    train.append(optax.inject_hyperparams(optax.adamw, static_args=('mask',))(
+        learning_rate=make_schedule(c), b1=c['b1'], b2=c['b2'], eps=c['eps'],
+        weight_decay=c['weight_decay'], mask=lambda tree: pytree.mask(tree, decay)))
     if c['lr_mults']:
         train.append(scale_by_path([tuple(p) for p in c['lr_mults']]))
     transforms = {'train': optax.chain(*train)}

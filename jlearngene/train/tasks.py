@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-
-from jlearngene import compiler, losses
+from jlearngene import losses
 from jlearngene.models import ViTConfig, apply, vit_config
 
 
@@ -35,11 +34,6 @@ def classification_eval(cfg: ViTConfig) -> Callable:
         return losses.eval_sums(logits, batch)
     eval_fn.key = ('classification_eval', cfg)
     return eval_fn
-
-
-def predict_fn(cfg: ViTConfig) -> Callable:
-    """Jitted logits of a batch of NHWC images."""
-    return compiler.jit(lambda params, images: apply(params, images, cfg)[0])
 
 
 def model_config(model) -> ViTConfig:

@@ -5,23 +5,14 @@ trainer owns the rest: a jitted step with buffer donation and explicit shardings
 over the 'data' mesh axis, parameters replicated or FSDP-sharded), optax, orbax
 checkpoints with exact resume, metrics (JSONL, console, TensorBoard), a progress bar,
 evaluation, a non-finite-loss guard and a checkpoint on SIGTERM or Ctrl-C agreed across
-processes. `config` is a `FitConfig` (data: where, how long, intervals, placement,
-switches); `hooks` an open list of what runs after each call.
+processes. `config` is a `FitConfig` (where, how long, intervals, placement, switches);
+`hooks` an open list of what runs after each call.
 
-`fit` is the one-call entry; its pieces, usable on their own:
-
-* state: `init_state` (the state dict), `create_state` (placed with its shardings),
-  `restore_or_start` (resume from the latest checkpoint, or start fresh);
-* step: `make_train_step` (the pure step, microbatches, several steps per call),
-  `StepProgram` (its jitted, donated, sharded calls, shared between runs by an explicit
-  `compile_key` through `PROGRAMS`), `steps_in_call` (the call schedule);
-* loop: `train_loop(state, program, batches, hooks, run)` over `Batches` (the data with
-  its resumable position);
-* hooks (`Hook`: `start(run)`, `after_call(run, step, state)`, sharing one `Run`):
-  `TrainLog` (host sync, non-finite guard, train metrics), `Evaluation`
-  (`evaluate.evaluate` at intervals), `StopWhen` (end at an evaluation that meets a
-  condition), `Checkpoints` (intervals, best metric, end) and `Preemption` (SIGTERM and
-  Ctrl-C, agreed across processes by `agree_to_stop`).
+`fit` is the one-call entry; its pieces, usable on their own: the state (`init_state`,
+`create_state`, `restore_or_start`), the step (`make_train_step`; `StepProgram`, its
+jitted calls, shared between runs through `PROGRAMS`; `steps_in_call`), the loop
+(`train_loop` over `Batches`) and its hooks (`Hook`s sharing one `Run`: `TrainLog`,
+`Evaluation`, `StopWhen`, `Checkpoints`, `Preemption`).
 
 Train state: a plain dict {'params', 'opt_state', 'step' (int32), 'rng' (uint32 key data)}.
 The step's randomness is `fold_in(rng, step)`, so a resumed run draws the same keys as an
@@ -85,9 +76,9 @@ class Preempted(SystemExit):
     def __str__(self):
         what = ('interrupted (Ctrl-C)' if self.signal_name == 'SIGINT'
                 else f'preempted ({self.signal_name})')
-        if self.path is None:
-            return f'{what} at step {self.step}; the run keeps no checkpoints'
-        return f'{what} at step {self.step}; checkpoint saved to {self.path}'
+        where = ('the run keeps no checkpoints' if self.path is None
+                 else f'checkpoint saved to {self.path}')
+        return f'{what} at step {self.step}; {where}'
 
 
 # ----------------------------------------------------------------------------------------
@@ -154,19 +145,22 @@ def _check_leading_axis(batch, fits: Callable[[int], bool], size: str, problem: 
             raise ValueError(f'{problem}: {jax.tree_util.keystr(path)} has {have}')
 
 
-def _check_positive_int(name: str, n) -> None:
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f'{name} must be a positive integer, got {n!r}')
+def _check_int(name: str, n, minimum: int, *, optional: bool = False) -> None:
+    """ValueError unless `n` is an integer >= `minimum` (or, when `optional`, None)."""
+    if (n is not None or not optional) and (
+            not isinstance(n, int) or isinstance(n, bool) or n < minimum):
+        kind = 'a positive' if minimum else 'a non-negative'
+        raise ValueError(f'{name} must be {kind} integer, got {n!r}')
 
 
 def check_microbatches(n) -> None:
     """Raise a ValueError unless `n` is a positive integer (a `microbatches` value)."""
-    _check_positive_int('microbatches', n)
+    _check_int('microbatches', n, 1)
 
 
 def check_steps_per_call(n) -> None:
     """Raise a ValueError unless `n` is a positive integer (a `steps_per_call` value)."""
-    _check_positive_int('steps_per_call', n)
+    _check_int('steps_per_call', n, 1)
 
 
 # The largest number of steps `fit(steps_per_call='auto')` runs in one call on CPU: beyond
@@ -182,11 +176,7 @@ def auto_steps_per_call(platform: str, intervals: Iterable[int] = ()) -> int:
     elsewhere, where it has not been measured."""
     if platform != 'cpu':
         return 1
-    common = 0
-    for every in intervals:
-        common = math.gcd(common, int(every))
-    if common == 0:
-        return AUTO_STEPS_PER_CALL_MAX
+    common = math.gcd(*(int(every) for every in intervals))   # 0 (no interval): any K divides
     return max(k for k in range(1, AUTO_STEPS_PER_CALL_MAX + 1) if common % k == 0)
 
 
@@ -246,16 +236,12 @@ class ProgramCache:
             self._programs.popitem(last=False)
         return program
 
-    def clear(self) -> None:
-        self._programs.clear()
-
 
 PROGRAMS = ProgramCache()
 
 
 def _sharding_key(tree):
-    leaves, treedef = jax.tree.flatten(tree)
-    return treedef, tuple(leaves)
+    return jax.tree.structure(tree), tuple(jax.tree.leaves(tree))
 
 
 def _keyed(kind: str, key: CacheKey | None, *layout) -> tuple | None:
@@ -378,10 +364,7 @@ def _step_records(calls: list[dict]) -> list[dict]:
     records = []
     for m in calls:
         n = np.shape(m['loss'])
-        if not n:
-            records.append(m)
-        else:
-            records.extend({k: v[i].item() for k, v in m.items()} for i in range(n[0]))
+        records.extend([m] if not n else ({k: v[i].item() for k, v in m.items()} for i in range(n[0])))
     return records
 
 
@@ -408,9 +391,8 @@ def _start_fresh(ckpt: ckpt_lib.RunCheckpointer, workdir: str) -> None:
 def _write_config(workdir: str, config) -> None:
     if config is None or not distributed.is_main_process():   # one copy, by process 0
         return
-    d = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
     with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
-        json.dump(ckpt_lib.to_json(d), f, indent=2, sort_keys=True)
+        json.dump(ckpt_lib.to_json(_config_json(config)), f, indent=2, sort_keys=True)
     if hasattr(config, 'to_dict'):  # ml_collections' readable form as well
         with open(os.path.join(workdir, 'config.txt'), 'w', encoding='utf-8') as f:
             f.write(str(config))
@@ -508,9 +490,8 @@ def steps_in_call(step: int, steps: int, steps_per_call: int, events: Iterable[i
     that is a multiple of an interval in `events` (log, eval, checkpoint) or the end
     (`steps`) would fall inside the call, then 1 (so those steps see the state)."""
     n = steps_per_call
-    if step + n > steps or any((step // e + 1) * e < step + n for e in events):
-        return 1
-    return n
+    fits = step + n <= steps and not any((step // e + 1) * e < step + n for e in events)
+    return n if fits else 1
 
 
 class StepProgram:
@@ -552,10 +533,8 @@ class StepProgram:
         """Run one step per host batch (one call); returns the new state and the device
         metrics (stacked per step when there are several)."""
         n = len(host_batches)
-        if n == 1:
-            batch = parallel.shard_batch(host_batches[0], self.mesh)
-        else:
-            batch = parallel.shard_batch(_stack_batches(host_batches), self.mesh, stacked=True)
+        batch = host_batches[0] if n == 1 else _stack_batches(host_batches)
+        batch = parallel.shard_batch(batch, self.mesh, stacked=n > 1)
         return self.compiled(n)(state, batch, self.base_rng)
 
 
@@ -609,13 +588,6 @@ class Hook(abc.ABC):
         """Act on the call that ended at `step` (`run` holds its record)."""
 
 
-def _check_interval(name: str, every, minimum: int, *, optional: bool = True) -> None:
-    if (every is not None or not optional) and (
-            not isinstance(every, int) or isinstance(every, bool) or every < minimum):
-        kind = 'a positive' if minimum else 'a non-negative'
-        raise ValueError(f'{name} must be {kind} integer, got {every!r}')
-
-
 class TrainLog(Hook):
     """Collects the device metrics of each call and, every `every` steps and at the end,
     syncs them in one transfer (`flush`), stops on a non-finite loss and writes their mean
@@ -623,7 +595,7 @@ class TrainLog(Hook):
     run's checkpoints."""
 
     def __init__(self, every: int = 50, *, last_checkpoint: Callable[[], str] = lambda: ''):
-        _check_interval('log_every', every, 1, optional=False)
+        _check_int('log_every', every, 1)
         self.every = every
         self._last_checkpoint = last_checkpoint
         self._pending: list = []
@@ -633,15 +605,12 @@ class TrainLog(Hook):
         self.run, run.log = run, self
         self._last = (run.start, time.perf_counter())
 
-    def add(self, device_metrics) -> None:
-        self._pending.append(device_metrics)
-
     def due(self, step: int) -> bool:
         return step % self.every == 0 or step == self.run.steps
 
     def after_call(self, run: Run, step: int, state: dict) -> None:
         del state
-        self.add(run.metrics)
+        self._pending.append(run.metrics)
         if self.due(step):
             run.synced = True
             rec = self.flush(step)
@@ -688,7 +657,7 @@ class Evaluation(Hook):
                  key: CacheKey | None = None):
         if eval_data is None:
             raise ValueError('Evaluation needs eval_data')
-        _check_interval('eval_every', every, 0)
+        _check_int('eval_every', every, 0, optional=True)
         self.eval_fn, self.eval_data, self.every = eval_fn, eval_data, every or None
         self.key = getattr(eval_fn, 'key', None) if key is None else key
         self._cache: list = []
@@ -747,7 +716,7 @@ class Checkpoints(Hook):
 
     def __init__(self, ckpt: ckpt_lib.RunCheckpointer, batches: Batches, *,
                  every: int | None = None, config=None, model_config=None):
-        _check_interval('checkpoint_every', every, 0)
+        _check_int('checkpoint_every', every, 0, optional=True)
         self.ckpt, self.batches, self.every = ckpt, batches, every or None
         self.config, self.model_config = _config_json(config), model_config
         self.run: Run | None = None
@@ -793,8 +762,8 @@ def _preemption_sync_point(step: int) -> bool | None:
 class Preemption(Hook):
     """SIGTERM (and Ctrl-C) handling agreed across processes (a context manager; the
     handlers are only installed, and the previous ones restored on exit, in the main
-    thread). `signals` names the signals that ask for a checkpoint and a stop; a second
-    Ctrl-C raises KeyboardInterrupt at once, without saving.
+    thread). `SIGNALS` ask for a checkpoint and a stop; a second Ctrl-C raises
+    KeyboardInterrupt at once, without saving.
 
     `requested(step, sync_point=...)` says whether the run stops after `step`:
     * one process: whenever its SIGTERM flag is set (no extra cost);
@@ -811,14 +780,13 @@ class Preemption(Hook):
     (`jax.process_count`, `multihost_utils.process_allgather`,
     `multihost_utils.reached_preemption_sync_point`).
     """
+    SIGNALS = ('SIGTERM', 'SIGINT')
 
     def __init__(self, enabled: bool = True, *, process_count: int | None = None,
                  gather: Callable[[bool], Any] | None = None,
-                 sync_point: Callable[[int], bool | None] | None = None,
-                 signals: tuple[str, ...] = ('SIGTERM', 'SIGINT')):
+                 sync_point: Callable[[int], bool | None] | None = None):
         self.flag = False
         self.signal_name = 'SIGTERM'   # the signal that set the flag (another process: SIGTERM)
-        self.signals = tuple(signals)
         self.enabled = enabled
         self.process_count = jax.process_count() if process_count is None else process_count
         self._gather = gather or _gather_flags
@@ -828,7 +796,7 @@ class Preemption(Hook):
 
     def __enter__(self):
         if self._install:
-            for name in self.signals:
+            for name in self.SIGNALS:
                 self._old[name] = signal.signal(getattr(signal, name), self._handle)
         return self
 
@@ -937,12 +905,10 @@ class FitConfig:
       each process's device count.
     microbatches: accumulate each step's gradient over this many equal parts of the batch
       (see `make_train_step`); the batch size must be a multiple of it.
-    steps_per_call: optimiser steps per compiled call (see `make_train_step`): the step is
-      the same, only the host dispatches it less often. A call never runs past a hook's
-      interval (steps up to one run one at a time, with a second compiled program), and
-      holds that many batches in memory at once; a SIGTERM or Ctrl-C is acted on after the
-      call. 'auto' (`auto_steps_per_call`): on CPU the largest K <= 8 dividing the
-      intervals and `steps`, 1 on other platforms.
+    steps_per_call: optimiser steps per compiled call (the same steps, dispatched less
+      often; see `make_train_step`). No call runs past a hook's interval (steps up to one
+      run singly, by a second compiled program); a call holds that many batches in memory,
+      and a SIGTERM or Ctrl-C is acted on after it. 'auto': `auto_steps_per_call`.
     resume, progress, console, tensorboard, handle_sigterm: switches for resuming from
       workdir, the tqdm bar, console lines (metrics, resume, preemption), TensorBoard events
       and the SIGTERM / Ctrl-C checkpoint (`Preemption`: agreed across processes; it then
@@ -977,10 +943,9 @@ class FitConfig:
     compile_key: CacheKey | None = None
 
     def __post_init__(self):
-        if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 0:
-            raise ValueError(f'steps must be a non-negative integer, got {self.steps!r}')
-        _check_interval('log_every', self.log_every, 1, optional=False)
-        _check_interval('checkpoint_every', self.checkpoint_every, 0)
+        _check_int('steps', self.steps, 0)
+        _check_int('log_every', self.log_every, 1)
+        _check_int('checkpoint_every', self.checkpoint_every, 0, optional=True)
         check_microbatches(self.microbatches)
         if self.steps_per_call != 'auto':
             check_steps_per_call(self.steps_per_call)
@@ -1021,7 +986,6 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
         eval_data, every=...)` (recorded in history['eval']) and `StopWhen(predicate)`.
     """
     c = FitConfig.of(config)
-    hooks = list(hooks)
     os.makedirs(c.workdir, exist_ok=True)
     mesh = c.mesh or parallel.make_mesh(model=c.model_parallel)
     state, state_sh = create_state(trainable, optimizer, mesh, sharding=c.sharding, axes=c.axes,
