@@ -65,6 +65,10 @@ def test_the_sweep_cannot_be_switched_off_outside_the_paper_configs():
         assert config.data.splits.test == 'half_test'
         with pytest.raises(ValueError, match='at least 3'):
             study.check(configs.load(name, {'scratch.lrs': (1e-3, 2e-3)}))
+    for name in ('tleg', 'letra', 'cluster', 'scala', 'mango', 'compare'):
+        # a digits Scratch still rising is trained again up to 4x its steps; a smoke never is
+        assert configs.load(name).scratch.max_steps == 4 * configs.load(name).scratch.steps
+        assert configs.load(f'{name}:smoke').scratch.max_steps == 0
     with pytest.raises(ValueError, match="'scratch' is the harness's own baseline"):
         study.variants(configs.load('tleg', {'methods': ('scratch', 'tleg')}))
     with pytest.raises(ValueError, match="unknown method 'nosuch'"):

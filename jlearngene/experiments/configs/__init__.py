@@ -116,13 +116,7 @@ def load(spec: str, overrides: Mapping[str, Any] | None = None, *,
             if i < len(parts) - 1:
                 node = node[part]
         leaf = parts[-1]
-        if from_text:
-            value = _from_text(node[leaf], value, key)
-        try:
-            node[leaf] = value
-        except TypeError:
-            raise ConfigError(f'{key} must be {_kind(node[leaf])} (it is {node[leaf]!r}), '
-                              f'got {value!r}') from None
+        _assign(node, leaf, _from_text(node[leaf], value, key) if from_text else value, key, 'it is')
     if overrides:
         validate(config, template=None, where=where)
     return config
@@ -253,11 +247,18 @@ def _set_into(locked: ml_collections.ConfigDict, c: Mapping, where: str, section
                     if isinstance(sv, Mapping) and isinstance(locked[k].get(sub), ml_collections.ConfigDict):
                         _set_into(locked[k][sub], sv, where, f'{name}.{sub}')
             continue
-        try:
-            locked[k] = v
-        except TypeError:
-            raise ConfigError(f'{where}{name} must be {_kind(locked[k])} (the template has '
-                              f'{locked[k]!r}), got {v!r}') from None
+        _assign(locked, k, v, name, 'the template has', where)
+
+
+def _assign(node: ml_collections.ConfigDict, key: str, value: Any, name: str, has: str,
+            where: str = '') -> None:
+    """`node[key] = value`, ml_collections' type safety as a ConfigError naming `name` and
+    the field's current value ('{name} must be an integer ({has} 5), got 'five'')."""
+    try:
+        node[key] = value
+    except TypeError:
+        raise ConfigError(f'{where}{name} must be {_kind(node[key])} ({has} {node[key]!r}), '
+                          f'got {value!r}') from None
 
 
 def _value_range(key: str, in_stage: bool):
@@ -324,15 +325,15 @@ def study_base(experiment: str, scale: str) -> ml_collections.ConfigDict:
     three seeds; the studies' shared digits split (half the data for testing, 901 images:
     'half_train' / 'half_test'); Scratch's lr sweep (1e-3, 2e-3, 4e-3 around the teacher's
     2e-3), trained 1,200 steps with an evaluation every 50 and the plateau rule (0.5 pt,
-    patience 4 evaluations; `max_steps` > 0 retrains a run still rising at twice its steps
-    while that stays within it); the target gap (0.5 pt); amortisation over N = 1, 4, 10; the
-    descendants' fine-tuning lr 1e-3 and 5 evaluations per run. Each study then sets its
-    shapes, methods and budget fractions."""
+    patience 4 evaluations; a run still rising is trained again at twice its steps while that
+    stays within `max_steps`, 4,800; 0: never); the target gap (0.5 pt); amortisation over
+    N = 1, 4, 10; the descendants' fine-tuning lr 1e-3 and 5 evaluations per run. Each study
+    then sets its shapes, methods and budget fractions (its smoke variant: no retraining)."""
     c = experiment_base(experiment, scale)
     c.seeds = (0, 1, 2)
     c.data.splits = section(train='half_train', test='half_test')
     c.scratch = section(lrs=(1e-3, 2e-3, 4e-3), steps=1200, epochs=0.0, eval_every=50,
-                        plateau=0.005, patience=4, max_steps=0)
+                        plateau=0.005, patience=4, max_steps=4800)
     c.target_gap = 0.005
     c.amortise = (1, 4, 10)
     c.on_missing = 'mark'          # 'mark': a table entry; 'error': stop before training

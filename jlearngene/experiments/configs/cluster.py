@@ -54,7 +54,7 @@ def get_config(arg=None):
         c.depth = 2
         c.shapes = ((16, 2, 2), (16, 2, 4))
         c.cluster.update(images=32)
-        c.scratch.update(steps=8, eval_every=4, patience=1)
+        c.scratch.update(steps=8, eval_every=4, patience=1, max_steps=0)
         c.descend.update(evals=2)
         c.optim.warmup_steps = 0
         c.method_options = _d(he_lg=_d(gene=_d(k=1)), auto_lg=_d(gene=_d(k=1)))

@@ -70,7 +70,7 @@ def get_config(arg=None):
         c.shapes = ((16, 2), (12, 2))
         # Pre-Fin cannot make width 12
         c.methods = ('pre_fin', 'imwlm')
-        c.scratch.update(steps=8, eval_every=4, patience=1)
+        c.scratch.update(steps=8, eval_every=4, patience=1, max_steps=0)
         c.aux.update(learngene_heads=2, learngene_depth=2)
         c.slim.granularity = 0.25
         c.cluster.images = 32

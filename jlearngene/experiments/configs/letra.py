@@ -48,7 +48,7 @@ def get_config(arg=None):
         c.depth = 4
         c.aux.update(learngene_heads=2, learngene_depth=2)
         c.shapes = ((12, 2), (16, 4))
-        c.scratch.update(steps=12, eval_every=4, patience=1)
+        c.scratch.update(steps=12, eval_every=4, patience=1, max_steps=0)
         c.descend.update(evals=2)
         c.variants.letra.descend.selection = ('continuous', 'random')
         c.optim.warmup_steps = 0

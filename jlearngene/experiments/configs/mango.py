@@ -48,7 +48,7 @@ def get_config(arg=None):
         c.depth = 2
         c.shapes = ((32, 2),)
         c.small.update(width=16, num_heads=2, mlp_dim=32, depth=1)
-        c.scratch.update(steps=12, eval_every=4, patience=1)
+        c.scratch.update(steps=12, eval_every=4, patience=1, max_steps=0)
         c.operator.fraction = 0.25
         c.descend.evals = 3
         c.methods = ('mango', 'bert2bert')

@@ -48,7 +48,7 @@ def get_config(arg=None):
         c.depth = 1
         c.shapes = ((8, 1), (32, 1))
         c.slim.granularity = 0.25
-        c.scratch.update(steps=8, eval_every=4, patience=1)
+        c.scratch.update(steps=8, eval_every=4, patience=1, max_steps=0)
         c.descend.evals = 2
         c.optim.warmup_steps = 0
 

@@ -50,7 +50,7 @@ def get_config(arg=None):
         c.model.update(width=32, num_heads=2, mlp_dim=64, patch_size=8)
         c.depth = 2
         c.shapes = ((32, 1), (32, 2))
-        c.scratch.update(steps=12, eval_every=4, patience=1)
+        c.scratch.update(steps=12, eval_every=4, patience=1, max_steps=0)
         c.descend.update(evals=2)
         c.optim.warmup_steps = 0
     elif scale == 'paper':
