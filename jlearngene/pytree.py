@@ -70,25 +70,20 @@ def mask(tree: PyTree, patterns: str | Iterable[str]) -> PyTree:
 def select(tree: PyTree, patterns: str | Iterable[str]) -> dict[str, Any]:
     """{path: leaf} of the leaves whose path matches; raises when nothing matches."""
     hits = {k: v for k, v in flatten(tree).items() if _any_match(patterns, k)}
-    return _require_match(hits, tree, patterns)
+    if not hits:
+        raise KeyError(f'no leaf matches {patterns!r}; paths are e.g. {list(flatten(tree))[:6]}')
+    return hits
 
 
 def map_selected(fn: Callable[[str, Any], Any], tree: PyTree,
                  patterns: str | Iterable[str]) -> PyTree:
-    """Apply `fn(path, leaf)` to the matching leaves; others pass through unchanged."""
-    _require_match([k for k in flatten(tree) if _any_match(patterns, k)], tree, patterns)
+    """Apply `fn(path, leaf)` to the matching leaves (`select`'s); others pass through."""
+    chosen = select(tree, patterns)
 
     def visit(p, leaf):
         path = path_str(p)
-        return fn(path, leaf) if _any_match(patterns, path) else leaf
+        return fn(path, leaf) if path in chosen else leaf
     return jax.tree_util.tree_map_with_path(visit, tree)
-
-
-def _require_match(hits, tree: PyTree, patterns):
-    """`hits`, unless empty: then a KeyError naming the patterns and some of the paths."""
-    if not hits:
-        raise KeyError(f'no leaf matches {patterns!r}; paths are e.g. {list(flatten(tree))[:6]}')
-    return hits
 
 
 def replace(tree: PyTree, patterns: str | Iterable[str], value: Any) -> PyTree:

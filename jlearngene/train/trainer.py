@@ -364,7 +364,10 @@ def _step_records(calls: list[dict]) -> list[dict]:
     records = []
     for m in calls:
         n = np.shape(m['loss'])
-        records.extend([m] if not n else ({k: v[i].item() for k, v in m.items()} for i in range(n[0])))
+        if not n:
+            records.append(m)
+        else:   # one call of several steps: one record per step
+            records.extend({k: v[i].item() for k, v in m.items()} for i in range(n[0]))
     return records
 
 
