@@ -246,7 +246,12 @@ def test_scala_study_plan_keeps_every_head_and_its_depth():
     assert plan['scratch'][(20, 4)].num_heads == 4 and plan['scratch'][(20, 4)].head_dim == 5
     assert plan['scala/clean'][(24, 4)].num_heads == 4
     assert plan['scala/official'][(24, 4)].ln_eps == 1e-5              # the official sub-network
-    assert all(not isinstance(c, str) for p in plan.values() for c in p.values())
+    off_grid = {(w, 4) for w in range(20, 61, 8)}
+    for name in ('separate/steps', 'separate/flops'):                # separate: the grid widths only
+        assert all(isinstance(plan[name][s], str) == (s in off_grid) for s in plan['scratch'])
+        assert 'width 20 is off the slimmable grid [16, 24,' in plan[name][(20, 4)]
+    assert all(not isinstance(c, str) for n, p in plan.items() if not n.startswith('separate')
+               for c in p.values())
 
 
 def test_cluster_study_plan_two_tasks_and_head_counts():

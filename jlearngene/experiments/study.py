@@ -282,8 +282,10 @@ def plan(config: Config, num_classes: int, study: Study = Study()) -> dict[str, 
         out[name] = {}
         for shape in shapes:
             width, depth = shape[:2]
-            reason = None
-            for cfg in _candidates(config, method, opts, ref, shape, num_classes, study):
+            reason = _off_grid(config, ref, width) if method == 'separate' else None
+            candidates = () if reason else _candidates(config, method, opts, ref, shape,
+                                                        num_classes, study)
+            for cfg in candidates:
                 try:
                     gene = _gene_shapes(config, method, cfg, ref, small, variant)
                     jax.eval_shape(lambda g, c=cfg: m.descend(g, c, key=jax.random.key(0), **opts),
@@ -302,6 +304,21 @@ def plan(config: Config, num_classes: int, study: Study = Study()) -> dict[str, 
                     raise ValueError(f'study: {name} cannot make the shape (width {width}, '
                                      f'depth {depth}{heads}): {reason}')
     return out
+
+
+def _off_grid(config, ref: ViTConfig, width: int) -> str | None:
+    """Why a 'separate' row skips `width`, or None: separately trained networks stand in for
+    the widths the slimmable network is trained at (its grid), so that its equal-FLOPs budget
+    is shared over those widths only; off-grid widths are compared with Scratch alone."""
+    sc = harness.get(config, 'slim', None)
+    if sc is None:
+        return None
+    grid = [scala.sizes(ref, r)['embed'] for r in scala.width_grid(float(sc['smallest']),
+                                                                      sc['granularity'])]
+    if width in grid:
+        return None
+    return (f'separate: width {width} is off the slimmable grid {grid}; separate training '
+            'serves the widths the slimmable network is trained at')
 
 
 def _candidates(config, method, opts, ref, shape, num_classes, study):

@@ -13,8 +13,9 @@ the fair protocol (`jlearngene.experiments.study`).
    the lr, then 2·S steps of the four-width loss; US-Net (sandwich rule, in-place
    distillation) with the same warm-up and steps.
 3. Sub-networks evaluated as they are (0·S) at the grid widths 16 … 64 and the off-grid
-   widths 20 … 60 (never trained); separate networks trained at each width for Scala's total
-   steps (`separate/steps`) and for its FLOPs shared over the widths (`separate/flops`).
+   widths 20 … 60 (never trained); separate networks trained at each grid width for Scala's
+   total steps (`separate/steps`) and for its FLOPs shared over the grid widths
+   (`separate/flops`); the off-grid widths are compared with Scratch.
 """
 
 from jlearngene.experiments.configs import parse_arg, section as _d, study_base
