@@ -332,7 +332,9 @@ def test_tleg_smoke_study(tmp_path, capsys):
     assert by[((32, 1), 'tleg')]['upstream_flops'] == pytest.approx(up['teacher'] + up['aux_tleg'])
     assert by[((32, 1), 'tleg')]['upstream_flops_without_source'] == pytest.approx(up['aux_tleg'])
     assert by[((32, 1), 'he_lg')]['upstream_flops_without_source'] == 0.0
-    assert len(saved['verdicts']) == 3 and all(v['verdict'] for v in saved['verdicts'])
+    assert by[((32, 1), 'mini_init')]['upstream_flops_without_source'] == pytest.approx(up['aux_mini_init'])
+    claims = harness.module('tleg').STUDY.claims
+    assert len(saved['verdicts']) == len(claims) and all(v['verdict'] for v in saved['verdicts'])
     from jlearngene import genes
     from jlearngene.train import checkpoint
     gene, aux_cfg, extra = checkpoint.load_model(str(tmp_path / 'genes' / 'tleg' / 'seed_0'))

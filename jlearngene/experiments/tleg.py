@@ -23,6 +23,8 @@ CLAIMS = (
                 'most 0.6× Scratch\'s total training FLOPs', 'reaches', 'tleg', 0.35, flops_ratio=0.6),
     study.Claim('TLEG beats Share-Init (θ_A ≡ 0) at 0.35·S', 'beats', 'tleg', 0.35, other='share_init'),
     study.Claim('TLEG beats He-LG at 0.35·S', 'beats', 'tleg', 0.35, other='he_lg'),
+    study.Claim('TLEG beats Mini-Init (⌈depth/2⌉ shared parts) at 0.35·S', 'beats', 'tleg', 0.35,
+                other='mini_init'),
 )
 
 STUDY = study.Study(descendant_config=descendant_config, claims=CLAIMS)

@@ -1,5 +1,5 @@
-r"""The TLEG study: a teacher, TLEG and Share-Init genes through an Aux-Net, descendants of
-four depths against a converged Scratch, He-LG and Pre-Fin, under the fair protocol
+r"""The TLEG study: a teacher, TLEG, Share-Init and Mini-Init genes through an Aux-Net,
+descendants of four depths against a converged Scratch, He-LG and Pre-Fin, under the fair protocol
 (`jlearngene.experiments.study`; recorded result: experiments/tleg/README.md).
 
     jlearngene demo                                            # = the recorded study, in workdirs/demo
@@ -13,10 +13,11 @@ Arguments: 'digits' (default), 'smoke' or 'paper', optionally followed by ',quic
 1. Scratch at every shape: lr sweep 1e-3 / 2e-3 / 4e-3, 1,200 steps, the plateau step S.
    The teacher (width 64, 4 heads, depth 6) is the depth-6 Scratch run of each seed.
 2. Aux-Net θ_l = θ_B + (l/6)·θ_A trained 1.5·S by soft distillation from the teacher (τ = 1,
-   α = 1: pure KD, the official recipe); only the gene trains. Share-Init (θ_A ≡ 0) the same.
+   α = 1: pure KD, the official recipe); only the gene trains. Share-Init (θ_A ≡ 0) and
+   Mini-Init (3 shared parts, each run by 2 consecutive layers: the paper's 6 of 12) the same.
 3. Descendants of depth 2, 3, 4, 6, tuned 0.35·S of their own shape's S at lr 1e-3: TLEG,
-   Share-Init, He-LG (the teacher's last ⌈L_d/2⌉ layers over random ones) and Pre-Fin (its
-   first L_d layers).
+   Share-Init, Mini-Init, He-LG (the teacher's last ⌈L_d/2⌉ layers and its embeddings over
+   random layers) and Pre-Fin (its first L_d layers).
 
 'paper' has TLEG's Table 1 schedule (DeiT-S width, 12-layer Aux-Net, 224 px; Scratch 100
 epochs at lr 5e-4, the Aux-Net 150 epochs = 1.5·S, descendants 35 epochs = 0.35·S, official
@@ -38,11 +39,11 @@ def get_config(arg=None):
     c.mlp_ratio = 2
     c.aux = _d(fraction=1.5, tau=1.0, alpha=1.0)
     c.descend = _d(fractions=(0.35,), lr=1e-3, evals=5, official_pool_order=False)
-    c.methods = ('tleg', 'share_init', 'he_lg', 'pre_fin')
-    # he_lg.k = 0: k follows the descendant's depth, ⌈L_d / 2⌉; embeddings='random' as the
-    # recorded study ran (the layers only; He-LG's default inherits them, as its official code)
+    c.methods = ('tleg', 'share_init', 'mini_init', 'he_lg', 'pre_fin')
+    # he_lg.k = 0: k follows the descendant's depth, ⌈L_d / 2⌉; its embeddings inherited (the
+    # default, as its official code); Mini-Init keeps its default ⌈depth / 2⌉ shared parts
     c.method_options = _d(tleg=_d(gene=_d(expand=('msa', 'mlp', 'ln'), from_layer=0)),
-                          he_lg=_d(gene=_d(k=0, embeddings='random')))
+                          he_lg=_d(gene=_d(k=0)))
 
     if scale == 'smoke':
         c.seeds = (0,)
