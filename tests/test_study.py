@@ -375,6 +375,8 @@ def test_scala_smoke_study(tmp_path):
             assert r['upstream_flops_without_source'] == up[r['name']]
         if r['name'] == 'separate/steps':
             assert r['steps'] == steps                                # Scala's steps at every width
+        if r['method'] == 'separate':                                 # at its width's Scratch lr
+            assert r['lr'] == saved['scratch'][report.shape_key(r['shape'])]['lr']
     flops = [r for r in rows if r['name'] == 'separate/flops']
     spent = sum(r['finetune_flops'] for r in flops)                   # Scala's FLOPs over the widths
     assert spent == pytest.approx(up['scala/clean'], rel=0.5 / flops[0]['steps'] + 1e-6)

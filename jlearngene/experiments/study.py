@@ -28,7 +28,8 @@ the harness turns into verdict lines. The protocol (`../shared/specs/fair_studie
    steps (0: the initialisation alone) at `descend.lr`, stopping at the target with
    `descend.stop_at_target`; Mango and LiGO first train an operator per shape
    (`operator.fraction` · S_shape, a per-descendant cost); a 'separate' row trains a fresh
-   network for the slimmable network's steps or FLOPs.
+   network for the slimmable network's steps or FLOPs, at the lr Scratch's sweep chose for
+   its width (it is Scratch on another budget, not a fine-tune).
 4. **Reporting** (`finish`, `report`): per row mean ± std over seeds, FLOPs until the target
    is first reached (linear between evaluations), upstream FLOPs with and without the
    pretrained source (the teacher, the small model), the amortised cost per descendant for
@@ -795,7 +796,9 @@ def run(config: Config, workdir: str, study: Study, *, quiet: bool = False) -> d
                 per_step = runner.step_flops(d_cfg, params0)
                 target = base[shape]['acc'] - gap
                 budgets = [(f, fraction_steps(f, S)) for f in fractions]
-                if method == 'separate':   # one budget: the slimmable network's
+                lr = d_lr
+                if method == 'separate':   # one budget: the slimmable network's; Scratch's lr
+                    lr = base[shape]['lr']
                     budgets = [(1.0, separate_steps(runner, rows_spec, the_plan[name], up, shapes,
                                                     separate_budget(variant)))]
                 for fraction, steps in budgets:
@@ -804,13 +807,13 @@ def run(config: Config, workdir: str, study: Study, *, quiet: bool = False) -> d
                         _, tuned = runner.fit(
                             f'{name.replace("/", "_")}_{shape_key(shape)}_f{fraction:g}_s{seed}',
                             tasks.classification_loss(d_cfg), params0, harness.eval_fn(d_cfg),
-                            steps=steps, lr=d_lr, seed=seed + 7, eval_every=max(1, steps // evals),
+                            steps=steps, lr=lr, seed=seed + 7, eval_every=max(1, steps // evals),
                             stop_at=target if stop else None)
                         curve += tuned
                     taken = curve[-1][0]
                     records.append(dict(method=method, name=name, label=label(name, config),
                                         shape=list(shape), seed=seed, fraction=fraction, steps=steps,
-                                        steps_taken=taken, lr=d_lr, acc_init=acc0, acc=curve[-1][1],
+                                        steps_taken=taken, lr=lr, acc_init=acc0, acc=curve[-1][1],
                                         curve=curve, params=costs.param_count(params0),
                                         extra_flops=extra, step_flops=per_step,
                                         finetune_flops=taken * per_step,

@@ -15,7 +15,8 @@ the fair protocol (`jlearngene.experiments.study`).
 3. Sub-networks evaluated as they are (0·S) at the grid widths 16 … 64 and the off-grid
    widths 20 … 60 (never trained); separate networks trained at each grid width for Scala's
    total steps (`separate/steps`) and for its FLOPs shared over the grid widths
-   (`separate/flops`); the off-grid widths are compared with Scratch.
+   (`separate/flops`), each at the lr Scratch's sweep chose for its width; the off-grid
+   widths are compared with Scratch.
 """
 
 from jlearngene.experiments.configs import parse_arg, section as _d, study_base
