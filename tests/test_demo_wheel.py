@@ -84,7 +84,8 @@ def test_demo_runs_from_the_installed_wheel(installed, tmp_path):
     assert open(os.path.join(workdir, 'results.md')).read().strip() in proc.stdout
     rows = results['rows']
     assert sorted({(tuple(r['shape']), r['method']) for r in rows}) == sorted(
-        ((32, d), m) for d in (1, 2) for m in ('scratch', 'tleg', 'share_init', 'he_lg', 'pre_fin'))
+        ((32, d), m) for d in (1, 2) for m in ('scratch',) + tuple(results['config']['methods']))
+    assert 'mini_init' in results['config']['methods']
     for r in rows:
         assert 0.0 <= r['acc'] <= 1.0 and r['params'] > 0 and r['steps'] > 0
     by = {(tuple(r['shape']), r['method']): r for r in rows}

@@ -19,7 +19,7 @@ def test_tleg_config_for_every_arg():
     assert full.task == 'experiment' and full.experiment == 'tleg'
     assert full.aux.alpha == 1.0 and full.aux.tau == 1.0               # official pure KD
     assert [d for _, d in full.shapes] == [2, 3, 4, 6] and full.depth == 6
-    assert full.methods == ('tleg', 'share_init', 'he_lg', 'pre_fin') and full.seeds == (0, 1, 2)
+    assert full.methods == ('tleg', 'share_init', 'mini_init', 'he_lg', 'pre_fin') and full.seeds == (0, 1, 2)
     quick = configs.load('tleg:digits,quick')
     assert quick.seeds == (0,) and quick.scratch.to_dict() == full.scratch.to_dict()
     smoke = configs.load('tleg:smoke')
