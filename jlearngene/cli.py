@@ -73,7 +73,7 @@ def _message(e: BaseException) -> str:
 def _stop_line(prog: str, name: str) -> str:
     what = 'interrupted (Ctrl-C)' if name == 'SIGINT' else f'stopped by {name}'
     return (f'{prog}: {what}; a classification run keeps its last checkpoint and resumes from '
-            'it when run again (a study starts again from its first run)')
+            'it when run again (a study reads its finished runs back and trains the rest)')
 
 
 def _stop_on_signal(prog: str) -> dict:

@@ -3,6 +3,7 @@ the paper configs' plans on shapes alone, and miniature runs of every study (slo
 import json
 import os
 
+import chex
 import numpy as np
 import pytest
 
@@ -300,6 +301,46 @@ def test_the_studies_digits_split_is_half_and_fixed():
         data.digits_split_indices('half_testing')
 
 
+def test_a_finished_run_is_read_back_and_anything_else_trains_again(tmp_path):
+    """`harness.fit` reads a finished run back (same name, settings, identity, data, initial
+    params, code) with its params and curve; another lr or identity, or a damaged record,
+    trains again."""
+    import jax
+
+    from jlearngene.models import init, vit_config
+    from jlearngene.train import tasks
+
+    config = {'data': {'name': 'digits', 'image_size': 8}, 'batch_size': 16, 'eval_batch_size': 128,
+              'seed': 0, 'optim': {'weight_decay': 0.05}}
+    dset = harness.Data(config, classes=(0, 1))
+    cfg = vit_config('Ti', width=8, num_heads=2, mlp_dim=16, depth=1, image_size=8, patch_size=4,
+                     num_classes=2, channels=1)
+    params0 = init(cfg, jax.random.key(0))
+    loss, ev = tasks.classification_loss(cfg), tasks.classification_eval(cfg)
+
+    def fit(lr=1e-3, identity='a', reused=None):
+        return harness.fit('r', loss, params0, ev, dset, steps=3, lr=lr, config=config,
+                           workdir=str(tmp_path), seed=0, eval_every=None, identity=identity,
+                           reused=reused)
+
+    first = fit()
+    record = tmp_path / 'runs' / 'r' / harness.FINISHED
+    assert record.exists()
+    reused = []
+    again = fit(reused=reused)
+    assert reused == ['r'] and again[1] == first[1] and again[2] == first[2]
+    chex.assert_trees_all_equal(again[0], first[0])
+    assert jax.tree.structure(again[0]) == jax.tree.structure(params0)
+    for changed in (dict(lr=2e-3), dict(identity='b')):
+        reused = []
+        fit(reused=reused, **changed)
+        assert reused == []
+    record.write_bytes(b'not a finished run')
+    reused = []
+    chex.assert_trees_all_equal(fit(reused=reused)[0], first[0])   # trained again, same result
+    assert reused == []
+
+
 def _check_records(results, workdir):
     for name in ('results.json', 'results.md', 'accuracy_vs_flops.png'):
         assert os.path.getsize(os.path.join(workdir, name)) > 0, name
@@ -340,6 +381,10 @@ def test_tleg_smoke_study(tmp_path, capsys):
     gene, aux_cfg, extra = checkpoint.load_model(str(tmp_path / 'genes' / 'tleg' / 'seed_0'))
     assert extra['kind'] == 'tleg_gene' and aux_cfg.depth == 2
     assert genes.get('tleg').descend(gene, aux_cfg.replace(depth=5))['blocks']['attn']['q']['kernel'].shape[0] == 5
+    # run again in the same workdir: every training run is read back, the results are the same
+    again = study.run_experiment(configs.load('tleg:smoke'), str(tmp_path), quiet=True)
+    assert again['reused'] == sorted(saved['timings']) and again['rows'] == results['rows']
+    assert 'had finished in an earlier process' in again['table']
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ plots).
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import json
 import os
@@ -15,9 +16,11 @@ import sys
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from jlearngene import data, distributed, losses
+from jlearngene import data, distributed, losses, pytree
 from jlearngene.models import ViTConfig, apply, vit_config
 from jlearngene.train import checkpoint, optim, tasks, trainer
 from jlearngene.train.evaluate import evaluate
@@ -133,6 +136,10 @@ class Data:
         return data.from_config(self.data_config, 'test', batch_size=self.config['eval_batch_size'],
                                 seed=0, train=False, source=self.sources.get('test'))[0]
 
+    def identity(self) -> list:
+        """What names this data for a finished run's fingerprint (`fit`)."""
+        return [self.info.name, self.classes, self.num_examples, self.data_config]
+
     def raw_batches(self, n: int, batch: int):
         """The first `n` training images in [0, 1], unaugmented, `batch` at a time."""
         source = self.sources.get('train') or data.source_from_config(self.data_config, 'train')
@@ -140,20 +147,107 @@ class Data:
         return [images[i:i + batch].astype(np.float32) / 255.0 for i in range(0, len(images), batch)]
 
 
+FINISHED = 'finished.npz'   # a finished run's params, curve and fingerprint (`fit`)
+
+
+@functools.lru_cache(maxsize=None)
+def source_digest() -> str:
+    """sha256 of the jlearngene package's Python sources: a finished run is reused only by
+    the code that made it."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for folder, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for f in sorted(files):
+            if f.endswith('.py'):
+                path = os.path.join(folder, f)
+                h.update(os.path.relpath(path, root).encode())
+                with open(path, 'rb') as fh:
+                    h.update(fh.read())
+    return h.hexdigest()
+
+
+def tree_digest(tree) -> str:
+    """sha256 of a pytree's paths, dtypes, shapes and bytes (host copies)."""
+    h = hashlib.sha256()
+    for path, leaf in pytree.flatten(tree).items():
+        x = np.asarray(jax.device_get(leaf))
+        h.update(f'{path}:{x.dtype}:{x.shape};'.encode())
+        h.update(np.ascontiguousarray(x).tobytes())
+    return h.hexdigest()
+
+
+def _fingerprint(**parts) -> str:
+    return hashlib.sha256(json.dumps(checkpoint.to_json(parts), sort_keys=True, default=repr)
+                          .encode()).hexdigest()
+
+
+def _reuse(path: str, fingerprint: str, like):
+    """(params, curve, seconds) of a finished run at `path` with this fingerprint and
+    `like`'s structure, else None (a missing, other or unreadable record: the run reruns)."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            meta = json.loads(str(f['__meta__']))
+            if meta.get('fingerprint') != fingerprint:
+                return None
+            flat = pytree.flatten(like)
+            if sorted(flat) != sorted(k for k in f.files if k != '__meta__'):
+                return None
+            leaves = [jnp.asarray(f[k], dtype=jnp.asarray(v).dtype) for k, v in flat.items()]
+    except (OSError, ValueError, KeyError):
+        return None
+    params = jax.tree.unflatten(jax.tree.structure(like), leaves)
+    return params, [(int(s), float(a)) for s, a in meta['curve']], float(meta['seconds'])
+
+
+def _record(path: str, fingerprint: str, params, curve, seconds: float) -> None:
+    """Write a finished run's record atomically (a partial file never counts as finished)."""
+    arrays = {}
+    for k, v in pytree.flatten(params).items():
+        x = np.asarray(jax.device_get(v))
+        # bfloat16 / float16 leaves go through float32 (exact both ways); npz holds numpy dtypes
+        arrays[k] = (x.astype(np.float32) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize < 4
+                     else x)
+    meta = json.dumps(dict(fingerprint=fingerprint, curve=curve, seconds=seconds))
+    tmp = path + '.tmp.npz'
+    np.savez(tmp, __meta__=np.array(meta), **arrays)
+    os.replace(tmp, path)
+
+
 def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: float,
         config: Config, workdir: str, seed: int, eval_every: int | None,
-        stop_at: float | None = None):
+        stop_at: float | None = None, identity: Any = None, reused: list | None = None):
     """Train `trainable` on `loss_fn` for `steps` with `config.optim` at learning rate `lr`
     (warm-up at most a fifth of the run), evaluating with `eval_fn` every `eval_every` steps
     and at the end, stopping early at the first evaluation with test accuracy ≥ `stop_at`;
     returns (params, [(step, test accuracy)], seconds). The run's log and checkpoint go to
-    `workdir/runs/<name>`."""
+    `workdir/runs/<name>`.
+
+    A finished run leaves `runs/<name>/finished.npz` (its params, curve and seconds). Run
+    again with the same name, settings, `identity` (what else the loss depends on, e.g. the
+    whole study config), data, initial `trainable` and jlearngene sources, it is read back
+    instead of trained (its name appended to `reused`), so an interrupted study picks up
+    after its last finished run. Anything different, several processes or data other than a
+    `Data` trains again; a new workdir reruns everything."""
     opt_cfg = dict(plain(config['optim']), lr=lr)
     opt_cfg['warmup_steps'] = min(int(opt_cfg.get('warmup_steps', 0)), max(steps // 5, 0))
+    run_dir = os.path.join(workdir, 'runs', name)
+    finished = os.path.join(run_dir, FINISHED)
+    # one process, on a `Data` (its identity): other data iterators are never reused
+    single = jax.process_count() == 1 and hasattr(dset, 'identity')
+    fingerprint = _fingerprint(
+        name=name, steps=steps, opt=opt_cfg, seed=seed, eval_every=eval_every, stop_at=stop_at,
+        identity=identity, data=dset.identity(), trainable=tree_digest(trainable),
+        source=source_digest()) if single else None
+    done = _reuse(finished, fingerprint, trainable) if single else None
+    if done is not None:
+        if reused is not None:
+            reused.append(name)
+        return done
     optimizer = optim.make_optimizer(opt_cfg, trainable, total_steps=steps)
     loss_key = getattr(loss_fn, 'key', None)   # runs of one loss and shape compile once
     run = trainer.FitConfig(
-        workdir=os.path.join(workdir, 'runs', name), steps=steps, log_every=max(1, min(50, steps)),
+        workdir=run_dir, steps=steps, log_every=max(1, min(50, steps)),
         seed=seed, resume=False, progress=False, console=False, tensorboard=False,
         handle_sigterm=False, keep_checkpoints=1,
         compile_key=None if loss_key is None else
@@ -162,10 +256,15 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     if stop_at is not None:
         hooks.append(trainer.StopWhen(lambda rec: rec['eval/accuracy'] >= stop_at,
                                       f'test accuracy >= {stop_at:g}'))
+    if single and os.path.exists(finished):
+        os.remove(finished)            # another run's record: it is trained again below
     t0 = time.perf_counter()
     params, history = trainer.fit(loss_fn, trainable, dset.train(seed), optimizer, run, hooks)
     curve = [(int(r['step']), float(r['eval/accuracy'])) for r in history['eval']]
-    return params, curve, time.perf_counter() - t0
+    secs = time.perf_counter() - t0
+    if single:
+        _record(finished, fingerprint, params, curve, secs)
+    return params, curve, secs
 
 
 @functools.lru_cache(maxsize=None)
@@ -209,10 +308,11 @@ def write_results(results: dict, workdir: str, table: str | Callable[[dict], str
 
 def distil(name: str, materialize: Callable, gene0, teacher, t_cfg: ViTConfig,
            aux_cfg: ViTConfig, dset: Data, config: Config, workdir: str, *,
-           decay: tuple[str, ...] | None = None):
+           decay: tuple[str, ...] | None = None, reused: list | None = None):
     """Train the gene `gene0` through the Aux-Net `materialize(gene)` (config `aux_cfg`) by
     soft distillation from `teacher` (`config.aux`: steps or epochs, tau, alpha); only the
-    gene trains, `decay` (path regexes) limits weight decay to those leaves. Returns (gene,
+    gene trains, `decay` (path regexes) limits weight decay to those leaves (`reused`: as
+    `fit`'s). Returns (gene,
     the Aux-Net's test accuracy, seconds, steps)."""
     ac, seed = config['aux'], config['seed']
     steps = budget(ac, dset.num_examples, config['batch_size'], 'aux')
@@ -229,9 +329,12 @@ def distil(name: str, materialize: Callable, gene0, teacher, t_cfg: ViTConfig,
     optim_cfg = dict(plain(config['optim']))
     if decay is not None:
         optim_cfg['decay'] = decay
+    identity = dict(config=plain(config), aux_cfg=aux_cfg.to_dict(), t_cfg=t_cfg.to_dict(),
+                    teacher=tree_digest(teacher), decay=decay)
     gene, curve, secs = fit(name, kd_loss, gene0, aux_eval, dset, steps=steps,
                              lr=config['optim']['lr'], config={'optim': optim_cfg},
-                             workdir=workdir, seed=seed + 1, eval_every=None)
+                             workdir=workdir, seed=seed + 1, eval_every=None,
+                             identity=identity, reused=reused)
     return gene, curve[-1][1], secs, steps
 
 

@@ -112,11 +112,22 @@ def markdown(results: dict) -> str:
               "N*: the least N with upstream + N × (FLOPs to target) below N × Scratch's FLOPs "
               'to the target. '
               'Costs: 3× forward FLOPs per training image (`costs`); distillation adds a teacher '
-              f"forward. Wall time {results['seconds']:.0f} s."]
+              f"forward. Wall time {results['seconds']:.0f} s{_reused_text(results)}."]
     if results.get('verdicts'):
         lines += ['', '**Verdicts** (a difference counts only beyond twice the seeds\' spread):', '']
         lines += [f"* {v['claim']}: **{v['verdict']}**. {v['detail']}." for v in results['verdicts']]
     return '\n'.join(lines)
+
+
+def _reused_text(results: dict) -> str:
+    """The wall-time note of a run that read finished runs back (`harness.fit`)."""
+    reused = results.get('reused') or []
+    if not reused:
+        return ''
+    earlier = sum(results['timings'].get(n, 0.0) for n in reused)
+    return (f' in this process; {len(reused)} of {len(results["timings"])} training runs had '
+            f'finished in an earlier process in this workdir (same config, data and code: '
+            f'{earlier:.0f} s of training then) and were read back')
 
 
 def ancestor_lines(results: dict) -> list[str]:

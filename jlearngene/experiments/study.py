@@ -403,6 +403,8 @@ class Runner:
         self.ancestor_dset = harness.Data(config, tasks_['ancestor']) if tasks_ else self.dset
         self.K, self.n, self.bs = self.dset.num_classes, self.dset.num_examples, config['batch_size']
         self.timings: dict[str, float] = {}
+        self.identity = harness.plain(config)   # what a finished run in workdir must match to be reused
+        self.reused: list[str] = []
 
     def say(self, msg: str) -> None:
         harness.say(msg, self.quiet)
@@ -415,7 +417,7 @@ class Runner:
         params, curve, secs = harness.fit(name, loss_fn, params, eval_fn, dset or self.dset, steps=steps,
                                           lr=lr, config=config or self.config,
                                           workdir=self.workdir, seed=seed, eval_every=eval_every,
-                                          stop_at=stop_at)
+                                          stop_at=stop_at, identity=self.identity, reused=self.reused)
         self.timings[name] = secs
         return params, curve
 
@@ -512,7 +514,7 @@ def upstream(runner: Runner, rows: list, ref: ViTConfig, S_ref: int, teacher, t_
         gene, acc, secs, _ = harness.distil(
             f'aux_{method}_s{seed}', lambda g, mt=mt: mt.materialize(g, None, ref), gene0, teacher,
             t_cfg, ref, runner.dset, section, runner.workdir,
-            decay=letra.DECAY if method == 'letra' else None)
+            decay=letra.DECAY if method == 'letra' else None, reused=runner.reused)
         products[method], info[f'aux_{method}_accuracy'] = gene, acc
         checkpoint.save_model(os.path.join(runner.workdir, 'genes', method, f'seed_{seed}'), gene, ref,
                               overwrite=True, extra={'kind': f'{method}_gene', 'method': method,
@@ -832,7 +834,8 @@ def run(config: Config, workdir: str, study: Study, *, quiet: bool = False) -> d
             classes=list(runner.ancestor_dset.classes), descendant_classes=list(runner.dset.classes),
             **{k: v for k, v in source.items() if k not in ('params', 'runs')}),
         upstream_flops={str(k): v for k, v in upstream_flops.items()}, info={str(k): v for k, v in infos.items()},
-        rows=records, timings=runner.timings, seconds=time.perf_counter() - t_start)
+        rows=records, timings=runner.timings, reused=sorted(runner.reused),
+        seconds=time.perf_counter() - t_start)
     return harness.write_results(finish(results, study), workdir, report.markdown, report.plot)
 
 
