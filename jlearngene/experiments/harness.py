@@ -156,8 +156,7 @@ def source_digest() -> str:
     the code that made it."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     h = hashlib.sha256()
-    for folder, dirs, files in sorted(os.walk(root)):
-        dirs.sort()
+    for folder, _, files in sorted(os.walk(root)):
         for f in sorted(files):
             if f.endswith('.py'):
                 path = os.path.join(folder, f)
@@ -165,6 +164,16 @@ def source_digest() -> str:
                 with open(path, 'rb') as fh:
                     h.update(fh.read())
     return h.hexdigest()
+
+
+def software_and_devices() -> list:
+    """The versions, devices and XLA flags a run's numbers depend on, beside the sources."""
+    import flax
+    import jaxlib
+    import optax
+    return [jax.__version__, jaxlib.__version__, flax.__version__, optax.__version__, np.__version__,
+            jax.default_backend(), jax.devices()[0].device_kind, jax.device_count(),
+            os.environ.get('XLA_FLAGS', '')]
 
 
 def tree_digest(tree) -> str:
@@ -225,7 +234,8 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
 
     A finished run leaves `runs/<name>/finished.npz` (its params, curve and seconds). Run
     again with the same name, settings, `identity` (what else the loss depends on, e.g. the
-    whole study config), data, initial `trainable` and jlearngene sources, it is read back
+    whole study config), data, initial `trainable`, jlearngene sources, library versions and
+    devices, it is read back
     instead of trained (its name appended to `reused`), so an interrupted study picks up
     after its last finished run. Anything different, several processes or data other than a
     `Data` trains again; a new workdir reruns everything."""
@@ -238,7 +248,7 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     fingerprint = _fingerprint(
         name=name, steps=steps, opt=opt_cfg, seed=seed, eval_every=eval_every, stop_at=stop_at,
         identity=identity, data=dset.identity(), trainable=tree_digest(trainable),
-        source=source_digest()) if single else None
+        source=source_digest(), software=software_and_devices()) if single else None
     done = _reuse(finished, fingerprint, trainable) if single else None
     if done is not None:
         if reused is not None:
