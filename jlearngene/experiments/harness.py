@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+import zipfile
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -203,7 +204,7 @@ def _reuse(path: str, fingerprint: str, like):
             if sorted(flat) != sorted(k for k in f.files if k != '__meta__'):
                 return None
             leaves = [jnp.asarray(f[k], dtype=jnp.asarray(v).dtype) for k, v in flat.items()]
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
     params = jax.tree.unflatten(jax.tree.structure(like), leaves)
     return params, [(int(s), float(a)) for s, a in meta['curve']], float(meta['seconds'])
@@ -235,21 +236,20 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     A finished run leaves `runs/<name>/finished.npz` (its params, curve and seconds). Run
     again with the same name, settings, `identity` (what else the loss depends on, e.g. the
     whole study config), data, initial `trainable`, jlearngene sources, library versions and
-    devices, it is read back
-    instead of trained (its name appended to `reused`), so an interrupted study picks up
-    after its last finished run. Anything different, several processes or data other than a
+    devices, it is read back instead of trained (its name appended to `reused`), so an
+    interrupted study picks up after its last finished run. Anything different, several processes or data other than a
     `Data` trains again; a new workdir reruns everything."""
     opt_cfg = dict(plain(config['optim']), lr=lr)
     opt_cfg['warmup_steps'] = min(int(opt_cfg.get('warmup_steps', 0)), max(steps // 5, 0))
     run_dir = os.path.join(workdir, 'runs', name)
     finished = os.path.join(run_dir, FINISHED)
     # one process, on a `Data` (its identity): other data iterators are never reused
-    single = jax.process_count() == 1 and hasattr(dset, 'identity')
+    reusable = jax.process_count() == 1 and hasattr(dset, 'identity')
     fingerprint = _fingerprint(
         name=name, steps=steps, opt=opt_cfg, seed=seed, eval_every=eval_every, stop_at=stop_at,
         identity=identity, data=dset.identity(), trainable=tree_digest(trainable),
-        source=source_digest(), software=software_and_devices()) if single else None
-    done = _reuse(finished, fingerprint, trainable) if single else None
+        source=source_digest(), software=software_and_devices()) if reusable else None
+    done = _reuse(finished, fingerprint, trainable) if reusable else None
     if done is not None:
         if reused is not None:
             reused.append(name)
@@ -266,13 +266,13 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     if stop_at is not None:
         hooks.append(trainer.StopWhen(lambda rec: rec['eval/accuracy'] >= stop_at,
                                       f'test accuracy >= {stop_at:g}'))
-    if single and os.path.exists(finished):
+    if reusable and os.path.exists(finished):
         os.remove(finished)            # another run's record: it is trained again below
     t0 = time.perf_counter()
     params, history = trainer.fit(loss_fn, trainable, dset.train(seed), optimizer, run, hooks)
     curve = [(int(r['step']), float(r['eval/accuracy'])) for r in history['eval']]
     secs = time.perf_counter() - t0
-    if single:
+    if reusable:
         _record(finished, fingerprint, params, curve, secs)
     return params, curve, secs
 
