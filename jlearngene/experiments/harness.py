@@ -14,11 +14,9 @@ import json
 import os
 import sys
 import time
-import zipfile
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jlearngene import data, distributed, losses, pytree
@@ -148,7 +146,7 @@ class Data:
         return [images[i:i + batch].astype(np.float32) / 255.0 for i in range(0, len(images), batch)]
 
 
-FINISHED = 'finished.npz'   # a finished run's params, curve and fingerprint (`fit`)
+FINISHED = 'finished.json'   # a finished run's fingerprint, curve, seconds and final step (`fit`)
 
 
 @functools.lru_cache(maxsize=None)
@@ -177,14 +175,10 @@ def software_and_devices() -> list:
             os.environ.get('XLA_FLAGS', '')]
 
 
-def tree_digest(tree) -> str:
-    """sha256 of a pytree's paths, dtypes, shapes and bytes (host copies)."""
-    h = hashlib.sha256()
-    for path, leaf in pytree.flatten(tree).items():
-        x = np.asarray(jax.device_get(leaf))
-        h.update(f'{path}:{x.dtype}:{x.shape};'.encode())
-        h.update(np.ascontiguousarray(x).tobytes())
-    return h.hexdigest()
+def tree_digest(tree) -> dict:
+    """A pytree's {path: [shape, dtype, checksum]} (`checkpoint.tree_checksums`)."""
+    sums = checkpoint.tree_checksums(tree)
+    return {p: [list(np.shape(x)), str(x.dtype), sums[p]] for p, x in pytree.flatten(tree).items()}
 
 
 def _fingerprint(**parts) -> str:
@@ -192,36 +186,20 @@ def _fingerprint(**parts) -> str:
                           .encode()).hexdigest()
 
 
-def _reuse(path: str, fingerprint: str, like):
-    """(params, curve, seconds) of a finished run at `path` with this fingerprint and
-    `like`'s structure, else None (a missing, other or unreadable record: the run reruns)."""
+def _reuse(run_dir: str, fingerprint: str, like):
+    """(params, curve, seconds) of the finished run in `run_dir` with this fingerprint: its
+    final run checkpoint read into `like`'s structure; None for a missing, other or
+    unreadable record or checkpoint (the run trains again)."""
     try:
-        with np.load(path, allow_pickle=False) as f:
-            meta = json.loads(str(f['__meta__']))
-            if meta.get('fingerprint') != fingerprint:
-                return None
-            flat = pytree.flatten(like)
-            if sorted(flat) != sorted(k for k in f.files if k != '__meta__'):
-                return None
-            leaves = [jnp.asarray(f[k], dtype=jnp.asarray(v).dtype) for k, v in flat.items()]
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        with open(os.path.join(run_dir, FINISHED), encoding='utf-8') as f:
+            meta = json.load(f)
+        if meta.get('fingerprint') != fingerprint:
+            return None
+        with checkpoint.RunCheckpointer(os.path.join(run_dir, 'checkpoints'), keep=1) as ckpt:
+            params, _ = ckpt.restore_params(like, int(meta['step']))
+    except (OSError, ValueError, KeyError, TypeError, checkpoint.CheckpointError):
         return None
-    params = jax.tree.unflatten(jax.tree.structure(like), leaves)
     return params, [(int(s), float(a)) for s, a in meta['curve']], float(meta['seconds'])
-
-
-def _record(path: str, fingerprint: str, params, curve, seconds: float) -> None:
-    """Write a finished run's record atomically (a partial file never counts as finished)."""
-    arrays = {}
-    for k, v in pytree.flatten(params).items():
-        x = np.asarray(jax.device_get(v))
-        # bfloat16 / float16 leaves go through float32 (exact both ways); npz holds numpy dtypes
-        arrays[k] = (x.astype(np.float32) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize < 4
-                     else x)
-    meta = json.dumps(dict(fingerprint=fingerprint, curve=curve, seconds=seconds))
-    tmp = path + '.tmp.npz'
-    np.savez(tmp, __meta__=np.array(meta), **arrays)
-    os.replace(tmp, path)
 
 
 def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: float,
@@ -233,7 +211,8 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     returns (params, [(step, test accuracy)], seconds). The run's log and checkpoint go to
     `workdir/runs/<name>`.
 
-    A finished run leaves `runs/<name>/finished.npz` (its params, curve and seconds). Run
+    A finished run leaves `runs/<name>/finished.json` (its fingerprint, curve, seconds and
+    the step of its final checkpoint, which holds the params). Run
     again with the same name, settings, `identity` (what else the loss depends on, e.g. the
     whole study config), data, initial `trainable`, jlearngene sources, library versions and
     devices, it is read back instead of trained (its name appended to `reused`), so an
@@ -249,7 +228,7 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
         name=name, steps=steps, opt=opt_cfg, seed=seed, eval_every=eval_every, stop_at=stop_at,
         identity=identity, data=dset.identity(), trainable=tree_digest(trainable),
         source=source_digest(), software=software_and_devices()) if reusable else None
-    done = _reuse(finished, fingerprint, trainable) if reusable else None
+    done = _reuse(run_dir, fingerprint, trainable) if reusable else None
     if done is not None:
         if reused is not None:
             reused.append(name)
@@ -272,8 +251,12 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     params, history = trainer.fit(loss_fn, trainable, dset.train(seed), optimizer, run, hooks)
     curve = [(int(r['step']), float(r['eval/accuracy'])) for r in history['eval']]
     secs = time.perf_counter() - t0
-    if reusable:
-        _record(finished, fingerprint, params, curve, secs)
+    if reusable:   # the final checkpoint holds the params; this marks the run finished
+        tmp = finished + '.tmp'
+        with open(tmp, 'w', encoding='utf-8') as f:
+            json.dump(dict(fingerprint=fingerprint, curve=curve, seconds=secs,
+                           step=curve[-1][0] if curve else steps), f)
+        os.replace(tmp, finished)
     return params, curve, secs
 
 
