@@ -12,8 +12,9 @@ fair protocol (`jlearngene.experiments.study`; recorded result: experiments/clus
    varies): lr sweep, plateau step S. The ancestor (8 heads) is trained the same way on the
    digits 0–4, its own lr sweep and plateau rule; its S is the reference S.
 2. Mean attention distance of every ancestor head over 512 of its training images, density
-   clusters at ε = 0.7 px (the paper's 10 px on a 224 px image, scaled to 16 px), FFN groups
-   by the paper's rule (`genes.cluster.ffn_groups`), φ the identity at the start.
+   clusters at ε = 0.7 px (the paper's 10 px on a 224 px image, scaled to 16 px; recorded
+   beside it: `--config.cluster.eps=0.07`, the paper's smallest ablation, 1 px, scaled), FFN
+   groups by the paper's rule (`genes.cluster.ffn_groups`), φ the identity at the start.
 3. Descendants with a new head, evaluated as initialised (0·S) and fine-tuned 0.5·S of their
    shape's S (the paper's 50 against Scratch's 100 epochs) at lr 1e-3: Cluster-Learngene
    from the centroid heads and from as many heads drawn at random per layer (the control),
