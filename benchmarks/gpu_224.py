@@ -213,14 +213,16 @@ def build_step(cfg, batch: int, donate: bool = True):
     import jax.numpy as jnp
     from jlearngene import compiler
     from jlearngene.models import vit
-    from jlearngene.train import optim, tasks, trainer
+    from jlearngene.train import optim, tasks
+    from jlearngene.train.state import init_state
+    from jlearngene.train.step import make_train_step
     params = vit.init(cfg, jax.random.key(0))
     opt = optim.make_optimizer(OPTIMIZER, params)
-    state = jax.tree.map(lambda x: jnp.array(x, copy=True), trainer.init_state(params, opt))
+    state = jax.tree.map(lambda x: jnp.array(x, copy=True), init_state(params, opt))
     k1, k2 = jax.random.split(jax.random.key(1))
     data = {'image': jax.random.normal(k1, (batch, cfg.image_size, cfg.image_size, cfg.channels)),
             'label': jax.random.randint(k2, (batch,), 0, cfg.num_classes)}
-    step = compiler.jit(trainer.make_train_step(tasks.classification_loss(cfg), opt),
+    step = compiler.jit(make_train_step(tasks.classification_loss(cfg), opt),
                         donate_argnums=(0,) if donate else ())
     return step, state, data, jax.random.key_data(jax.random.key(2))
 

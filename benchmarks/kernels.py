@@ -96,12 +96,12 @@ def main(argv=None) -> int:
         xj, wj = jnp.asarray(x), jnp.asarray(w)
         for name, opts in xla_opts.items():
             f = jax.jit(lambda x, w: x @ w).lower(xj, wj).compile(compiler_options=opts)
-            runners[name] = lambda f=f: f(xj, wj).block_until_ready()
+            runners[name] = lambda f=f, xj=xj, wj=wj: f(xj, wj).block_until_ready()
         if torch is not None:
             xt, wt = torch.from_numpy(x), torch.from_numpy(w)
             out = torch.empty((*b, m, n))
             mm = torch.bmm if b else torch.mm
-            runners['torch'] = lambda: mm(xt, wt, out=out)
+            runners['torch'] = lambda mm=mm, xt=xt, wt=wt, out=out: mm(xt, wt, out=out)
         # One backend at a time: the worker threads of one library keep spinning for a
         # while after its call returns and would slow the other's next call.
         medians = {name: _median_time(r, a.rounds, 2)[0] for name, r in runners.items()}

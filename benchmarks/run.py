@@ -9,7 +9,7 @@ Measures, each case in its own subprocess (so peak host memory is per case):
 
   (a) the float32 matmul peak of the machine, measured with jax (median GFLOP/s of large
       square matmuls; the best size is the peak);
-  (b) the REAL training step (`trainer.make_train_step` + `tasks.classification_loss` +
+  (b) the REAL training step (`step.make_train_step` + `tasks.classification_loss` +
       `optim.make_optimizer`: AdamW, cross-entropy, exact GELU, float32) for Ti-12 (batch 128)
       and S-12 (batch 64) at 32 px, patch 4, 100 classes: images/s, model FLOP/s and % of the
       matmul peak;
@@ -51,7 +51,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
+from collections.abc import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -108,7 +109,7 @@ def worker_peak(a) -> dict:
         x = jax.random.normal(k1, (n, n), dtype)
         y = jax.random.normal(k2, (n, n), dtype)
         f(x, y).block_until_ready()
-        med, _ = _median_time(lambda: f(x, y).block_until_ready(), a.steps, 1)
+        med, _ = _median_time(lambda x=x, y=y: f(x, y).block_until_ready(), a.steps, 1)
         out[str(n)] = 2 * n ** 3 / med / 1e9
     return {'gflops_by_size': out, 'peak_gflops': max(out.values()), 'dtype': a.dtype,
             'backend': jax.default_backend(), 'device': str(jax.devices()[0])}
@@ -126,7 +127,9 @@ def _build_step(variant, depth, batch, mode, dtype='float32', gelu='exact', micr
     from jlearngene.genes import tleg
     from jlearngene.models import vit
     from jlearngene.models.config import vit_config
-    from jlearngene.train import optim, tasks, trainer
+    from jlearngene.train import optim, tasks
+    from jlearngene.train.state import init_state
+    from jlearngene.train.step import make_train_step
 
     cfg = vit_config(variant, depth=depth, image_size=32, patch_size=4, num_classes=100,
                      dtype=dtype, gelu=gelu, dense_precision=dense_precision)
@@ -147,7 +150,7 @@ def _build_step(variant, depth, batch, mode, dtype='float32', gelu='exact', micr
                                     decay=('.*',), clip_norm=0.0), trainable)
     # Fresh buffers for every leaf (init may share one array between leaves; donation needs
     # distinct buffers, as the trainer's jitted init_state gives).
-    state = jax.tree.map(lambda x: jnp.array(x, copy=True), trainer.init_state(trainable, opt))
+    state = jax.tree.map(lambda x: jnp.array(x, copy=True), init_state(trainable, opt))
     rng = np.random.default_rng(0)
     data = {'image': rng.standard_normal((batch, 32, 32, 3), np.float32),
             'label': rng.integers(0, 100, (batch,)).astype(np.int32)}
@@ -155,8 +158,8 @@ def _build_step(variant, depth, batch, mode, dtype='float32', gelu='exact', micr
         data = {k: np.stack([v] * steps_per_call) for k, v in data.items()}
     data = {k: jnp.asarray(v) for k, v in data.items()}
     base = jax.random.key_data(jax.random.key(1))
-    step = compiler.jit(trainer.make_train_step(loss_fn, opt, microbatches=microbatches,
-                                                steps_per_call=steps_per_call),
+    step = compiler.jit(make_train_step(loss_fn, opt, microbatches=microbatches,
+                                        steps_per_call=steps_per_call),
                         donate_argnums=(0,))
     return step, state, data, base, cfg
 
@@ -166,8 +169,8 @@ def resolve_steps_per_call(value: str) -> int:
     when no log/eval/checkpoint interval constrains it."""
     if value == 'auto':
         import jax
-        from jlearngene.train import trainer
-        return trainer.auto_steps_per_call(jax.default_backend())
+        from jlearngene.train.step import auto_steps_per_call
+        return auto_steps_per_call(jax.default_backend())
     return int(value)
 
 
@@ -223,7 +226,7 @@ def worker_step(a) -> dict:
         # --warmup and --steps count optimiser steps; calls of k steps cover them (at least
         # one warm-up call and two timed calls).
         calls = max(2, -(-a.steps // k))
-        for m, run in runners.items():
+        for run in runners.values():
             for _ in range(max(1, -(-a.warmup // k))):
                 run()
         times = {m: [] for m in runners}

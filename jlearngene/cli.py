@@ -11,11 +11,12 @@ optional package) is one line `jlearngene <command>: <message>` on stderr and ex
 traceback follows only with `--verbose` (anywhere on the command line) or
 `JLEARNGENE_TRACEBACK=1`. Any other exception is a bug: its traceback is printed, then
 the same one line marked as an internal error. Ctrl-C during training saves a checkpoint
-like SIGTERM does (`train.trainer.Preemption`) and names it; elsewhere (an import, XLA's
+like SIGTERM does (`train.hooks.Preemption`) and names it; elsewhere (an import, XLA's
 compilation, a checkpoint write, an evaluation) SIGINT and SIGTERM stop the process at once
 with one line and status 130 or 143 (`_stop_on_signal`). Library loggers (absl, through
 which orbax logs, and orbax) print only with `--verbose`: a command reports the problems
-it meets itself, in its one line.
+it meets itself, in its one line. A failed command exits with its status even when a
+failed checkpoint write left orbax threads waiting (`_exit_despite_threads`).
 """
 from __future__ import annotations
 
@@ -26,11 +27,13 @@ import signal
 import sys
 import traceback
 
-COMMANDS = ('demo', 'train', 'compare', 'eval', 'plot', 'info', 'convert', 'gene', 'descend')
+COMMANDS = ('demo', 'train', 'compare', 'eval', 'plot', 'info', 'convert', 'gene', 'descend',
+            'render')
 TRACEBACK_ENV = 'JLEARNGENE_TRACEBACK'
 VERBOSE_FLAG = '--verbose'
 STOP_SIGNALS = ('SIGINT', 'SIGTERM')
 LIBRARY_LOGGERS = ('absl', 'orbax')
+LINGER_SECONDS = 5.0   # how long a failed command waits for the threads of a failed write
 
 
 def _usage() -> str:
@@ -58,8 +61,8 @@ def expected_error(e: BaseException) -> bool:
     `StateDictError`), OSError (missing or unreadable files), ImportError (an optional
     package), `CheckpointError` and `NonFiniteLossError`."""
     kinds = [ValueError, OSError, ImportError]
-    kinds += [k for k in (_loaded('jlearngene.train.checkpoint', 'CheckpointError'),
-                          _loaded('jlearngene.train.trainer', 'NonFiniteLossError')) if k]
+    kinds += [k for k in (_loaded('jlearngene.train.integrity', 'CheckpointError'),
+                          _loaded('jlearngene.train.hooks', 'NonFiniteLossError')) if k]
     return isinstance(e, tuple(kinds))
 
 
@@ -82,7 +85,7 @@ def _stop_on_signal(prog: str) -> dict:
     any library's code (an import, a gc callback of XLA, orbax's threads), where a raised
     KeyboardInterrupt can be swallowed, or unwind into interpreter shutdown while XLA's and
     tensorstore's threads still run. A training loop replaces them with its own, which
-    save a checkpoint first (`train.trainer.Preemption`), and puts them back after. Returns
+    save a checkpoint first (`train.hooks.Preemption`), and puts them back after. Returns
     the handlers replaced (none outside the main thread, where Python installs none)."""
     def stop(signum, frame):
         del frame
@@ -91,6 +94,9 @@ def _stop_on_signal(prog: str) -> dict:
         except (OSError, ValueError, RuntimeError):   # a closed pipe, or a flush in progress
             pass
         os.write(2, ('\n' + _stop_line(prog, signal.Signals(signum).name) + '\n').encode())
+        release = _loaded('jlearngene.train.workdir_lock', 'release_all')
+        if release is not None:   # os._exit runs no `finally`: the workdir's lock goes here
+            release()
         os._exit(128 + signum)
 
     old = {}
@@ -121,11 +127,43 @@ def _quiet_libraries(verbose: bool) -> list:
     return undo
 
 
+def _exit_despite_threads(code: int, grace: float = LINGER_SECONDS) -> None:
+    """End the process with `code` when threads it cannot stop outlive `grace` seconds.
+
+    A failed orbax write leaves non-daemon threads that wait for signals the failed
+    thread never sends (up to orbax's coordination timeout, per signal); the interpreter
+    would wait for them at exit. After a failed command they are abandoned: stdout and
+    stderr are flushed and the process exits at once."""
+    import threading
+    import time
+    deadline = time.monotonic() + grace
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and not t.daemon:
+            # Thread.join itself: orbax's threads override it to raise their error
+            threading.Thread.join(t, max(deadline - time.monotonic(), 0.0))
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate()
+           if t is not threading.current_thread()):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command of `argv` (default the process's command line). As the process's
     entry point (no `argv`) the signal handlers and quiet loggers stay in place through the
-    interpreter's exit, where orbax's threads may still report a failed write; called with
-    `argv` (in-process), they are put back on return."""
+    interpreter's exit, where orbax's threads may still report a failed write, and a failed
+    command does not wait for the threads a failed write left (`_exit_despite_threads`);
+    called with `argv` (in-process), they are put back on return."""
+    code = _main(argv)
+    if argv is None and code:
+        _exit_despite_threads(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     entry_point = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = VERBOSE_FLAG in argv or os.environ.get(TRACEBACK_ENV, '') not in ('', '0')
@@ -154,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f'\n{_stop_line(prog, "SIGINT")}', file=sys.stderr)
         return 130
     except SystemExit as e:
-        preempted = _loaded('jlearngene.train.trainer', 'Preempted')
+        preempted = _loaded('jlearngene.train.hooks', 'Preempted')
         if preempted is not None and isinstance(e, preempted):
             print(f'{prog}: {e}; run the same command again to resume', file=sys.stderr)
             return int(e.code)

@@ -3,11 +3,15 @@
 `jit` is what the trainer, evaluation and the benchmarks compile through: `jax.jit` with
 XLA's default options on every platform (on CPU, XLA's own kernels). `run_once_jit` compiles
 small programs that run once per configuration (initialisations) for compile time on CPU.
+`repair_compile_cache` removes entries of jax's persistent compilation cache that a killed
+process left cut off.
 """
 from __future__ import annotations
 
 import functools
-from typing import Callable
+import os
+import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -51,3 +55,45 @@ def run_once_jit(fun: Callable, num_elements: Callable[..., int], **jit_kwargs) 
             return full(*args, **kwargs)
         return quick(*args, **kwargs)
     return call
+
+
+# jax's persistent cache: one '<key>-cache' file per program (compressed), and with eviction
+# a '<key>-atime' file beside it. The file below marks when the directory was last checked.
+CACHE_SUFFIX, ATIME_SUFFIX = '-cache', '-atime'
+CACHE_CHECKED = 'jlearngene-checked'
+CHECK_MARGIN_S = 2.0   # coarse file-system clocks: entries this close to a check are read again
+
+
+def repair_compile_cache(path: str) -> list[str]:
+    """Removes the entries of the persistent compilation cache in `path` that do not
+    decompress (cut off by a kill or a full disk) -> their file names. jax warns about such
+    an entry on every later run and never replaces it (it does not overwrite an existing
+    key); once removed, the next compile writes it again. Entries older than the previous
+    check are not read again."""
+    from jax._src import compilation_cache   # the codec jax writes entries with
+    if not os.path.isdir(path):
+        return []
+    stamp = os.path.join(path, CACHE_CHECKED)
+    since = os.path.getmtime(stamp) if os.path.exists(stamp) else None
+    started = time.time()
+    removed = []
+    for name in sorted(n for n in os.listdir(path) if n.endswith(CACHE_SUFFIX)):
+        full = os.path.join(path, name)
+        try:
+            if since is not None and os.path.getmtime(full) < since - CHECK_MARGIN_S:
+                continue
+            with open(full, 'rb') as f:
+                compilation_cache.decompress_executable(f.read())
+        except OSError:   # removed meanwhile by another process
+            continue
+        except Exception:  # noqa: BLE001 - zlib and zstandard raise their own kinds
+            for victim in (full, full[:-len(CACHE_SUFFIX)] + ATIME_SUFFIX):
+                try:
+                    os.remove(victim)
+                except FileNotFoundError:
+                    pass
+            removed.append(name)
+    with open(stamp, 'w', encoding='utf-8'):
+        pass
+    os.utime(stamp, (started, started))
+    return removed

@@ -16,12 +16,19 @@
   published value.
 * `training_cost(plan)`: epochs, image passes and FLOPs of a plan of training runs
   (backward ≈ 2× forward, so a training step costs ≈ 3× forward FLOPs per image, plus one
-  teacher forward when distilling).
+  teacher forward when distilling; a teacher that is not a ViT, such as the LeViT-384 that
+  TLEG and LeTra distil from, is given by its forward FLOPs per image).
+* `cost_ratio(baseline, plan)` and `plan_table(plan, baseline)`: a plan against another in
+  epochs and in FLOPs. The papers state their savings in epochs, which count an Aux-Net
+  epoch like a small descendant's: LeTra's "3.6×" (12 Des-Nets × 100 epochs against 320 +
+  12 × 1) is 3.61× in epochs and 1.7× in FLOPs (1.75× without the teacher's forward).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Sequence
+import math
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 import jax
 import numpy as np
@@ -138,36 +145,111 @@ def flops_per_image(cfg: ViTConfig, params: Any = None) -> int:
     return int(total)
 
 
+# LeViT-384's forward FLOPs for one 224 px image (Graham et al. 2021, 2,353 M): the teacher
+# of TLEG's and LeTra's Aux-Nets, which is not a ViT. A `Run` takes it as its `teacher`.
+LEVIT_384_FLOPS = 2_353_000_000
+
+
 @dataclasses.dataclass(frozen=True)
 class Run:
     """One training run of a plan: `epochs` over `images` training images (fractional epochs
     are fine: steps × batch / images), `count` identical runs, an optional distillation
-    `teacher` whose forward pass is paid every step."""
+    `teacher` whose forward pass is paid every step: a ViT's config, or the forward FLOPs per
+    image of a teacher that is not a ViT (`LEVIT_384_FLOPS`)."""
     name: str
     cfg: ViTConfig
     epochs: float
     images: int
-    teacher: ViTConfig | None = None
+    teacher: ViTConfig | float | None = None
     count: int = 1
+
+    def __post_init__(self):
+        t = self.teacher
+        if t is None or isinstance(t, ViTConfig):
+            return
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < math.inf:
+            raise ValueError(f'Run {self.name!r}: teacher={t!r}; expected a ViTConfig or the '
+                             "teacher's forward FLOPs per image, a positive number (e.g. "
+                             'costs.LEVIT_384_FLOPS)')
 
 
 TRAIN_FACTOR = 3   # forward + backward ≈ 3 forward passes
 
 
+def teacher_flops(run: Run) -> float:
+    """Forward FLOPs per image of the run's teacher (0 without one)."""
+    if run.teacher is None:
+        return 0
+    if isinstance(run.teacher, ViTConfig):
+        return flops_per_image(run.teacher)
+    return run.teacher
+
+
 def run_cost(run: Run) -> dict[str, Any]:
     passes = run.epochs * run.images * run.count
-    per_image = TRAIN_FACTOR * flops_per_image(run.cfg)
-    if run.teacher is not None:
-        per_image += flops_per_image(run.teacher)
+    per_image = TRAIN_FACTOR * flops_per_image(run.cfg) + teacher_flops(run)
     return {'name': run.name, 'epochs': run.epochs * run.count, 'image_passes': passes,
             'flops': passes * per_image}
+
+
+def _runs(plan: Iterable[Run | dict]) -> list[Run]:
+    return [r if isinstance(r, Run) else Run(**r) for r in plan]
 
 
 def training_cost(plan: Iterable[Run | dict]) -> dict[str, Any]:
     """Cost of a plan: {'runs': [per-run epochs, image passes, FLOPs], 'epochs', 'image_passes',
     'flops'} (totals). Runs may be `Run`s or dicts with its fields."""
-    runs = [r if isinstance(r, Run) else Run(**r) for r in plan]
-    rows = [run_cost(r) for r in runs]
+    rows = [run_cost(r) for r in _runs(plan)]
     return {'runs': rows, 'epochs': sum(r['epochs'] for r in rows),
             'image_passes': sum(r['image_passes'] for r in rows),
             'flops': sum(r['flops'] for r in rows)}
+
+
+def _cost(plan_or_cost: Iterable[Run | dict] | dict) -> dict[str, Any]:
+    if isinstance(plan_or_cost, dict) and 'runs' in plan_or_cost:
+        return plan_or_cost
+    return training_cost(plan_or_cost)
+
+
+def cost_ratio(baseline: Iterable[Run | dict] | dict, plan: Iterable[Run | dict] | dict
+               ) -> dict[str, float]:
+    """How many times `plan` is cheaper than `baseline` (plans, or `training_cost` results):
+    {'epochs', 'image_passes', 'flops'}, each baseline / plan. Papers state the epochs
+    ratio; the FLOPs ratio also weighs each epoch by its model's and teacher's size."""
+    b, p = _cost(baseline), _cost(plan)
+    return {k: b[k] / p[k] if p[k] else math.inf for k in ('epochs', 'image_passes', 'flops')}
+
+
+def _si(flops: float, unit: str = 'FLOPs') -> str:
+    """1.23 GFLOPs, 4.56 EFLOPs, ...: three significant digits."""
+    for scale, prefix in ((1e18, 'E'), (1e15, 'P'), (1e12, 'T'), (1e9, 'G'), (1e6, 'M')):
+        if flops >= scale:
+            return f'{flops / scale:.3g} {prefix}{unit}'
+    return f'{flops:.3g} {unit}'
+
+
+def plan_table(plan: Iterable[Run | dict], baseline: Iterable[Run | dict] | None = None) -> str:
+    """Markdown table of a plan: every run's full shape (width, depth, heads, MLP size), its
+    runs, epochs (all runs together), teacher, forward FLOPs per image and training FLOPs,
+    then the totals; with a `baseline`, a last line with the ratios in epochs and in FLOPs."""
+    runs = _runs(plan)
+    rows = ['| run | width | depth | heads | mlp | runs | epochs | teacher | forward / image '
+            '| training |', '|---|---|---|---|---|---|---|---|---|---|']
+    for run in runs:
+        c, cost = run.cfg, run_cost(run)
+        teacher = '' if run.teacher is None else _si(teacher_flops(run))
+        if isinstance(run.teacher, ViTConfig):
+            t = run.teacher
+            teacher = f'ViT {t.width}/{t.depth}/{t.num_heads}/{t.mlp_dim}, {teacher}'
+        rows.append(f'| {run.name} | {c.width} | {c.depth} | {c.num_heads} | {c.mlp_dim} | '
+                    f"{run.count} | {cost['epochs']:g} | {teacher} | {_si(flops_per_image(c))} | "
+                    f"{_si(cost['flops'])} |")
+    total = training_cost(runs)
+    rows.append(f"| total | | | | | {sum(r.count for r in runs)} | {total['epochs']:g} | | | "
+                f"{_si(total['flops'])} |")
+    if baseline is not None:
+        ratio = cost_ratio(baseline, total)
+        rows += ['', f"baseline / plan: {ratio['epochs']:.2f}× in epochs, {ratio['flops']:.2f}× "
+                     'in FLOPs (training FLOPs: 3 forward passes per image, plus the teacher\'s '
+                     'forward)']
+    return '\n'.join(rows)

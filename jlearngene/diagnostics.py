@@ -11,7 +11,7 @@ change no global backend and work the same in scripts, tests and notebooks::
     lin = dg.layer_linearity(params, kinds='mlp/fc1/kernel')     # PCA of the layers + score
     dg.plot_layer_linearity(lin, path='linearity.png')
 
-    mad = dg.model_attention_distance(params, cfg, images)      # (layers, heads), pixels
+    mad = dg.mean_attention_distance(params, cfg, [images])     # (layers, heads), pixels
     dg.plot_attention_distance(mad, path='mad.png')
 
     a = dg.block_representations(child, child_cfg, images)      # (layers, tokens, width)
@@ -33,9 +33,10 @@ Definitions:
 * **Mean attention distance** (Dosovitskiy et al. 2021, Fig. 7; Raghu et al. 2021): for
   layer l, head h and image b, with A the post-softmax attention over the N patch tokens
   (prefix tokens' rows and columns dropped), MAD = (1/N) Σ_ij A_ij · δ_ij, δ_ij the pixel
-  distance between the centres of patches i and j; then the mean over images. This is the
-  definition `genes.cluster.mean_attention_distance` clusters heads by (rows not
-  renormalised after dropping the prefix; `renormalise=True` makes them distributions again).
+  distance between the centres of patches i and j; then the mean over images. Rows are not
+  renormalised after dropping the prefix (the official definition; `renormalise=True` makes
+  them distributions again). `mean_attention_distance` streams it over a dataset, and
+  Cluster-Learngene clusters heads by it.
 * **Linear CKA** (Kornblith et al. 2019): for representations X (n, d1) and Y (n, d2) of the
   same n examples, both centred over examples, CKA = ‖YᵀX‖²_F / (‖XᵀX‖_F · ‖YᵀY‖_F).
   Invariant to isotropic scaling and orthogonal transforms of either side, 1 for identical
@@ -44,23 +45,25 @@ Definitions:
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jlearngene import pytree
-from jlearngene.models import vit
+from jlearngene.models import layout, vit
 from jlearngene.models.config import ViTConfig
 
 Params = dict[str, Any]
 
 __all__ = ['attention_distance', 'attention_maps', 'block_representations', 'cka', 'cka_matrix',
            'grid_distances', 'layer_linearity', 'layer_matrix', 'layer_pca', 'linearity_score',
-           'model_attention_distance', 'plot_attention_distance', 'plot_cka',
+           'mean_attention_distance', 'normalise', 'plot_attention_distance', 'plot_cka',
            'plot_layer_linearity']
 
 
@@ -172,6 +175,36 @@ def grid_distances(grid: int | Sequence[int], patch_size: int) -> np.ndarray:
     return patch_size * np.sqrt(((rc[:, None] - rc[None]) ** 2).sum(-1))
 
 
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def normalise(images, mean=IMAGENET_MEAN, std=IMAGENET_STD, *, official: bool = False):
+    """Images in [0, 1] (…, C) as model inputs, (x − mean) / std per channel.
+
+    `official=True` reproduces Cluster-Learngene's official attention-distance pass: mean·255
+    and std·255 applied to images already in [0, 1], which maps every pixel to ≈ −mean/std
+    (an almost constant image), so its distances mostly reflect positional structure.
+    """
+    images = jnp.asarray(images, jnp.float32)
+    mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+    if mean.shape != std.shape or mean.ndim != 1 or mean.size not in (1, images.shape[-1]):
+        raise ValueError(f'normalise: mean {tuple(mean)} and std {tuple(std)} need one value '
+                         f'per channel ({images.shape[-1]}) or one value')
+    if official:
+        mean, std = mean * 255.0, std * 255.0
+    return (images - mean) / std
+
+
+def _layer_distance(probs, dist, n_prefix: int, renormalise: bool):
+    """(B, H) mean attention distance of one layer's probabilities (B, H, T, T): the one
+    formula every function here uses."""
+    a = probs[:, :, n_prefix:, n_prefix:].astype(jnp.float32)
+    if renormalise:
+        a = a / jnp.maximum(a.sum(-1, keepdims=True), jnp.finfo(jnp.float32).tiny)
+    return jnp.einsum('bhij,ij->bh', a, dist, precision='highest') / a.shape[-1]
+
+
 def attention_distance(probs, grid: int | Sequence[int], patch_size: int, *, n_prefix: int = 0,
                        renormalise: bool = False) -> np.ndarray:
     """Mean attention distance in pixels from attention probabilities.
@@ -195,11 +228,7 @@ def attention_distance(probs, grid: int | Sequence[int], patch_size: int, *, n_p
         if p.shape[-1] != n_prefix + n:
             raise ValueError(f'attention_distance: {where} has {p.shape[-1]} tokens but the '
                              f'{gh}x{gw} patch grid and {n_prefix} prefix token(s) give {n_prefix + n}')
-        a = p[:, :, n_prefix:, n_prefix:].astype(jnp.float32)
-        if renormalise:
-            a = a / jnp.maximum(a.sum(-1, keepdims=True), jnp.finfo(jnp.float32).tiny)
-        d = jnp.einsum('bhij,ij->bh', a, dist, precision='highest') / n
-        return np.asarray(d.mean(axis=0), np.float64)
+        return np.asarray(_layer_distance(p, dist, n_prefix, renormalise).mean(axis=0), np.float64)
 
     if isinstance(probs, (list, tuple)):
         return [one(p, f'layer {i}') for i, p in enumerate(probs)]
@@ -225,13 +254,80 @@ def attention_maps(params: Params, cfg: ViTConfig, images) -> Any:
     return _apply(params, jnp.asarray(images, jnp.float32), cfg=cfg, capture=('attn',))[1]['attn']
 
 
-def model_attention_distance(params: Params, cfg: ViTConfig, images, *,
-                             renormalise: bool = False) -> np.ndarray:
-    """(L, H) mean attention distance of a model on `images` (model inputs, one batch);
-    the grid and patch size come from `cfg`. A list of (H_l,) arrays for per-layer heads."""
+@functools.partial(jax.jit, static_argnames=('cfg', 'renormalise'))
+def _distance_sums(params, images, mask, dist, cfg, renormalise):
+    """Σ over the batch's valid images of the per-image distances, (L, H), for stacked
+    params; one layer's attention probabilities are alive at a time."""
+    n_prefix = _n_prefix(params)
+    x = vit.embed(params, images, cfg)
+
+    def body(h, p):
+        h, probs = vit.block_apply(p, h, cfg, need_probs=True)
+        return h, mask @ _layer_distance(probs, dist, n_prefix, renormalise)
+
+    _, sums = jax.lax.scan(body, x, params['blocks'])
+    return sums
+
+
+def _check_channels(images, mean, what: str) -> None:
+    channels, given = images.shape[-1], np.size(mean)
+    if given not in (1, channels):
+        default = ' (the default is ImageNet\'s 3-channel normalisation)' if tuple(
+            np.ravel(mean)) == IMAGENET_MEAN else ''
+        raise ValueError(f'{what}: the images have {channels} channel(s) but mean/std give '
+                         f'{given}{default}; pass your data\'s mean=..., std=... (one value per '
+                         'channel), or mean=None, std=None for images that are model inputs already')
+
+
+def mean_attention_distance(params: Params, cfg: ViTConfig, batches: Iterable[Any], *,
+                            renormalise: bool = False, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                            official_normalisation: bool = False):
+    """(layers, heads) mean attention distance of a model, in pixels, over `batches`: the
+    definition above, streamed; what Cluster-Learngene clusters heads by.
+
+    `batches`: an iterable of image arrays (B, H, W, C) or of mappings with 'image' (and
+    optionally a boolean 'mask' marking real examples, as `jlearngene.data.eval_batches`
+    gives). Images are in [0, 1] and normalised with `mean`/`std` (ImageNet's by default;
+    `official_normalisation=True` is Cluster-Learngene's official bug, see `normalise`);
+    `mean=None, std=None` takes the batches as model inputs already. Stacked params run one
+    compiled pass per batch shape holding one layer's attention at a time; list-layout params
+    with per-layer head counts return a list of (H_l,) arrays. Sums in float64.
+    """
+    if (mean is None) != (std is None):
+        raise ValueError('mean_attention_distance: give both mean and std, or neither')
+    if mean is None and official_normalisation:
+        raise ValueError('mean_attention_distance: official_normalisation needs mean and std '
+                         '(images in [0, 1])')
+    try:
+        params = params if layout.is_stacked(params) else layout.stack_blocks(params)
+        stacked = True
+    except ValueError:          # per-layer head counts: the captured attention, layer by layer
+        stacked = False
     g = cfg.image_size // cfg.patch_size
-    return attention_distance(attention_maps(params, cfg, images), (g, g), cfg.patch_size,
-                              n_prefix=_n_prefix(params), renormalise=renormalise)
+    dist = jnp.asarray(grid_distances((g, g), cfg.patch_size), jnp.float32)
+    total, count = None, 0.0
+    for batch in batches:
+        if isinstance(batch, Mapping):
+            images, mask = batch['image'], batch.get('mask')
+        else:
+            images, mask = batch, None
+        images = jnp.asarray(images, jnp.float32)
+        if mean is not None:
+            _check_channels(images, mean, 'mean_attention_distance')
+            images = normalise(images, mean, std, official=official_normalisation)
+        mask = (jnp.ones(images.shape[:1], jnp.float32) if mask is None
+                else jnp.asarray(mask, jnp.float32))
+        if stacked:
+            sums = np.asarray(_distance_sums(params, images, mask, dist, cfg, renormalise), np.float64)
+        else:
+            n_prefix = _n_prefix(params)
+            sums = [np.asarray(mask @ _layer_distance(p, dist, n_prefix, renormalise), np.float64)
+                    for p in attention_maps(params, cfg, images)]
+        total = sums if total is None else jax.tree.map(np.add, total, sums)
+        count += float(np.asarray(mask).sum())
+    if total is None or count == 0:
+        raise ValueError('mean_attention_distance: the batches hold no images')
+    return jax.tree.map(lambda t: t / count, total)
 
 
 # ----------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ A bottom-floor module (like `pytree`): the trainer's tasks and the methods' own 
 
 Targets are integer labels (B,) or probability vectors (B, K) (mixup/cutmix). Every loss
 takes an optional `mask` (B,) of valid examples (padded evaluation batches) and averages
-over the valid ones.
+over the valid ones. Batches that do not match (labels of another length, teacher logits of
+another shape) and empty batches, whose mean would be NaN, are a ValueError; the checks read
+shapes only, so they hold under `jax.jit` as well.
 """
 from __future__ import annotations
 
@@ -27,6 +29,29 @@ def _targets(targets, num_classes: int, label_smoothing: float = 0.0) -> jax.Arr
     return targets.astype(jnp.float32)
 
 
+def _check_batch(what: str, logits, targets=None, *, name: str = 'labels',
+                 mean: bool = True) -> None:
+    """ValueError unless `targets` (labels (...) or probability vectors (..., K); other
+    logits with `name`) match the batch axes of `logits` (..., K) and, for a loss that is a
+    `mean` over the batch, the batch holds an example."""
+    shape = tuple(jnp.shape(logits))
+    if mean and len(shape) >= 2 and shape[0] == 0:
+        raise ValueError(f'{what}: an empty batch (logits of shape {shape}) has no mean; '
+                         'expected logits (batch, classes) with batch >= 1')
+    if targets is None:
+        return
+    t, batch = tuple(jnp.shape(targets)), shape[:-1]
+    if name == 'labels':   # the class axis of soft labels is `_targets`' to check
+        ok = t[:len(batch)] == batch and len(t) in (len(batch), len(shape))
+        soft = '(' + ', '.join([*map(str, batch), 'K']) + ')'
+        want = f'{batch} (labels) or {soft} (probabilities)'
+    else:
+        ok, want = t == shape, 'the same shape'
+    if not ok:
+        raise ValueError(f'{what}: logits of shape {shape} and {name} of shape {t} do not '
+                         f'match (expected {want})')
+
+
 def _mean(per_example: jax.Array, mask) -> jax.Array:
     if mask is None:
         return per_example.mean()
@@ -35,6 +60,7 @@ def _mean(per_example: jax.Array, mask) -> jax.Array:
 
 
 def cross_entropy_per_example(logits, targets, *, label_smoothing: float = 0.0) -> jax.Array:
+    _check_batch('cross_entropy', logits, targets, mean=False)
     logits = jnp.asarray(logits, jnp.float32)
     t = _targets(targets, logits.shape[-1], label_smoothing)
     return -(t * jax.nn.log_softmax(logits, axis=-1)).sum(-1)
@@ -42,11 +68,14 @@ def cross_entropy_per_example(logits, targets, *, label_smoothing: float = 0.0) 
 
 def cross_entropy(logits, targets, *, label_smoothing: float = 0.0, mask=None) -> jax.Array:
     """Mean cross-entropy H(targets, softmax(logits)) with optional label smoothing."""
+    _check_batch('cross_entropy', logits, targets)
     return _mean(cross_entropy_per_example(logits, targets, label_smoothing=label_smoothing), mask)
 
 
 def kl_per_example(student_logits, teacher_logits, *, tau: float = 1.0) -> jax.Array:
     """KL(p_t || p_s) per example with p = softmax(z / tau) (teacher gets no gradient)."""
+    _check_batch('kl_per_example', student_logits, teacher_logits, name='teacher logits',
+                 mean=False)
     s = jax.nn.log_softmax(jnp.asarray(student_logits, jnp.float32) / tau, axis=-1)
     t = jax.nn.log_softmax(jax.lax.stop_gradient(jnp.asarray(teacher_logits, jnp.float32)) / tau, axis=-1)
     return (jnp.exp(t) * (t - s)).sum(-1)
@@ -64,6 +93,7 @@ def soft_distillation(student_logits, teacher_logits, labels=None, *, tau: float
     distillation token pass its logits as `student_dist_logits`: the KL term uses them and
     CE uses `student_logits`. `labels` may be None when α = 1.
     """
+    _check_batch('soft_distillation', student_logits, labels)
     kd_logits = student_logits if student_dist_logits is None else student_dist_logits
     kl = kl_per_example(kd_logits, teacher_logits, tau=tau)
     kd = tau ** 2 * _mean(kl, mask)
@@ -83,6 +113,8 @@ def hard_distillation(student_logits, teacher_logits, labels, *, alpha: float = 
 
     DeiT uses α = 1/2; with a distillation token the second term uses `student_dist_logits`.
     """
+    _check_batch('hard_distillation', student_logits, labels)
+    _check_batch('hard_distillation', student_logits, teacher_logits, name='teacher logits')
     kd_logits = student_logits if student_dist_logits is None else student_dist_logits
     teacher_labels = jnp.argmax(jax.lax.stop_gradient(teacher_logits), axis=-1)
     kd = cross_entropy(kd_logits, teacher_labels, mask=mask)
@@ -94,6 +126,7 @@ def hard_distillation(student_logits, teacher_logits, labels, *, alpha: float = 
 
 def accuracy(logits, labels, *, mask=None) -> jax.Array:
     """Top-1 accuracy; `labels` may be probability vectors (argmax is the label)."""
+    _check_batch('accuracy', logits, labels)
     labels = jnp.asarray(labels)
     if not jnp.issubdtype(labels.dtype, jnp.integer):
         labels = jnp.argmax(labels, axis=-1)

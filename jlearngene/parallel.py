@@ -19,7 +19,8 @@ Across processes (`jlearngene.distributed`) the mesh holds every process's devic
 from __future__ import annotations
 
 import collections
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import jax
 import numpy as np

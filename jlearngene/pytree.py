@@ -9,7 +9,8 @@ Built on `jax.tree_util` path functions, `flax.traverse_util` and `optax.tree_ut
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
+from collections.abc import Callable, Iterable, Mapping
 
 import jax
 import jax.numpy as jnp

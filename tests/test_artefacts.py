@@ -14,9 +14,10 @@ import pytest
 from jlearngene import artefacts, cli, genes
 from jlearngene.artefacts import GeneFileError
 from jlearngene.interop import timm
+from jlearngene.interop.state_dict import load_state_dict
 from jlearngene.models import vit_config
 from jlearngene.commands import run
-from jlearngene.train import checkpoint
+from jlearngene.train import checkpoint, integrity
 
 
 AUX = vit_config('Ti', width=16, num_heads=4, mlp_dim=32, depth=4, image_size=8, patch_size=4,
@@ -232,10 +233,10 @@ def test_descend_command_writes_a_trainable_and_timm_descendant(letra_dir, tmp_p
     # the train init path reads it for the same model config (and refuses another)
     config = ml_collections.ConfigDict({'init': out, 'seed': 0})
     chex.assert_trees_all_equal(run.initial_params(config, cfg), params)
-    with pytest.raises(checkpoint.CheckpointError, match='depth.*8.*4'):
+    with pytest.raises(integrity.CheckpointError, match='depth.*8.*4'):
         run.initial_params(config, cfg.replace(depth=4))
     # timm: the state dict reads back into the same params and config
-    tcfg, tparams = timm.from_timm(timm.load_state_dict(pt), num_heads=3, pool='avg',
+    tcfg, tparams = timm.from_timm(load_state_dict(pt), num_heads=3, pool='avg',
                                    class_token=False, pool_norm='before')
     assert (tcfg.width, tcfg.depth, tcfg.num_heads) == (12, 8, 3)
     chex.assert_trees_all_equal(tparams, params)

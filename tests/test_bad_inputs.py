@@ -15,9 +15,11 @@ from PIL import Image
 
 from jlearngene import artefacts, cli, genes
 from jlearngene.data import DataError, image_folder
+from jlearngene.interop import state_dict as SD
 from jlearngene.interop import timm
 from jlearngene.models import init, vit_config
-from jlearngene.train import checkpoint, trainer
+from jlearngene.train import checkpoint, integrity, run_checkpoint
+from jlearngene.train import state as state_lib
 
 
 RNG = np.random.default_rng(0)
@@ -61,7 +63,7 @@ def state_dict():
 
 
 def _safetensors_bytes(tmp_path, sd) -> bytes:
-    return open(timm.save_safetensors(sd, str(tmp_path / 'good.safetensors')), 'rb').read()
+    return open(SD.save_safetensors(sd, str(tmp_path / 'good.safetensors')), 'rb').read()
 
 
 def test_safetensors_readers(tmp_path, state_dict):
@@ -79,14 +81,14 @@ def test_safetensors_readers(tmp_path, state_dict):
     }
     for name, data in cases.items():
         path = _mangled(tmp_path, name.replace(' ', '_') + '.safetensors', data)
-        message = _raises_only(timm.StateDictError, lambda: timm.load_state_dict(path), path)
+        message = _raises_only(SD.StateDictError, lambda path=path: SD.load_state_dict(path), path)
         assert repr(path) in message, (name, message)
         if name not in ('truncated', 'tensor without offsets'):   # headers that cannot be parsed
-            _raises_only(timm.StateDictError, lambda: timm.read_safetensors_metadata(path), path)
+            _raises_only(SD.StateDictError, lambda path=path: SD.read_safetensors_metadata(path), path)
     # a readable file of another model: the converter lists what does not fit
     other = _mangled(tmp_path, 'other.safetensors',
                      _safetensors_bytes(tmp_path, {'x': np.ones(3, np.float32)}))
-    _raises_only(timm.StateDictError, lambda: timm.from_timm(timm.load_state_dict(other)), other)
+    _raises_only(SD.StateDictError, lambda: timm.from_timm(SD.load_state_dict(other)), other)
 
 
 def test_npz_reader(tmp_path, state_dict):
@@ -99,7 +101,7 @@ def test_npz_reader(tmp_path, state_dict):
     cases['object array'] = open(tmp_path / 'objects.npz', 'rb').read()
     for name, data in cases.items():
         path = _mangled(tmp_path, name.replace(' ', '_').replace(',', '') + '.npz', data)
-        message = _raises_only(timm.StateDictError, lambda: timm.load_state_dict(path), path)
+        message = _raises_only(SD.StateDictError, lambda path=path: SD.load_state_dict(path), path)
         assert 'allow_pickle' not in message, message
 
 
@@ -109,7 +111,7 @@ def test_torch_reader(tmp_path, state_dict):
     good = open(tmp_path / 'good.pth', 'rb').read()
     for name, mangle in MANGLES.items():
         path = _mangled(tmp_path, f'{name}.pth', mangle(good))
-        _raises_only(timm.StateDictError, lambda: timm.load_state_dict(path), path)
+        _raises_only(SD.StateDictError, lambda path=path: SD.load_state_dict(path), path)
 
 
 # ------------------------------------------------------------------------------ checkpoints
@@ -146,30 +148,30 @@ def test_model_artefact_reader(tmp_path):
         before = _fingerprint(path)
         try:
             loaded, _, _ = checkpoint.load_model(path)
-        except checkpoint.CheckpointError:
+        except integrity.CheckpointError:
             outcomes[rel] = 'refused'
         else:
             assert _same(jax.device_get(loaded), jax.device_get(params)), (rel, mode)
             outcomes[rel] = 'unused'
         assert _fingerprint(path) == before, rel
     assert outcomes[os.path.join('params', 'manifest.ocdbt')] == 'refused', outcomes
-    _raises_only(checkpoint.CheckpointError, lambda: checkpoint.load_model(str(tmp_path / 'nothing')),
+    _raises_only(integrity.CheckpointError, lambda: checkpoint.load_model(str(tmp_path / 'nothing')),
                  str(tmp_path))
 
 
 def test_run_checkpoint_reader(tmp_path):
     import optax
     params = jax.jit(init, static_argnums=0)(CFG, jax.random.key(2))
-    state = jax.jit(trainer.init_state, static_argnums=(1,))(params, optax.sgd(0.1))
-    with checkpoint.RunCheckpointer(tmp_path / 'run') as ck:
+    state = jax.jit(state_lib.init_state, static_argnums=(1,))(params, optax.sgd(0.1))
+    with run_checkpoint.RunCheckpointer(tmp_path / 'run') as ck:
         root = ck.save(3, state, data_state={'consumed': 3})
     outcomes = {}
     for rel, mode in _each_mangled_file(root, tmp_path):
         before = _fingerprint(root)
         try:
-            with checkpoint.RunCheckpointer(tmp_path / 'run') as ck:
+            with run_checkpoint.RunCheckpointer(tmp_path / 'run') as ck:
                 loaded, _ = ck.restore(state)
-        except checkpoint.CheckpointError:
+        except integrity.CheckpointError:
             outcomes[rel] = 'refused'
         else:
             assert _same(jax.device_get(loaded), jax.device_get(state)), (rel, mode)

@@ -8,14 +8,9 @@ from absl.testing import parameterized
 
 from jlearngene import pytree
 from jlearngene.genes import baselines, tleg
-from jlearngene.models import init, unstack_blocks, vit_config
+from jlearngene.models import init, unstack_blocks
 
-
-def cfg_(depth=4, **kw):
-    base = dict(width=32, num_heads=2, mlp_dim=64, depth=depth, image_size=16, patch_size=4,
-                num_classes=10, pool='avg')
-    base.update(kw)
-    return vit_config('Ti', **base)
+from helpers import cfg as cfg_
 
 
 @pytest.fixture(scope='module')

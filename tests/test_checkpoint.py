@@ -14,7 +14,8 @@ import pytest
 
 from jlearngene import parallel, pytree
 from jlearngene.models import init, unstack_blocks
-from jlearngene.train import checkpoint, optim, trainer
+from jlearngene.train import checkpoint, integrity, optim, run_checkpoint
+from jlearngene.train import state as state_lib
 
 
 def _data_files(path):
@@ -45,38 +46,38 @@ def test_model_round_trip(tmp_path, tiny_cfg, params, layout):
 
 def test_model_refuses_other_config_and_overwrite(tmp_path, tiny_cfg, params):
     path = checkpoint.save_model(tmp_path / 'm', params, tiny_cfg)
-    with pytest.raises(checkpoint.CheckpointError, match=r'depth.*3.*6'):
+    with pytest.raises(integrity.CheckpointError, match=r'depth.*3.*6'):
         checkpoint.load_model(path, expect_cfg=tiny_cfg.replace(depth=6))
-    with pytest.raises(checkpoint.CheckpointError, match=re.escape(str(path))):
+    with pytest.raises(integrity.CheckpointError, match=re.escape(str(path))):
         checkpoint.save_model(path, params, tiny_cfg)
     with pytest.raises(TypeError, match='object'):
         checkpoint.save_model(tmp_path / 'm2', params, tiny_cfg, extra={'x': object()})
 
 
 def test_model_missing_truncated_corrupted(tmp_path, tiny_cfg, params):
-    with pytest.raises(checkpoint.CheckpointError, match=re.escape(str(tmp_path / 'nope'))):
+    with pytest.raises(integrity.CheckpointError, match=re.escape(str(tmp_path / 'nope'))):
         checkpoint.load_model(tmp_path / 'nope')
     path = checkpoint.save_model(tmp_path / 'm', params, tiny_cfg)
     for f in _data_files(path):  # truncate every data file
         b = open(f, 'rb').read()
         open(f, 'wb').write(b[: len(b) // 2])
-    with pytest.raises(checkpoint.CheckpointError, match='corrupted'):
+    with pytest.raises(integrity.CheckpointError, match='corrupted'):
         checkpoint.load_model(path)
     path = checkpoint.save_model(tmp_path / 'm2', params, tiny_cfg)
     os.remove(os.path.join(path, 'commit_success.txt'))  # an interrupted write
-    with pytest.raises(checkpoint.CheckpointError, match=re.escape(str(path)) + '.*orbax'):
+    with pytest.raises(integrity.CheckpointError, match=re.escape(str(path)) + '.*orbax'):
         checkpoint.load_model(path)
 
 
 def _state(params, tiny_cfg):
     tx = optim.make_optimizer({'lr': 1e-3, 'warmup_steps': 1, 'freeze': ('patch_embed/.*',)}, params,
                               total_steps=10)
-    return jax.jit(trainer.init_state, static_argnums=(1, 2))(params, tx, 3)
+    return jax.jit(state_lib.init_state, static_argnums=(1, 2))(params, tx, 3)
 
 
 def test_run_round_trip_retention_and_best(tmp_path, tiny_cfg, params):
     state = _state(params, tiny_cfg)
-    ck = checkpoint.RunCheckpointer(tmp_path / 'c', keep=2, best_metric='acc')
+    ck = run_checkpoint.RunCheckpointer(tmp_path / 'c', keep=2, best_metric='acc')
     accs = [0.5, 0.9, 0.1, 0.2, 0.3]
     for step, acc in enumerate(accs, 1):
         s = dict(state, step=jnp.int32(step))
@@ -95,33 +96,33 @@ def test_run_round_trip_retention_and_best(tmp_path, tiny_cfg, params):
 
 def test_run_refuses_other_model(tmp_path, tiny_cfg, params):
     state = _state(params, tiny_cfg)
-    with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
+    with run_checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
         _refusals(ck, state, params, tiny_cfg)
 
 
 def _refusals(ck, state, params, tiny_cfg):
     ck.save(1, state, model_config=tiny_cfg)
-    with pytest.raises(checkpoint.CheckpointError, match=r'width.*32.*64'):
+    with pytest.raises(integrity.CheckpointError, match=r'width.*32.*64'):
         ck.restore(state, model_config=tiny_cfg.replace(width=64, num_heads=2))
     bigger = jax.eval_shape(lambda: _state(init(tiny_cfg.replace(depth=4), jax.random.key(0)), tiny_cfg))
-    with pytest.raises(checkpoint.CheckpointError, match=r'blocks/attn/q/kernel \(3, 32, 2, 16\)'):
+    with pytest.raises(integrity.CheckpointError, match=r'blocks/attn/q/kernel \(3, 32, 2, 16\)'):
         ck.restore(bigger)
-    other = jax.eval_shape(lambda: trainer.init_state(params, optim.make_optimizer({'lr': 1e-3}, params,
-                                                                                  total_steps=10)))
-    with pytest.raises(checkpoint.CheckpointError, match='only in the checkpoint'):
+    other = jax.eval_shape(lambda: state_lib.init_state(params, optim.make_optimizer({'lr': 1e-3}, params,
+                                                                                    total_steps=10)))
+    with pytest.raises(integrity.CheckpointError, match='only in the checkpoint'):
         ck.restore(other)
 
 
 def test_run_truncated(tmp_path, tiny_cfg, params):
     state = _state(params, tiny_cfg)
-    with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
+    with run_checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
         path = ck.save(1, state)
         for f in _data_files(path):
             open(f, 'wb').write(open(f, 'rb').read()[:10])
-        with pytest.raises(checkpoint.CheckpointError, match='corrupted'):
+        with pytest.raises(integrity.CheckpointError, match='corrupted'):
             ck.restore(state)
-    with checkpoint.RunCheckpointer(tmp_path / 'empty') as ck:
-        with pytest.raises(checkpoint.CheckpointError, match=re.escape(str(tmp_path / 'empty'))):
+    with run_checkpoint.RunCheckpointer(tmp_path / 'empty') as ck:
+        with pytest.raises(integrity.CheckpointError, match=re.escape(str(tmp_path / 'empty'))):
             ck.restore(state)
 
 
@@ -133,7 +134,7 @@ def test_json_helpers():
 def test_run_state_is_a_structured_tree_plain_orbax_reads(tmp_path, tiny_cfg, params):
     from orbax.checkpoint import v1 as ocp
     state = _state(params, tiny_cfg)
-    with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
+    with run_checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
         path = ck.save(7, dict(state, step=jnp.int32(7)))
         shapes = ck.array_shapes(7)
     with warnings.catch_warnings():   # no target tree given: orbax says it reads the shardings from file
@@ -152,15 +153,15 @@ def test_run_state_is_a_structured_tree_plain_orbax_reads(tmp_path, tiny_cfg, pa
 def test_restore_params_alone(tmp_path, tiny_cfg, params, monkeypatch):
     state = _state(params, tiny_cfg)
     mesh = parallel.make_mesh()
-    with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
+    with run_checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
         ck.save(3, state, model_config=tiny_cfg)
         loaded = []
-        real = checkpoint.ocp.load_checkpointables
+        real = run_checkpoint.ocp.load_checkpointables
 
         def spy(path, abstract=None):
             loaded.append(set(abstract['state']))
             return real(path, abstract)
-        monkeypatch.setattr(checkpoint.ocp, 'load_checkpointables', spy)
+        monkeypatch.setattr(run_checkpoint.ocp, 'load_checkpointables', spy)
         # Into a target's structure and shardings (no optimiser state is built or read).
         target = jax.eval_shape(lambda: init(tiny_cfg, jax.random.key(0)))
         sh = parallel.param_shardings(target, mesh, 'fsdp', min_size=0)
@@ -174,10 +175,10 @@ def test_restore_params_alone(tmp_path, tiny_cfg, params, monkeypatch):
         chex.assert_trees_all_equal(plain, params)
         parts, _ = ck.restore_subset({'params': target, 'step': jax.ShapeDtypeStruct((), jnp.int32)})
         assert int(parts['step']) == 0 and set(parts) == {'params', 'step'}
-        with pytest.raises(checkpoint.CheckpointError, match=r'depth.*3.*4'):
+        with pytest.raises(integrity.CheckpointError, match=r'depth.*3.*4'):
             ck.restore_params(target, model_config=tiny_cfg.replace(depth=4))
         wrong = jax.eval_shape(lambda: init(tiny_cfg.replace(num_classes=4), jax.random.key(0)))
-        with pytest.raises(checkpoint.CheckpointError, match=r'params/head/kernel \(32, 10\).*\(32, 4\)'):
+        with pytest.raises(integrity.CheckpointError, match=r'params/head/kernel \(32, 10\).*\(32, 4\)'):
             ck.restore_params(wrong)
 
 
@@ -187,7 +188,7 @@ def test_run_damaged_data_file_is_refused(tmp_path, tiny_cfg, params):
     the same length), each refuse the checkpoint in one line."""
     state = _state(params, tiny_cfg)
     rng = np.random.default_rng(0)
-    with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
+    with run_checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
         path = ck.save(1, state)
         pristine = str(tmp_path / 'pristine')
         shutil.copytree(path, pristine)
@@ -200,11 +201,11 @@ def test_run_damaged_data_file_is_refused(tmp_path, tiny_cfg, params):
             shutil.copytree(pristine, path)
             data = open(os.path.join(pristine, rel), 'rb').read()
             open(os.path.join(path, rel), 'wb').write(mangle(data))
-            with pytest.raises(checkpoint.CorruptCheckpointError, match='corrupted') as e:
+            with pytest.raises(integrity.CorruptCheckpointError, match='corrupted') as e:
                 ck.restore(state)
             message = str(e.value)
             assert str(path) in message and cause in message.lower() and '\n' not in message, (name, message)
-            with pytest.raises(checkpoint.CorruptCheckpointError, match='corrupted'):
+            with pytest.raises(integrity.CorruptCheckpointError, match='corrupted'):
                 ck.restore_params()
 
 
@@ -224,7 +225,7 @@ def test_run_flipped_byte_is_refused_naming_the_array(tmp_path, tiny_cfg, params
     changed arrays, never loaded as other values."""
     state = _state(params, tiny_cfg)
     paths = set(pytree.flatten(state))
-    with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
+    with run_checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
         path = ck.save(1, state)
         pristine = str(tmp_path / 'pristine')
         shutil.copytree(path, pristine)
@@ -233,7 +234,7 @@ def test_run_flipped_byte_is_refused_naming_the_array(tmp_path, tiny_cfg, params
         by_checksum = 0
         for k in range(1, 8):
             _flip(pristine, path, rel, size * k // 8)
-            with pytest.raises(checkpoint.CorruptCheckpointError, match='corrupted') as e:
+            with pytest.raises(integrity.CorruptCheckpointError, match='corrupted') as e:
                 ck.restore(state)
             message = str(e.value)
             assert str(path) in message and '\n' not in message, (k, message)
@@ -243,7 +244,7 @@ def test_run_flipped_byte_is_refused_naming_the_array(tmp_path, tiny_cfg, params
                 assert set(named.group(1).split(', ')) <= paths, message
         assert by_checksum >= 5, by_checksum
         _flip(pristine, path, rel, size // 2)
-        with pytest.raises(checkpoint.CorruptCheckpointError, match=r'checksums \(params/'):
+        with pytest.raises(integrity.CorruptCheckpointError, match=r'checksums \(params/'):
             ck.restore_params()
 
 
@@ -254,14 +255,14 @@ def test_model_flipped_byte_is_refused(tmp_path, tiny_cfg, params):
     shutil.copytree(path, pristine)
     f = max(_data_files(path), key=os.path.getsize)
     _flip(pristine, path, os.path.relpath(f, path), os.path.getsize(f) // 2)
-    with pytest.raises(checkpoint.CorruptCheckpointError, match=r'stored checksums \([a-z_/0-9]+'):
+    with pytest.raises(integrity.CorruptCheckpointError, match=r'stored checksums \([a-z_/0-9]+'):
         checkpoint.load_model(path)
 
 
 def test_checkpoint_without_checksums_loads(tmp_path, tiny_cfg, params):
     """Checkpoints stored without the 'checksums' field load, unverified."""
     state = _state(params, tiny_cfg)
-    with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
+    with run_checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
         path = ck.save(1, state)
         meta_file = os.path.join(path, '_CHECKPOINT_METADATA')
         with open(meta_file) as fh:
@@ -280,21 +281,21 @@ def test_checksums_on_device():
     tree = {'f32': jnp.arange(64, dtype=jnp.float32).reshape(8, 8), 'bf16': jnp.ones(16, jnp.bfloat16),
             'i8': jnp.arange(24, dtype=jnp.int8), 'flag': jnp.array([True, False]), 'step': jnp.int32(5),
             'rng': jax.random.key(3)}
-    sums = checkpoint.tree_checksums(tree)
+    sums = integrity.tree_checksums(tree)
     assert set(sums) == set(tree) and all(0 <= v < 2 ** 32 for v in sums.values())
     sharded = dict(tree, f32=jax.device_put(tree['f32'], jax.NamedSharding(mesh, jax.P('data'))))
-    assert checkpoint.tree_checksums(sharded) == sums          # exact for any sharding
+    assert integrity.tree_checksums(sharded) == sums          # exact for any sharding
     for name in ('f32', 'bf16', 'i8'):                          # every single-byte change shows
         raw = np.asarray(tree[name]).reshape(-1).view(np.uint8).copy()
         for pos in (0, raw.size // 2, raw.size - 1):
             changed = raw.copy()
             changed[pos] ^= 0x80
             other = jnp.asarray(changed.view(np.asarray(tree[name]).dtype).reshape(tree[name].shape))
-            assert checkpoint.tree_checksums({name: other})[name] != sums[name], (name, pos)
+            assert integrity.tree_checksums({name: other})[name] != sums[name], (name, pos)
     swapped = {'f32': tree['f32'][::-1]}                        # position matters
-    assert checkpoint.tree_checksums(swapped)['f32'] != sums['f32']
+    assert integrity.tree_checksums(swapped)['f32'] != sums['f32']
     with pytest.raises(ValueError, match='complex64'):
-        checkpoint.tree_checksums({'c': jnp.ones(2, jnp.complex64)})
+        integrity.tree_checksums({'c': jnp.ones(2, jnp.complex64)})
 
 
 def test_resume_falls_back_past_a_flipped_byte(tmp_path):
@@ -305,32 +306,32 @@ def test_resume_falls_back_past_a_flipped_byte(tmp_path):
     data = bytearray(open(f, 'rb').read())
     data[len(data) // 2] ^= 0x10
     open(f, 'wb').write(bytes(data))
-    with checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
+    with run_checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
         assert ck.steps() == [2, 4]
     _fit(tmp_path, 6, checkpoint_every=2)
     assert os.path.isdir(tmp_path / 'checkpoints.unreadable' / '4')
-    with checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
+    with run_checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
         assert ck.steps() == [4, 6]   # step 4 saved again, from step 2
 
 
 def test_run_refuses_the_old_flat_format(tmp_path, tiny_cfg, params):
     import json
     state = _state(params, tiny_cfg)
-    with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
+    with run_checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
         path = ck.save(1, state)
     meta_file = os.path.join(path, '_CHECKPOINT_METADATA')
     meta = json.load(open(meta_file))
     meta['custom_metadata']['format'] = 'jlearngene.run/1'
     json.dump(meta, open(meta_file, 'w'))
-    with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
-        with pytest.raises(checkpoint.CheckpointError,
+    with run_checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
+        with pytest.raises(integrity.CheckpointError,
                            match=r"'jlearngene\.run/1'.*'jlearngene\.run/2'"):
             ck.restore(state)
 
 
 def test_unreadable_files_give_one_short_message_and_no_orbax_noise(tmp_path, tiny_cfg, params, caplog):
     state = _state(params, tiny_cfg)
-    with checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
+    with run_checkpoint.RunCheckpointer(tmp_path / 'c') as ck:
         path = ck.save(1, state)
     pristine = tmp_path / 'pristine'
     shutil.copytree(path, pristine)
@@ -343,8 +344,8 @@ def test_unreadable_files_give_one_short_message_and_no_orbax_noise(tmp_path, ti
         f = os.path.join(path, name)
         open(f, 'wb').write(mangle(open(f, 'rb').read()))
         caplog.clear()
-        with caplog.at_level('WARNING'), checkpoint.RunCheckpointer(tmp_path / 'c') as ck, \
-                pytest.raises(checkpoint.CorruptCheckpointError) as e:
+        with caplog.at_level('WARNING'), run_checkpoint.RunCheckpointer(tmp_path / 'c') as ck, \
+                pytest.raises(integrity.CorruptCheckpointError) as e:
             ck.restore(state)
         message = str(e.value)
         assert str(path) in message and 'corrupted' in message

@@ -13,7 +13,9 @@ from jlearngene import cli
 from jlearngene.commands import config_args
 from jlearngene.train import metrics
 
-CONFIG = 'experiments/configs/digits_vit.py'
+from helpers import cli_status
+
+CONFIG = os.path.join('jlearngene', 'experiments', 'configs', 'digits_vit.py')   # a config by its path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -25,14 +27,6 @@ def run(tmp_path_factory):
                    '--config.model.depth=1', '--config.batch_size=32', '--config.log_every=2',
                    '--config.steps_per_call=2', '--workdir', workdir, '--noprogress'])
     return rc, workdir
-
-
-def _code(argv) -> int:
-    """The exit status of cli.main(argv) in this process (argparse/absl exits included)."""
-    try:
-        return cli.main(argv)
-    except SystemExit as e:
-        return e.code
 
 
 @pytest.mark.slow
@@ -47,25 +41,25 @@ def test_train_writes_resolved_config_metrics_and_model(run):
 
 
 def test_bad_configs_fail_clearly(tmp_path, capsys):
-    assert _code(['train', '--config', os.path.join(ROOT, CONFIG), '--config.stpes=3',
-                  '--workdir', str(tmp_path)]) == 2
+    assert cli_status(['train', '--config', os.path.join(ROOT, CONFIG), '--config.stpes=3',
+                       '--workdir', str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "'stpes'" in err and "did you mean 'steps'" in err
-    assert _code(['train', '--config', os.path.join(ROOT, CONFIG), '--config.model.nosuch=1',
-                  '--workdir', str(tmp_path)]) == 2
+    assert cli_status(['train', '--config', os.path.join(ROOT, CONFIG), '--config.model.nosuch=1',
+                       '--workdir', str(tmp_path)]) == 2
     assert "'model.nosuch'" in capsys.readouterr().err
     for override, message in (('--config.steps=many', r"steps must be an integer, got 'many'"),
                               ('--config.model.pool=', r"pool=''"),
                               ('--config.steps', r'--config\.FIELD=VALUE')):
-        assert _code(['train', '--config', os.path.join(ROOT, CONFIG), override,
-                      '--workdir', str(tmp_path / 'typed')]) == 2
+        assert cli_status(['train', '--config', os.path.join(ROOT, CONFIG), override,
+                           '--workdir', str(tmp_path / 'typed')]) == 2
         assert re.search(message, _one_line(capsys.readouterr(), 'jlearngene train: ')), override
     assert not os.path.exists(tmp_path / 'typed')
     for override, message in (('--config.optim.lr=-0.001', r'\blr\b.*-0\.001'),
                               ('--config.steps=-1', r'\bsteps\b.*-1'),
                               ('--config.batch_size=0', r'\bbatch_size\b.*\b0\b')):
-        code = _code(['train', '--config', os.path.join(ROOT, CONFIG), override,
-                      '--workdir', str(tmp_path / 'neg')])
+        code = cli_status(['train', '--config', os.path.join(ROOT, CONFIG), override,
+                           '--workdir', str(tmp_path / 'neg')])
         captured = capsys.readouterr()
         assert code and re.search(message, captured.out + captured.err), (override, captured)
         assert 'warmup' not in captured.out + captured.err
@@ -133,7 +127,7 @@ def test_expected_errors_are_one_line_and_verbose_adds_the_traceback(tmp_path, c
     assert "'Q'" in _one_line(capsys.readouterr(), 'jlearngene info: ')
     assert cli.main(['info', str(tmp_path / 'nosuch.py')]) == 1
     assert 'nosuch.py' in _one_line(capsys.readouterr(), 'jlearngene info: ')
-    assert _code(['train', '--config', str(tmp_path / 'nosuch.py'), '--workdir', str(tmp_path)]) == 2
+    assert cli_status(['train', '--config', str(tmp_path / 'nosuch.py'), '--workdir', str(tmp_path)]) == 2
     assert 'nosuch.py' in _one_line(capsys.readouterr(), 'jlearngene train: ')
     bad = tmp_path / 'random.safetensors'
     bad.write_bytes(os.urandom(256))
@@ -172,12 +166,12 @@ def test_config_files_are_checked_like_overrides(tmp_path, capsys):
                    '    c.checkpiont_every = 10\n'
                    '    return c\n')
     for spec in (str(bad), str(bad) + ':smoke'):
-        assert _code(['train', '--config', spec, '--workdir', str(tmp_path / 'w')]) == 2
+        assert cli_status(['train', '--config', spec, '--workdir', str(tmp_path / 'w')]) == 2
         line = _one_line(capsys.readouterr(), 'jlearngene train: ')
         assert "'checkpiont_every'" in line and "'checkpoint_every'" in line
     assert not os.path.exists(tmp_path / 'w')
     # the folder template picks the source from the command line; without a root it says so
-    assert _code(['train', '--config', 'digits_vit:folder', '--workdir', str(tmp_path / 'f')]) == 1
+    assert cli_status(['train', '--config', 'digits_vit:folder', '--workdir', str(tmp_path / 'f')]) == 1
     captured = capsys.readouterr()
     printed = captured.out + captured.err
     assert "'folder'" in printed and "'root'" in printed
@@ -208,32 +202,25 @@ def test_readme_snippets_define_every_name_they_use():
 
 @pytest.mark.slow
 def test_convert_to_timm_of_a_trained_model(run, tmp_path):
-    from jlearngene.interop import timm
+    from jlearngene.interop.state_dict import load_state_dict
     _, workdir = run
     out = str(tmp_path / 'trained.safetensors')
     assert cli.main(['convert', '--to-timm', os.path.join(workdir, 'model'), '--out', out]) == 0
-    assert timm.load_state_dict(out)['blocks.0.attn.qkv.weight'].shape == (192, 64)
+    assert load_state_dict(out)['blocks.0.attn.qkv.weight'].shape == (192, 64)
 
 
 def test_eval_model_needs_a_config(tmp_path, capsys):
-    assert _code(['eval', '--model', str(tmp_path / 'model')]) == 2
+    assert cli_status(['eval', '--model', str(tmp_path / 'model')]) == 2
     line = _one_line(capsys.readouterr(), 'jlearngene eval: ')
     assert '--model' in line and '--config' in line
 
 
 def test_overrides_are_checked_before_anything_runs(tmp_path, capsys):
-    assert _code(['train', '--config', 'digits_vit', '--config.steps=-1',
-                  '--workdir', str(tmp_path / 'w')]) == 2
+    assert cli_status(['train', '--config', 'digits_vit', '--config.steps=-1',
+                       '--workdir', str(tmp_path / 'w')]) == 2
     line = _one_line(capsys.readouterr(), 'jlearngene train: ')
     assert 'steps' in line and '-1' in line
     assert not os.path.exists(tmp_path / 'w')
-
-
-def test_demo_says_where_it_writes_first(tmp_path, capsys, monkeypatch):
-    from jlearngene.commands import train
-    monkeypatch.setattr(train, 'run', lambda args: 0)
-    assert cli.main(['demo', '--workdir', str(tmp_path / 'd')]) == 0
-    assert f'(tens of MB) to {tmp_path / "d"}' in capsys.readouterr().err
 
 
 def test_python_m_jlearngene_is_the_cli():

@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 
 from jlearngene import cli
-from jlearngene.interop import big_vision, timm
+from jlearngene.interop import big_vision
+from jlearngene.interop import state_dict as SD
 from jlearngene.models import init, vit_config
 from jlearngene.train import checkpoint, metrics
+
+from helpers import cli_error
 
 CFG = vit_config('Ti', width=32, num_heads=2, mlp_dim=64, depth=2, image_size=16, patch_size=4,
                  channels=1, num_classes=10, pool='avg', class_token=False)
@@ -49,26 +52,6 @@ def test_a_trained_model_converts_to_both_formats(tmp_path):
         assert cli.main(['convert', flag, model, '--out', str(tmp_path / out)]) == 0
 
 
-def _code(argv) -> int:
-    try:
-        return cli.main(argv)
-    except SystemExit as e:
-        return e.code
-
-
-def _error(capsys, argv, command: str, code: int = 1) -> str:
-    """The one line `jlearngene <command>: ...` that `argv` prints on stderr (nothing on
-    stdout, no traceback), with exit status `code`."""
-    rc = _code(argv)
-    captured = capsys.readouterr()
-    lines = [ln for ln in captured.err.splitlines() if ln.strip()]
-    assert rc == code, (rc, captured)
-    assert captured.out == '', captured.out
-    assert len(lines) == 1 and lines[0].startswith(f'jlearngene {command}: '), captured.err
-    assert 'Traceback' not in captured.err
-    return lines[0]
-
-
 # ------------------------------------------------------------------------------------ info
 
 def test_info_describes_the_timm_file_convert_wrote(files, capsys):
@@ -94,7 +77,7 @@ def test_info_describes_the_big_vision_file_convert_wrote(files, capsys):
 
 
 def test_info_of_a_timm_file_it_cannot_read_as_a_vit_lists_its_tensors(tmp_path, capsys):
-    path = timm.save_safetensors({'x': np.ones((2, 3), np.float32)}, str(tmp_path / 'other.safetensors'))
+    path = SD.save_safetensors({'x': np.ones((2, 3), np.float32)}, str(tmp_path / 'other.safetensors'))
     assert cli.main(['info', path]) == 0
     out = capsys.readouterr().out
     assert '| x | (2, 3) | float32 | 6 |' in out and 'no ViT config can be inferred' in out
@@ -105,42 +88,42 @@ def test_info_of_a_file_named_for_another_format(files, tmp_path, capsys):
     renamed = str(tmp_path / 'model.bin')
     with open(files['timm'], 'rb') as src, open(renamed, 'wb') as dst:
         dst.write(src.read())
-    line = _error(capsys, ['info', renamed], 'info')
+    line = cli_error(capsys, ['info', renamed], 'info')
     assert 'model.bin' in line and 'safetensors' in line
 
 
 def test_info_tells_a_missing_path_an_empty_file_and_an_unknown_file_apart(files, tmp_path, capsys):
-    missing = _error(capsys, ['info', str(tmp_path / 'nosuch.safetensors')], 'info')
+    missing = cli_error(capsys, ['info', str(tmp_path / 'nosuch.safetensors')], 'info')
     assert 'nosuch.safetensors' in missing and 'does not exist' in missing
     assert 'unknown ViT variant' not in missing
-    assert 'does not exist' in _error(capsys, ['info', str(tmp_path / 'nosuch')], 'info')
-    empty = _error(capsys, ['info', files['empty']], 'info')
+    assert 'does not exist' in cli_error(capsys, ['info', str(tmp_path / 'nosuch')], 'info')
+    empty = cli_error(capsys, ['info', files['empty']], 'info')
     assert 'empty.safetensors' in empty and 'empty file' in empty
-    unknown = _error(capsys, ['info', files['random']], 'info')
+    unknown = cli_error(capsys, ['info', files['random']], 'info')
     assert 'random.bin' in unknown and 'unknown kind' in unknown
     assert len({missing, empty, unknown}) == 3
     # a bare name that is neither a variant nor a path says both
-    line = _error(capsys, ['info', 'nosuch'], 'info')
+    line = cli_error(capsys, ['info', 'nosuch'], 'info')
     assert "'nosuch'" in line and 'variant' in line and 'file or directory' in line
     assert cli.main(['info', 'S/16']) == 0 and '| S/16 |' in capsys.readouterr().out
 
 
 def test_info_of_a_missing_or_broken_config_file(tmp_path, capsys):
-    line = _error(capsys, ['info', str(tmp_path / 'nosuch.py')], 'info')
+    line = cli_error(capsys, ['info', str(tmp_path / 'nosuch.py')], 'info')
     assert 'nosuch.py' in line and 'does not exist' in line
     (tmp_path / 'broken.py').write_text('def get_config(:\n')
-    line = _error(capsys, ['info', str(tmp_path / 'broken.py')], 'info')
+    line = cli_error(capsys, ['info', str(tmp_path / 'broken.py')], 'info')
     assert 'broken.py' in line and 'line 1' in line
     (tmp_path / 'empty.py').write_text('x = 1\n')
-    assert 'get_config' in _error(capsys, ['info', str(tmp_path / 'empty.py')], 'info')
+    assert 'get_config' in cli_error(capsys, ['info', str(tmp_path / 'empty.py')], 'info')
 
 
 def test_info_of_a_directory_that_is_no_checkpoint_reports_on_stderr(files, tmp_path, capsys):
-    line = _error(capsys, ['info', files['dir']], 'info')
+    line = cli_error(capsys, ['info', files['dir']], 'info')
     assert 'dir' in line and 'empty directory' in line
     (tmp_path / 'other').mkdir()
     (tmp_path / 'other' / 'x').write_text('x')
-    assert 'other' in _error(capsys, ['info', str(tmp_path / 'other')], 'info')
+    assert 'other' in cli_error(capsys, ['info', str(tmp_path / 'other')], 'info')
 
 
 def test_info_describes_the_files_plot_and_a_run_write(tmp_path, capsys):
@@ -173,23 +156,23 @@ def test_info_describes_the_files_plot_and_a_run_write(tmp_path, capsys):
 def test_train_init_names_what_is_wrong_with_the_file(files, tmp_path, capsys):
     workdir = str(tmp_path / 'w')
     argv = ['train', '--config', 'digits_vit:smoke', '--workdir', workdir, '--noprogress']
-    line = _error(capsys, argv + [f'--config.init={files["timm"]}'], 'train')
+    line = cli_error(capsys, argv + [f'--config.init={files["timm"]}'], 'train')
     assert '--config.init' in line and 'timm' in line and '--from-timm' in line
     assert 'does not exist' not in line
-    line = _error(capsys, argv + [f'--config.init={files["big_vision"]}'], 'train')
+    line = cli_error(capsys, argv + [f'--config.init={files["big_vision"]}'], 'train')
     assert '--config.init' in line and '--from-big-vision' in line
-    line = _error(capsys, argv + [f'--config.init={files["random"]}'], 'train')
+    line = cli_error(capsys, argv + [f'--config.init={files["random"]}'], 'train')
     assert 'not a model checkpoint directory' in line
-    line = _error(capsys, argv + [f'--config.init={tmp_path / "nosuch"}'], 'train')
+    line = cli_error(capsys, argv + [f'--config.init={tmp_path / "nosuch"}'], 'train')
     assert '--config.init' in line and 'does not exist' in line
     assert not os.path.exists(workdir)               # nothing ran
 
 
 def test_train_workdir_that_is_a_file(files, tmp_path, capsys):
     argv = ['train', '--config', 'digits_vit:smoke', '--noprogress', '--workdir']
-    line = _error(capsys, argv + [files['random']], 'train', code=2)
+    line = cli_error(capsys, argv + [files['random']], 'train', code=2)
     assert '--workdir' in line and 'is a file' in line and 'Errno' not in line
-    line = _error(capsys, argv + [os.path.join(files['random'], 'run')], 'train', code=2)
+    line = cli_error(capsys, argv + [os.path.join(files['random'], 'run')], 'train', code=2)
     assert 'random.bin' in line and 'is a file' in line
 
 
@@ -197,54 +180,54 @@ def test_train_workdir_that_is_a_file(files, tmp_path, capsys):
 
 def test_eval_model_names_what_is_wrong_with_the_file(files, tmp_path, capsys):
     argv = ['eval', '--config', 'digits_vit', '--model']
-    line = _error(capsys, argv + [files['random']], 'eval')
+    line = cli_error(capsys, argv + [files['random']], 'eval')
     assert '--model' in line and 'random.bin' in line and 'not a model checkpoint directory' in line
     assert 'does not exist' not in line
-    line = _error(capsys, argv + [files['timm']], 'eval')
+    line = cli_error(capsys, argv + [files['timm']], 'eval')
     assert '--model' in line and '--from-timm' in line
-    assert 'empty file' in _error(capsys, argv + [files['empty']], 'eval')
-    assert 'does not exist' in _error(capsys, argv + [str(tmp_path / 'nosuch')], 'eval')
+    assert 'empty file' in cli_error(capsys, argv + [files['empty']], 'eval')
+    assert 'does not exist' in cli_error(capsys, argv + [str(tmp_path / 'nosuch')], 'eval')
 
 
 def test_eval_checkpoint_must_be_a_step_or_a_name(tmp_path, capsys):
     workdir = tmp_path / 'w'
     workdir.mkdir()
-    line = _error(capsys, ['eval', '--workdir', str(workdir), '--config', 'digits_vit',
-                           '--checkpoint', 'newest'], 'eval', code=2)
+    line = cli_error(capsys, ['eval', '--workdir', str(workdir), '--config', 'digits_vit',
+                              '--checkpoint', 'newest'], 'eval', code=2)
     assert '--checkpoint' in line and "'newest'" in line and 'latest' in line and 'int()' not in line
     # a workdir without checkpoints is reported, and left as it was
-    line = _error(capsys, ['eval', '--workdir', str(workdir), '--config', 'digits_vit',
-                           '--checkpoint', 'latest'], 'eval')
+    line = cli_error(capsys, ['eval', '--workdir', str(workdir), '--config', 'digits_vit',
+                              '--checkpoint', 'latest'], 'eval')
     assert 'checkpoints' in line
     assert os.listdir(workdir) == []
 
 
 def test_eval_errors_go_to_stderr(files, tmp_path, capsys):
-    assert '--workdir' in _error(capsys, ['eval'], 'eval', code=2)
-    line = _error(capsys, ['eval', '--workdir', files['random']], 'eval')
+    assert '--workdir' in cli_error(capsys, ['eval'], 'eval', code=2)
+    line = cli_error(capsys, ['eval', '--workdir', files['random']], 'eval')
     assert '--workdir' in line and 'is a file' in line
-    line = _error(capsys, ['eval', '--workdir', str(tmp_path / 'nosuch')], 'eval')
+    line = cli_error(capsys, ['eval', '--workdir', str(tmp_path / 'nosuch')], 'eval')
     assert '--workdir' in line and 'does not exist' in line
-    assert 'config.json' in _error(capsys, ['eval', '--workdir', files['dir']], 'eval')
+    assert 'config.json' in cli_error(capsys, ['eval', '--workdir', files['dir']], 'eval')
 
 
 # --------------------------------------------------------------------------------- convert
 
 def test_convert_names_directories_and_files_of_the_other_kind(files, tmp_path, capsys):
     out = str(tmp_path / 'o')
-    line = _error(capsys, ['convert', '--from-timm', files['dir'], '--out', out], 'convert')
+    line = cli_error(capsys, ['convert', '--from-timm', files['dir'], '--out', out], 'convert')
     assert '--from-timm' in line and 'is a directory' in line and 'does not exist' not in line
-    line = _error(capsys, ['convert', '--from-timm', files['model'], '--out', out], 'convert')
+    line = cli_error(capsys, ['convert', '--from-timm', files['model'], '--out', out], 'convert')
     assert 'is a directory' in line and '--to-timm' in line          # a model checkpoint
-    line = _error(capsys, ['convert', '--from-big-vision', files['dir'], '--out', out], 'convert')
+    line = cli_error(capsys, ['convert', '--from-big-vision', files['dir'], '--out', out], 'convert')
     assert '--from-big-vision' in line and 'is a directory' in line
-    line = _error(capsys, ['convert', '--from-timm', files['big_vision'], '--out', out], 'convert')
+    line = cli_error(capsys, ['convert', '--from-timm', files['big_vision'], '--out', out], 'convert')
     assert '--from-big-vision' in line
-    line = _error(capsys, ['convert', '--to-timm', files['timm'], '--out',
-                           str(tmp_path / 'x.safetensors')], 'convert')
+    line = cli_error(capsys, ['convert', '--to-timm', files['timm'], '--out',
+                              str(tmp_path / 'x.safetensors')], 'convert')
     assert '--to-timm' in line and 'not a model checkpoint directory' in line
-    line = _error(capsys, ['convert', '--to-big-vision', str(tmp_path / 'nosuch'), '--out',
-                           str(tmp_path / 'x.npz')], 'convert')
+    line = cli_error(capsys, ['convert', '--to-big-vision', str(tmp_path / 'nosuch'), '--out',
+                              str(tmp_path / 'x.npz')], 'convert')
     assert '--to-big-vision' in line and 'does not exist' in line
     assert not os.path.exists(out)
 
@@ -252,10 +235,10 @@ def test_convert_names_directories_and_files_of_the_other_kind(files, tmp_path, 
 # ------------------------------------------------------------------------------------ plot
 
 def test_plot_errors_go_to_stderr(tmp_path, capsys):
-    line = _error(capsys, ['plot', str(tmp_path / 'nosuch')], 'plot')
+    line = cli_error(capsys, ['plot', str(tmp_path / 'nosuch')], 'plot')
     assert 'nosuch' in line and 'does not exist' in line
     (tmp_path / 'empty').mkdir()
-    assert metrics.METRICS_FILE in _error(capsys, ['plot', str(tmp_path / 'empty')], 'plot')
+    assert metrics.METRICS_FILE in cli_error(capsys, ['plot', str(tmp_path / 'empty')], 'plot')
 
 
 def test_plot_of_a_metrics_file_writes_the_png_beside_it(tmp_path, capsys):
@@ -278,14 +261,14 @@ def test_progress_bar_writes_to_stderr(capsys):
 
 
 def test_file_kind_reads_the_contents_not_the_name(files, tmp_path):
-    assert timm.file_kind(files['timm']) == 'safetensors'
-    assert timm.file_kind(files['big_vision']) == 'npz'
-    assert timm.file_kind(files['empty']) == 'empty'
-    assert timm.file_kind(files['random']) == 'unknown'
+    assert SD.file_kind(files['timm']) == 'safetensors'
+    assert SD.file_kind(files['big_vision']) == 'npz'
+    assert SD.file_kind(files['empty']) == 'empty'
+    assert SD.file_kind(files['random']) == 'unknown'
     with pytest.raises(IsADirectoryError, match='dir'):
-        timm.file_kind(files['dir'])
+        SD.file_kind(files['dir'])
     with pytest.raises(FileNotFoundError, match='does not exist'):
-        timm.file_kind(str(tmp_path / 'nosuch'))
+        SD.file_kind(str(tmp_path / 'nosuch'))
     assert big_vision.infer_config(big_vision.load_npz(files['big_vision'])).width == CFG.width
 
 
@@ -301,8 +284,8 @@ def test_option_values_are_json_or_plain_strings_and_broken_json_is_an_error():
 
 
 def test_broken_option_json_is_one_line_on_the_command_line(files, tmp_path, capsys):
-    line = _error(capsys, ['gene', '--method', 'cluster', '--from-model', files['model'],
-                           '--option', 'clusters=[[0,2]', '--out', str(tmp_path / 'g')], 'gene', code=2)
+    line = cli_error(capsys, ['gene', '--method', 'cluster', '--from-model', files['model'],
+                              '--option', 'clusters=[[0,2]', '--out', str(tmp_path / 'g')], 'gene', code=2)
     assert '--option clusters' in line and 'not valid JSON' in line
     assert not os.path.exists(tmp_path / 'g')
 

@@ -1,6 +1,5 @@
 """Cluster-Learngene: mean attention distance, head clustering, schedules, descendants (correct
 and official forms, FFN expansion φ), the registered method and the experiment's smoke run."""
-import os
 
 import chex
 import jax
@@ -10,9 +9,13 @@ import pytest
 from absl.testing import parameterized
 
 from jlearngene import costs, genes, pytree
+from jlearngene import diagnostics as dg
 from jlearngene.genes import cluster
 from jlearngene.interop import timm
-from jlearngene.models import apply, init, vit_config
+from jlearngene.models import apply, init
+
+import helpers
+from helpers import perturbed
 
 
 # The notebook's DeiT-B distances (spec §3.2), which give the published head lists.
@@ -32,16 +35,9 @@ DEIT_B_MAD = np.array([
 
 
 def ancestor_cfg(**kw):
-    base = dict(width=32, num_heads=4, mlp_dim=64, depth=3, image_size=8, patch_size=2,
-                num_classes=5, pool='cls')
-    base.update(kw)
-    return vit_config('Ti', **base)
-
-
-def perturbed(tree, seed=1):
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda x: jnp.asarray(np.asarray(x) + 0.1 * rng.standard_normal(np.shape(x)),
-                                              jnp.float32), tree)
+    """Width 32, 4 heads, 3 layers, 8 px images in 2 px patches, 5 classes, class token."""
+    return helpers.cfg(**{'num_heads': 4, 'depth': 3, 'image_size': 8, 'patch_size': 2,
+                          'num_classes': 5, 'pool': 'cls', **kw})
 
 
 @pytest.fixture(scope='module')
@@ -62,10 +58,10 @@ def test_attention_distance_matches_a_numpy_loop_streamed_and_masked(ancestor):
     x = np.asarray(images(5))
     mask = np.array([True, True, False])               # the last row is padding
     batches = [x[:2], {'image': np.concatenate([x[2:4], x[:1]]), 'mask': mask}]
-    got = cluster.mean_attention_distance(params, cfg, batches)
-    got_renorm = cluster.mean_attention_distance(params, cfg, batches, renormalise=True)
+    got = dg.mean_attention_distance(params, cfg, batches)
+    got_renorm = dg.mean_attention_distance(params, cfg, batches, renormalise=True)
     _, aux = jax.jit(lambda p, im: apply(p, im, cfg, capture=('attn',)))(
-        params, cluster.normalise(x[:4]))
+        params, dg.normalise(x[:4]))
     attn = np.asarray(aux['attn'], np.float64)[..., 1:, 1:]    # (L, B, H, N, N), class token dropped
     g = cfg.image_size // cfg.patch_size
     want, want_renorm = np.zeros(got.shape), np.zeros(got.shape)
@@ -83,14 +79,14 @@ def test_attention_distance_matches_a_numpy_loop_streamed_and_masked(ancestor):
     np.testing.assert_allclose(got_renorm, want_renorm, rtol=1e-5)
     assert np.all(got_renorm > got)          # dropping the class token's column lost mass
     # The official normalisation bug: every pixel ≈ −mean/std, an almost constant image.
-    bug = np.asarray(cluster.normalise(x, official=True))
+    bug = np.asarray(dg.normalise(x, official=True))
     assert bug.min() > -2.12 and bug.max() < -1.78
-    official = cluster.mean_attention_distance(params, cfg, [x], official_normalisation=True)
+    official = dg.mean_attention_distance(params, cfg, [x], official_normalisation=True)
     assert official.shape == got.shape and not np.allclose(official, got, atol=1e-3)
     with pytest.raises(ValueError, match='no images'):
-        cluster.mean_attention_distance(params, cfg, [])
+        dg.mean_attention_distance(params, cfg, [])
     with pytest.raises(ValueError, match=r'mean .*std .*\(3\)'):
-        cluster.normalise(x, (0.5, 0.5), (0.5, 0.5))
+        dg.normalise(x, (0.5, 0.5), (0.5, 0.5))
 
 
 # ----------------------------------------------------------------------------------------
@@ -192,7 +188,7 @@ def test_eps_zero_at_omega_one_is_the_ancestor_under_the_defaults(ancestor):
     assert cluster.gene_groups(same) == ((0, 1, 2),)
     kept = cluster.descend(same, cfg)
     for t in range(cfg.depth):
-        chex.assert_trees_all_equal(jax.tree.map(lambda x: x[t], kept['blocks']['mlp']),
+        chex.assert_trees_all_equal(jax.tree.map(lambda x, t=t: x[t], kept['blocks']['mlp']),
                                     jax.tree.map(lambda x: x[0], params['blocks']['mlp']))
     official = cluster.descend(same, cfg, phi='official', key=jax.random.key(0))
     assert not np.allclose(official['blocks']['mlp']['fc1']['kernel'][0],
@@ -218,7 +214,7 @@ def test_priority_weight_sharing_takes_true_heads_and_their_out_rows(ancestor):
             np.testing.assert_array_equal(b['attn'][n]['bias'], anc['attn'][n]['bias'][l][slot])
         np.testing.assert_array_equal(b['attn']['out']['kernel'], anc['attn']['out']['kernel'][l][slot])
         for k in ('norm1', 'norm2', 'mlp'):
-            chex.assert_trees_all_equal(b[k], jax.tree.map(lambda x: x[l], anc[k]))
+            chex.assert_trees_all_equal(b[k], jax.tree.map(lambda x, l=l: x[l], anc[k]))
     for k in ('patch_embed', 'pos_embed', 'cls_token', 'norm'):
         chex.assert_trees_all_equal(des[k], params[k])
     d, dh = cfg.width, cfg.head_dim      # T-Params follow each layer's head count
@@ -312,7 +308,7 @@ class DescendantJitTest(chex.TestCase, parameterized.TestCase):
                                          head='new')
         start = self.variant(cluster.materialize_descendant)(ident)
         for t in range(2):
-            chex.assert_trees_all_equal(jax.tree.map(lambda x: x[t], start['blocks']['mlp']),
+            chex.assert_trees_all_equal(jax.tree.map(lambda x, t=t: x[t], start['blocks']['mlp']),
                                         jax.tree.map(lambda x: x[0], params['blocks']['mlp']))
         g = jax.jit(jax.grad(loss))(ident)
         assert all(np.abs(np.asarray(v)).max() > 0 for v in jax.tree.leaves(g['ffn_groups']))

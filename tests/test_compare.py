@@ -4,7 +4,7 @@ Its cost arithmetic and miniature run are in tests/test_study.py."""
 import pytest
 
 from jlearngene import cli
-from jlearngene.experiments import configs, harness, study
+from jlearngene.experiments import configs, study
 
 
 def test_plan_names_what_a_method_cannot_make():

@@ -61,11 +61,11 @@ def test_harness_runs_of_one_shape_compile_their_step_once(tmp_path):
         loss_fn.key = inner.key
         return loss_fn
 
-    config = {'optim': {'weight_decay': 0.05}}
+    optim = {'weight_decay': 0.05}
     params = init(cfg, jax.random.key(0))
     for seed, lr in ((0, 1e-3), (1, 1e-3), (2, 2e-3)):
         harness.fit(f'r{seed}', loss(cfg), params, tasks.classification_eval(cfg), Dset(), steps=2,
-                    lr=lr, config=config, workdir=str(tmp_path), seed=seed, eval_every=None)
+                    lr=lr, optim=optim, workdir=str(tmp_path), seed=seed, eval_every=None)
         if seed == 1:
             assert len(traces) == 1
     assert len(traces) == 2

@@ -10,6 +10,8 @@ from jlearngene import genes, pytree
 from jlearngene.genes import cluster, compose, scala, tleg
 from jlearngene.models import apply, init, vit_config
 
+from helpers import images
+
 
 AUX = vit_config('Ti', width=16, num_heads=4, mlp_dim=32, depth=4, image_size=8, patch_size=4,
                  num_classes=5, pool='avg')        # LeTra learngene: width 8, 2 heads of 4, 2 layers
@@ -22,10 +24,6 @@ def random_like(shapes, seed):
     """Random values of `shapes` (a 'trained' gene or model; nothing is compiled)."""
     rng = np.random.default_rng(seed)
     return jax.tree.map(lambda x: (0.1 * rng.standard_normal(x.shape)).astype(x.dtype), shapes)
-
-
-def images(n=2, seed=0):
-    return jax.random.normal(jax.random.key(seed), (n, 8, 8, 3))
 
 
 def common_shapes(cfg):
@@ -139,7 +137,7 @@ def test_tleg_expansion_of_a_letra_descendant(letra_gene, width, depth):
     assert max(np.abs(a - b).max() for a, b in zip(jax.tree.leaves(w0), jax.tree.leaves(w1))) > 1e-2
     for l in range(depth):
         t = 2 * l / depth                         # TLEG coefficient l/L against the pair's 1/2
-        want = jax.tree.map(lambda a, b: a + t * (b - a), w0, w1)
+        want = jax.tree.map(lambda a, b, t=t: a + t * (b - a), w0, w1)
         chex.assert_trees_all_close(layer(params, l), want, **TOL)
     if depth % 2 == 0:
         chex.assert_trees_all_close(layer(params, depth // 2), w1, **TOL)

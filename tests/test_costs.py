@@ -149,7 +149,8 @@ def test_s_params_matches_real_gene():
             == tleg.gene_param_count(gene, include_head=True))
     partial = tleg.init_gene(cfg, jax.random.key(0), from_layer=2)
     assert costs.s_params('tleg', source=cfg, from_layer=2) == tleg.gene_param_count(partial)
-    assert costs.s_params('auto_lg', source=cfg, k=2) == 2 * costs.block_param_count(cfg) + costs.embedding_param_count(cfg)
+    assert costs.s_params('auto_lg', source=cfg, k=2) == (2 * costs.block_param_count(cfg)
+                                                           + costs.embedding_param_count(cfg))
 
 
 def test_s_params_through_the_registry():
@@ -202,4 +203,5 @@ def test_training_cost_paper_ratios():
     assert costs.training_cost([run])['flops'] == want
     # Pre-Fin(U) pretrains 5 Des-B (5 x 100 epochs) vs one learngene (100 epochs): "5x".
     b = [costs.Run(f'pf{d}', des('B', d), 100, 1) for d in (4, 6, 8, 10, 12)]
-    assert costs.training_cost(b)['epochs'] / costs.training_cost([costs.Run('aux', des('B', 12), 100, 1)])['epochs'] == 5
+    unit = costs.training_cost([costs.Run('aux', des('B', 12), 100, 1)])['epochs']
+    assert costs.training_cost(b)['epochs'] / unit == 5

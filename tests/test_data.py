@@ -374,7 +374,7 @@ def test_config_templates_choose_the_folder_and_tfds_sources(tmp_path):
     import tensorflow_datasets as tfds
 
     from jlearngene.experiments import configs
-    from jlearngene.train import tasks
+    from jlearngene.models import model_config
     rng = np.random.default_rng(0)
     for split in ('train', 'test'):
         for label in ('cat', 'dog'):
@@ -384,13 +384,13 @@ def test_config_templates_choose_the_folder_and_tfds_sources(tmp_path):
     c = configs.load('digits_vit:folder,smoke', {'data.root': str(tmp_path / 'img'),
                                                   'model.num_classes': 2})
     it, info = data.from_config(c.data, 'train', batch_size=4, seed=0, train=True, **SOLO)
-    cfg = tasks.model_config(c.model)
+    cfg = model_config(c.model)
     assert next(it)['image'].shape == (4, cfg.image_size, cfg.image_size, cfg.channels)
     assert info.num_classes == cfg.num_classes == 2 and c.model.depth == 2   # smoke applies too
     with tfds.testing.mock_data(num_examples=8, policy=tfds.testing.MockPolicy.USE_CODE):
         t = configs.load('digits_vit:tfds', {'data.data_dir': str(tmp_path)})
         it, info = data.from_config(t.data, 'test', batch_size=8, seed=0, train=False, **SOLO)
-        cfg = tasks.model_config(t.model)
+        cfg = model_config(t.model)
         assert next(it)['image'].shape == (8, cfg.image_size, cfg.image_size, cfg.channels)
         assert info.num_classes == cfg.num_classes
     with pytest.raises(data.DataError, match="'folder'.*'root'.*digits_vit:folder"):

@@ -1,8 +1,8 @@
-"""`jlearngene demo` from a plain (non-editable) wheel: the package is built into a wheel,
-installed into a folder of its own, and the demo runs at smoke scale from a directory outside
-the source tree with only that folder on the path, so everything it needs (the harness, the
-method part, the bundled config) must ship inside the wheel. The smoke run is also the
-harness's end-to-end test."""
+"""`jlearngene demo` and a study from a plain (non-editable) wheel: the package is built into
+a wheel, installed into a folder of its own, and both run from a directory outside the source
+tree with only that folder on the path, so everything they need (the shipped gene, the
+harness, the method part, the bundled config) must ship inside the wheel. The TLEG study's
+smoke run is also the harness's end-to-end test."""
 import json
 import os
 import shutil
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jlearngene import costs, genes
-from jlearngene.experiments import study
+from jlearngene.experiments import harness
 from jlearngene.train import checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,7 +58,29 @@ def installed(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_demo_runs_from_the_installed_wheel(installed, tmp_path):
+def test_the_demo_runs_from_the_installed_wheel(installed, tmp_path):
+    site, package = installed
+    gene = os.path.join(package, 'zoo', 'letra_digits')
+    assert sorted(os.listdir(gene)) == ['gene.json', 'gene.safetensors']   # the shipped gene
+    workdir = str(tmp_path / 'demo')
+    run_dir = tmp_path / 'elsewhere'
+    run_dir.mkdir()
+    driver = ('import sys, jlearngene; print("jlearngene from", jlearngene.__file__); '
+              'from jlearngene import cli; sys.exit(cli.main(sys.argv[1:]))')
+    proc = subprocess.run([sys.executable, '-c', driver, 'demo', '--steps', '8', '--workdir', workdir],
+                          cwd=run_dir, env=_env(site), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.startswith(f'jlearngene from {os.path.join(package, "__init__.py")}')
+    lines = proc.stdout.strip().splitlines()[1:]
+    assert len(lines) <= 30 and lines[0].startswith('One LeTra learngene'), proc.stdout
+    assert sum(line.startswith('|') for line in lines) == 2 + 4           # header + four shapes
+    png = os.path.join(workdir, 'demo_curves.png')
+    assert f'curves: {png}' in proc.stdout and open(png, 'rb').read(8) == PNG
+    assert proc.stdout.count('\n') + proc.stderr.count('\n') <= 40
+
+
+@pytest.mark.slow
+def test_the_study_smoke_runs_from_the_installed_wheel(installed, tmp_path):
     site, package = installed
     assert os.path.isfile(os.path.join(package, 'experiments', 'configs', 'tleg.py'))
     assert os.path.isfile(os.path.join(site, 'bin', 'jlearngene'))          # the console script
@@ -67,8 +89,8 @@ def test_demo_runs_from_the_installed_wheel(installed, tmp_path):
     run_dir.mkdir()
     driver = ('import sys, jlearngene; print("jlearngene from", jlearngene.__file__); '
               'from jlearngene import cli; sys.exit(cli.main(sys.argv[1:]))')
-    proc = subprocess.run([sys.executable, '-c', driver, 'demo', 'smoke', '--noprogress',
-                           '--workdir', workdir], cwd=run_dir, env=_env(site),
+    proc = subprocess.run([sys.executable, '-c', driver, 'train', '--config', 'tleg:smoke',
+                           '--noprogress', '--workdir', workdir], cwd=run_dir, env=_env(site),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.startswith(f'jlearngene from {os.path.join(package, "__init__.py")}')
@@ -90,11 +112,11 @@ def test_demo_runs_from_the_installed_wheel(installed, tmp_path):
         assert 0.0 <= r['acc'] <= 1.0 and r['params'] > 0 and r['steps'] > 0
     by = {(tuple(r['shape']), r['method']): r for r in rows}
     # fine-tuning: 3 forward passes per image, steps x batch images
-    cfg = study.shape_configs(results['config'], (32, 1), 10)[0]
+    cfg = harness.shape_configs(results['config'], (32, 1), 10)[0]
     r = by[((32, 1), 'tleg')]
     assert r['finetune_flops'] == pytest.approx(
         costs.TRAIN_FACTOR * costs.flops_per_image(cfg) * r['steps'] * results['config']['batch_size'])
-    assert r['steps'] == study.fraction_steps(0.35, results['scratch']['w32_d1']['S'])
+    assert r['steps'] == harness.fraction_steps(0.35, results['scratch']['w32_d1']['S'])
 
     # the saved gene is a loadable artefact that initialises any depth
     gene, aux_cfg, extra = checkpoint.load_model(os.path.join(workdir, 'genes', 'tleg', 'seed_0'))

@@ -10,8 +10,8 @@ import pytest
 from scipy.stats import ortho_group
 
 from jlearngene import diagnostics as dg
-from jlearngene.genes import cluster, compose, tleg
-from jlearngene.models import init, unstack_blocks, vit_config
+from jlearngene.genes import compose, tleg
+from jlearngene.models import init, layout, unstack_blocks, vit_config
 
 
 CFG = vit_config('Ti', width=16, num_heads=4, mlp_dim=32, depth=8, image_size=8, patch_size=4,
@@ -95,14 +95,19 @@ def test_attention_distance_uniform_is_the_grids_mean_distance():
     assert renorm[0] == pytest.approx(p * (8 + 4 * math.sqrt(2)) / 16, rel=1e-6)
 
 
-def test_model_attention_distance_matches_cluster_learngenes_definition(model):
+def test_mean_attention_distance_streamed_matches_the_captured_maps(model):
     params, images = model
     probs = dg.attention_maps(params, CFG, images)
     assert probs.shape == (8, 3, 4, 5, 5)
-    mad = dg.model_attention_distance(params, CFG, images)
+    mad = dg.mean_attention_distance(params, CFG, [images], mean=None, std=None)
     assert mad.shape == (8, 4) and (mad > 0).all()
-    want = cluster.mean_attention_distance(params, CFG, [images], mean=None, std=None)
-    np.testing.assert_allclose(mad, want, rtol=1e-5)
+    np.testing.assert_allclose(dg.attention_distance(probs, 2, 4, n_prefix=1), mad, rtol=1e-5)
+    # list-layout params with per-layer head counts: one array per layer, same numbers
+    blocks = layout.unstack_blocks(params)['blocks']
+    blocks[1] = layout.slice_tree({'blocks': [blocks[1]]}, {'heads': 2})['blocks'][0]
+    listed = dg.mean_attention_distance(dict(params, blocks=blocks), CFG, [images], mean=None, std=None)
+    assert [len(m) for m in listed] == [4, 2] + [4] * 6
+    np.testing.assert_allclose(listed[0], mad[0], rtol=1e-5)
     # Per-layer lists (list layout, head counts may differ) give one array per layer.
     per_layer = dg.attention_distance(list(probs), 2, 4, n_prefix=1)
     np.testing.assert_allclose(np.stack(per_layer), mad, rtol=1e-6)
@@ -151,7 +156,7 @@ def test_layer_matrix_selects_kinds_in_both_layouts(model):
 def test_plots_are_written(tmp_path, model):
     params, images = model
     lin = dg.layer_linearity(params, 'mlp/.*/kernel')
-    mad = dg.model_attention_distance(params, CFG, images)
+    mad = dg.mean_attention_distance(params, CFG, [images], mean=None, std=None)
     reps = dg.block_representations(params, CFG, images)
     figs = {'lin.png': dg.plot_layer_linearity(lin, path=tmp_path / 'lin.png'),
             'mad.png': dg.plot_attention_distance(mad, path=tmp_path / 'mad.png'),

@@ -111,7 +111,7 @@ def _train(pid: int, workdir: str, out: str, interrupt: int) -> int:
     from jlearngene import data, parallel, pytree
     from jlearngene.models import init, vit_config
     import optax
-    from jlearngene.train import tasks, trainer
+    from jlearngene.train import hooks, tasks, trainer
 
     cfg = vit_config('Ti', width=16, num_heads=2, mlp_dim=32, depth=1, image_size=8, patch_size=4,
                      num_classes=4)
@@ -146,7 +146,7 @@ def _train(pid: int, workdir: str, out: str, interrupt: int) -> int:
                                                   steps_per_call=1, progress=False,
                                                   tensorboard=False,
                                                   experiment_config={'steps': STEPS}))
-    except trainer.Preempted as e:
+    except hooks.Preempted as e:
         print(f'process {pid}: {e}', flush=True)
         return int(e.code)
     host = jax.jit(lambda t: t, out_shardings=parallel.replicated(parallel.make_mesh()))(params)

@@ -1,12 +1,12 @@
-"""The experiment harness, its config files and `jlearngene demo`'s flags (the end-to-end
-smoke run from an installed wheel is tests/test_demo_wheel.py)."""
+"""The experiment harness and its config files (the end-to-end smoke run from an installed
+wheel is tests/test_demo_wheel.py)."""
 import os
 
 import numpy as np
 import pytest
 
 from jlearngene import cli
-from jlearngene.commands import demo, train
+from jlearngene.commands import compare, train
 from jlearngene.experiments import configs, harness, study, tleg
 from jlearngene.models import vit_config
 
@@ -26,17 +26,17 @@ def test_tleg_config_for_every_arg():
     assert [d for _, d in smoke.shapes] == [1, 2] and smoke.depth == 2
     paper = configs.load('tleg:paper')
     assert paper.model.image_size == 224 and paper.depth == 12 and paper.descend.official_pool_order
-    assert harness.model_config(paper, 12, 1000).width == 384
+    assert harness.reference_config(paper, 1000).width == 384
     for bad, arg in (('huge', 'huge'), ('digits,smoke', 'digits,smoke'), ('digits,fast', 'fast')):
         with pytest.raises(ValueError, match=f"'{arg}'"):
             configs.load(f'tleg:{bad}')
 
 
-def test_digits_vit_config_and_its_source_tree_path():
+def test_digits_vit_config_by_name_and_by_path():
     bundled = configs.load('digits_vit')
     assert bundled.task == 'classification' and bundled.steps == 1500
     assert configs.load('digits_vit:smoke').steps == 20
-    by_path = configs.load(os.path.join(ROOT, 'experiments', 'configs', 'digits_vit.py'))
+    by_path = configs.load(configs.path('digits_vit'))
     assert by_path.to_dict() == bundled.to_dict()
 
 
@@ -45,7 +45,7 @@ def test_bundled_names_resolve_to_files():
     where, arg = configs.split(configs.resolve('tleg:smoke'))
     assert arg == 'smoke' and os.path.isfile(where) and where.endswith(os.path.join('configs', 'tleg.py'))
     assert configs.resolve('digits_vit') == configs.path('digits_vit')
-    own = os.path.join(ROOT, 'experiments', 'configs', 'digits_vit.py') + ':smoke'
+    own = os.path.join(ROOT, 'jlearngene', 'experiments', 'configs', 'digits_vit.py') + ':smoke'
     assert configs.resolve(own) == own                     # an existing file stays a file
     with pytest.raises(ValueError, match="'nosuch'"):
         configs.resolve('nosuch:smoke')
@@ -82,26 +82,25 @@ def test_cli_config_errors_are_one_line(tmp_path, capsys):
     assert rc == 1 and err[-1].startswith('jlearngene train: ') and "'nosuch'" in err[-1]
 
 
-def _demo_args(argv):
-    return train.parse_named(argv, 'jlearngene demo', demo.CONFIG, demo.WORKDIR, demo.__doc__,
-                             demo.VARIANTS)
+def _compare_args(argv):
+    return train.parse_named(argv, 'jlearngene compare', compare.CONFIG, compare.WORKDIR,
+                             compare.__doc__, compare.VARIANTS)
 
 
-def test_demo_is_the_tleg_config_with_its_variant_and_overrides():
-    args = _demo_args(['quick', '--noprogress', '--config.descend.official_pool_order=true',
-                       '--config.descend.lr=0.01'])
-    assert args.config.seeds == (0,) and args.config.descend.official_pool_order and not args.progress
-    assert args.config.descend.lr == 0.01 and args.workdir == 'workdirs/demo'
+def test_a_named_config_command_takes_its_variant_and_overrides():
+    args = _compare_args(['quick', '--noprogress', '--config.descend.lr=0.01'])
+    assert args.config.seeds == (0,) and not args.progress
+    assert args.config.descend.lr == 0.01 and args.workdir == 'workdirs/compare'
     assert args.config.scale == 'digits'
-    assert _demo_args([]).config.to_dict() == configs.load('tleg:digits').to_dict()
-    assert _demo_args(['--config.seeds=3,4,5']).config.seeds == (3, 4, 5)
-    paper = _demo_args(['paper', '--config.data.data_dir=/d', '--config.model.variant=B']).config
+    assert _compare_args([]).config.to_dict() == configs.load('compare:digits').to_dict()
+    assert _compare_args(['--config.seeds=3,4,5']).config.seeds == (3, 4, 5)
+    paper = _compare_args(['paper', '--config.data.data_dir=/d', '--config.model.variant=B']).config
     assert (paper.scale, paper.data.data_dir, paper.model.variant) == ('paper', '/d', 'B')
     from jlearngene.commands.config_args import UsageError
     with pytest.raises(UsageError, match="'qiuck'"):
-        _demo_args(['qiuck'])
+        _compare_args(['qiuck'])
     with pytest.raises(UsageError, match='--quick'):
-        _demo_args(['--quick'])      # no flag re-spells a config field or variant
+        _compare_args(['--quick'])      # no flag re-spells a config field or variant
 
 
 def test_paper_scale_needs_data_dir(tmp_path):
@@ -124,24 +123,35 @@ def test_budgets():
         harness.budget({'steps': 0, 'epochs': 0.0}, 100, 10, 'aux')
 
 
+def _row(config, name):
+    return next(r for r in study.make_rows(config) if r.name == name)
+
+
 def test_tleg_study_options():
     config = configs.load('tleg:digits')
-    teacher = study.reference_config(config, 10)
+    teacher = harness.reference_config(config, 10)
     assert (teacher.width, teacher.num_heads, teacher.depth) == (64, 4, 6)
-    k = lambda d, c=config, t=teacher: study.gene_options(c, 'he_lg', t.replace(depth=d), t)['k']
+
+    def k(d, c=config, t=teacher):
+        ctx = harness.Context(c, num_classes=10)
+        ctx.ref = t
+        return _row(c, 'he_lg').recipe.gene_options(ctx, _row(c, 'he_lg'), t.replace(depth=d))['k']
     assert [k(d) for d in (2, 3, 4, 6)] == [1, 2, 2, 3]                        # ⌈L_d / 2⌉
     assert k(6, t=teacher.replace(depth=2)) == 2                                 # ≤ teacher depth
     assert k(6, c=configs.load('tleg:digits', {'method_options.he_lg.gene.k': 1})) == 1
-    assert study.gene_options(config, 'tleg', teacher, teacher) == {'expand': ('msa', 'mlp', 'ln'),
-                                                                    'from_layer': 0}
-    assert study.descend_options(config, 'tleg') == {} and study.descend_options(config, 'he_lg') == {'head': 'new'}
-    assert study.label('he_lg', config) == 'He-LG' and study.label('letra/step', config) == 'LeTra (step)'
+    assert _row(config, 'tleg').gene == {'expand': ('msa', 'mlp', 'ln'), 'from_layer': 0}
+    assert _row(config, 'tleg').descend == {} and _row(config, 'he_lg').descend == {'head': 'new'}
+    assert _row(config, 'he_lg').recipe.label(_row(config, 'he_lg')) == 'He-LG'
+    letra = configs.load('letra:smoke')
+    assert study.label(_row(letra, 'letra/random')) == 'LeTra (random)'
     d_cfg = teacher.replace(depth=3)
     assert tleg.STUDY.descendant_config(d_cfg, config) == d_cfg
     official = tleg.STUDY.descendant_config(d_cfg, configs.load('tleg', {'descend.official_pool_order': True}))
     assert official.pool_norm == 'after' and official.ln_eps == 1e-6 and official.depth == 3
-    assert study.upstream_names('tleg') == ('teacher', 'aux_tleg')
-    assert study.upstream_names('he_lg') == ('teacher',) and study.upstream_names('mango') == ('small',)
+    assert _row(config, 'tleg').recipe.billed(_row(config, 'tleg')) == ('teacher', 'aux_tleg')
+    assert _row(config, 'he_lg').recipe.billed(_row(config, 'he_lg')) == ('teacher',)
+    mango = configs.load('mango')
+    assert _row(mango, 'mango/1').recipe.billed(_row(mango, 'mango/1')) == ('small',)
 
 
 def test_eval_fn_is_one_object_per_config():
@@ -153,14 +163,14 @@ def test_eval_fn_is_one_object_per_config():
 
 def test_study_shapes_split_into_heads_of_the_model():
     config = configs.load('letra:smoke')
-    base = study.reference_config(config, 10)
-    cfg = study.shape_configs(config, (2 * base.head_dim, 3), 10)[0]
+    base = harness.reference_config(config, 10)
+    cfg = harness.shape_configs(config, (2 * base.head_dim, 3), 10)[0]
     assert (cfg.width, cfg.depth, cfg.num_heads, cfg.head_dim) == (2 * base.head_dim, 3, 2, base.head_dim)
     assert cfg.mlp_dim == int(config['mlp_ratio']) * cfg.width
     with pytest.raises(ValueError, match=f'width {base.head_dim + 1}'):
-        study.shape_configs(config, (base.head_dim + 1, 3), 10)
+        harness.shape_configs(config, (base.head_dim + 1, 3), 10)
     # (width, depth, heads): that many heads of the model's head_dim (Cluster-Learngene's ω)
-    wide = study.shape_configs(config, (2 * base.head_dim, 3, 5), 10)
+    wide = harness.shape_configs(config, (2 * base.head_dim, 3, 5), 10)
     assert [(c.num_heads, c.head_dim) for c in wide] == [(5, base.head_dim)]
     with pytest.raises(ValueError, match=r'\(32, 0\)'):
         study.study_shapes({'shapes': ((32, 0),)})

@@ -11,7 +11,10 @@ from absl.testing import parameterized
 
 from jlearngene import costs, genes, pytree
 from jlearngene.genes import baselines, common, tleg
-from jlearngene.models import init, unstack_blocks, vit_config
+from jlearngene.models import init, unstack_blocks
+
+import helpers
+from helpers import perturbed, trained_model
 
 
 NAMES = genes.names()
@@ -26,25 +29,8 @@ LABELS = {'scratch': 'Scratch', 'tleg': 'TLEG', 'share_init': 'Share-Init', 'min
 
 
 def cfg_(depth=4, **kw):
-    base = dict(width=32, num_heads=2, mlp_dim=64, depth=depth, image_size=16, patch_size=8,
-                num_classes=10, pool='avg')
-    base.update(kw)
-    return vit_config('Ti', **base)
-
-
-def perturbed(tree, seed=1):
-    """Every leaf moved off its init constants (0 / 1), as after training."""
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda x: jnp.asarray(np.asarray(x) + 0.1 * rng.standard_normal(np.shape(x)),
-                                              jnp.float32), tree)
-
-
-_init = jax.jit(init, static_argnums=0)
-
-
-def trained_model(cfg, seed=0):
-    """A 'trained' model of config `cfg`."""
-    return perturbed(_init(cfg, jax.random.key(seed)), seed + 1)
+    """The tiny config (`helpers.cfg`) with 8 px patches."""
+    return helpers.cfg(depth, **{'patch_size': 8, **kw})
 
 
 def make_gene(method, cfg, seed=0):

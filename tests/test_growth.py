@@ -11,18 +11,14 @@ from jlearngene import genes, pytree
 from jlearngene.genes import common, growth
 from jlearngene.models import apply, init, vit_config
 
+from helpers import perturbed
+
 
 SMALL = vit_config('Ti', width=8, num_heads=2, mlp_dim=16, depth=2, image_size=8, patch_size=4,
                    num_classes=5)
 WIDE = SMALL.replace(width=16, num_heads=4, mlp_dim=32)          # same depth, head_dim 4
 LARGE = WIDE.replace(depth=4)
 KEY = jax.random.key(3)
-
-
-def perturbed(tree, seed):
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda x: jnp.asarray(np.asarray(x) + 0.1 * rng.standard_normal(x.shape),
-                                              jnp.float32), tree)
 
 
 @pytest.fixture(scope='module')

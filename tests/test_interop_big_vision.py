@@ -12,7 +12,7 @@ from flax import traverse_util
 from jlearngene import genes, pytree
 from jlearngene.interop import big_vision as BV
 from jlearngene.interop import timm as T
-from jlearngene.interop.timm import StateDictError
+from jlearngene.interop.state_dict import StateDictError
 from jlearngene.models import ConfigError, apply, init, unstack_blocks, vit_config
 
 WIDTH, HEADS, MLP, DEPTH, PATCH, IMAGE, CHANS, CLASSES = 16, 2, 32, 2, 4, 8, 3, 5

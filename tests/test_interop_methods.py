@@ -3,7 +3,7 @@ the arrays come back bit for bit and compute the same logits; a descendant that 
 cannot hold (Cluster-Learngene's per-layer head counts) is refused with an error naming why.
 
 One tiny config for every ancestor (width 16, depth 2, 8 px images in 4 px patches) and one
-descendant per method. Genes and 'trained' models come from test_genes' helpers.
+descendant per method. Genes and 'trained' models come from `helpers`.
 """
 import jax
 import jax.numpy as jnp
@@ -14,10 +14,11 @@ from jlearngene import genes, pytree
 from jlearngene.genes import cluster, scala
 from jlearngene.interop import big_vision as BV
 from jlearngene.interop import timm as T
-from jlearngene.interop.timm import StateDictError
+from jlearngene.interop.state_dict import StateDictError
 from jlearngene.genes.common import GeneError
 from jlearngene.models import ConfigError, apply, init, layout, vit_config
-from test_genes import perturbed, trained_model
+
+from helpers import perturbed, trained_model
 
 
 ANCESTOR = vit_config('Ti', width=16, num_heads=4, mlp_dim=32, depth=2, image_size=8, patch_size=4,
@@ -211,6 +212,6 @@ def test_width_changing_methods_refuse_a_pre_logits_layer():
         'imwlm': lambda: selection.descend(jax.eval_shape(lambda: init(
             LARGE.replace(representation_size=REP), jax.random.key(0))), ANCESTOR),
     }
-    for what, call in calls.items():
+    for call in calls.values():
         with pytest.raises(GeneError, match='pre_logits'):
             call()

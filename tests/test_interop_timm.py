@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from jlearngene import pytree
+from jlearngene.interop import state_dict as SD
 from jlearngene.interop import timm as T
 from jlearngene.models import ConfigError, apply, init, init_block, unstack_blocks, vit_config
 
@@ -132,7 +133,7 @@ def test_no_embed_class_pads_zero_prefix_rows():
     assert params['pos_embed'].shape == (1, 2 + 16, 32)
     np.testing.assert_array_equal(params['pos_embed'][:, :2], 0)
     np.testing.assert_array_equal(params['pos_embed'][:, 2:], sd['pos_embed'])
-    with pytest.raises(T.StateDictError, match='no_embed_class=True.*pos_embed'):
+    with pytest.raises(SD.StateDictError, match='no_embed_class=True.*pos_embed'):
         T.to_timm(random_params(cfg), cfg, no_embed_class=True)
 
 
@@ -169,11 +170,11 @@ def test_heads_default_to_head_dim_64_and_overrides_pass_through():
     assert cfg.num_heads == 2 and cfg.head_dim == 64
     cfg, _ = T.from_timm(sd, num_heads=8, ln_eps=1e-5, gelu='tanh', dtype='bfloat16')
     assert (cfg.num_heads, cfg.ln_eps, cfg.gelu, cfg.dtype) == (8, 1e-5, 'tanh', 'bfloat16')
-    with pytest.raises(T.StateDictError, match='width 32.*num_heads='):
+    with pytest.raises(SD.StateDictError, match='width 32.*num_heads='):
         T.from_timm(timm_state_dict(width=32))
     with pytest.raises(ConfigError, match=r"\['heads'\]"):
         T.from_timm(sd, heads=2)
-    with pytest.raises(T.StateDictError, match='width=128.*num_heads=3'):
+    with pytest.raises(SD.StateDictError, match='width=128.*num_heads=3'):
         T.from_timm(sd, num_heads=3)
 
 
@@ -185,7 +186,7 @@ def test_one_error_lists_every_problem():
     sd['extra.thing'] = np.zeros(3, np.float32)
     sd['head.bias'] = np.zeros(11, np.float32)
     sd['blocks.0.norm1.weight'] = np.ones(32, np.int64)
-    with pytest.raises(T.StateDictError) as e:
+    with pytest.raises(SD.StateDictError) as e:
         T.from_timm(sd, num_heads=2)
     msg = str(e.value)
     for needle in ['missing keys (2)', 'blocks.1.mlp.fc2.bias', 'norm.weight',
@@ -196,7 +197,7 @@ def test_one_error_lists_every_problem():
 
 
 def test_overrides_contradicting_shapes_are_listed():
-    with pytest.raises(T.StateDictError) as e:
+    with pytest.raises(SD.StateDictError) as e:
         T.from_timm(timm_state_dict(), num_heads=2, image_size=32, num_classes=5)
     msg = str(e.value)
     assert 'pos_embed: shape (1, 17, 32), expected (1, 65, 32)' in msg
@@ -207,11 +208,11 @@ def test_uninferable_state_dict_lists_problems_and_strange_keys():
     sd = timm_state_dict()
     del sd['patch_embed.proj.weight']
     sd['module.foo'] = np.zeros(2, np.float32)
-    with pytest.raises(T.StateDictError) as e:
+    with pytest.raises(SD.StateDictError) as e:
         T.from_timm(sd, num_heads=2)
     msg = str(e.value)
     assert 'missing patch_embed.proj.weight' in msg and 'module.foo' in msg
-    with pytest.raises(T.StateDictError, match='no encoder blocks'):
+    with pytest.raises(SD.StateDictError, match='no encoder blocks'):
         T.from_timm({k: v for k, v in timm_state_dict().items() if not k.startswith('blocks')}, num_heads=2)
 
 
@@ -220,7 +221,7 @@ def test_to_timm_lists_every_parameter_problem(tiny_cfg):
     del params['blocks']['mlp']['fc2']['bias']
     params['head']['kernel'] = np.zeros((32, 7), np.float32)
     params['extra'] = np.zeros(3)
-    with pytest.raises(T.StateDictError) as e:
+    with pytest.raises(SD.StateDictError) as e:
         T.to_timm(params, tiny_cfg)
     msg = str(e.value)
     assert 'blocks/mlp/fc2/bias' in msg and 'extra' in msg and 'head/kernel: shape (32, 7), expected (32, 10)' in msg
@@ -245,7 +246,7 @@ def test_to_timm_refuses_what_timm_vit_cannot_hold_in_one_line(tiny_cfg):
     cfg = tiny_cfg.replace(depth=2)
     params = unstack_blocks(random_params(cfg))
     params['blocks'][1] = jax.tree.map(np.asarray, init_block(cfg, jax.random.key(1), num_heads=1))
-    with pytest.raises(T.StateDictError, match=r'timm.*heads per block \[2, 1\], MLP sizes \[64, 64\]'):
+    with pytest.raises(SD.StateDictError, match=r'timm.*heads per block \[2, 1\], MLP sizes \[64, 64\]'):
         T.to_timm(params, cfg)
 
 
@@ -253,7 +254,7 @@ def test_old_timm_representation_layer_is_named_when_read():
     sd = timm_state_dict()
     sd['pre_logits.fc.weight'] = np.zeros((12, 32), np.float32)
     sd['pre_logits.fc.bias'] = np.zeros(12, np.float32)
-    with pytest.raises(T.StateDictError) as e:
+    with pytest.raises(SD.StateDictError) as e:
         T.from_timm(sd, num_heads=2)
     assert 'pre_logits.fc.weight (a representation layer' in str(e.value)
     assert 'pre_logits.fc.bias (a representation layer' in str(e.value)
@@ -264,18 +265,18 @@ def test_old_timm_representation_layer_is_named_when_read():
 
 def test_safetensors_and_npz_files(tmp_path):
     sd = timm_state_dict(dist=True)
-    f = T.save_safetensors(sd, tmp_path / 'sub' / 'model.safetensors', metadata={'note': 'x'})
-    assert_state_dicts_identical(sd, T.load_state_dict(f))
-    assert T.read_safetensors_metadata(f) == {'format': 'pt', 'note': 'x'}
+    f = SD.save_safetensors(sd, tmp_path / 'sub' / 'model.safetensors', metadata={'note': 'x'})
+    assert_state_dicts_identical(sd, SD.load_state_dict(f))
+    assert SD.read_safetensors_metadata(f) == {'format': 'pt', 'note': 'x'}
     np.savez(tmp_path / 'model.npz', **sd)
-    assert_state_dicts_identical(sd, T.load_state_dict(tmp_path / 'model.npz'))
+    assert_state_dicts_identical(sd, SD.load_state_dict(tmp_path / 'model.npz'))
     with pytest.raises(FileNotFoundError, match='nope.safetensors'):
-        T.load_state_dict(tmp_path / 'nope.safetensors')
+        SD.load_state_dict(tmp_path / 'nope.safetensors')
     (tmp_path / 'model.h5').write_bytes(b'')
-    with pytest.raises(T.StateDictError, match=r'model\.h5'):
-        T.load_state_dict(tmp_path / 'model.h5')
+    with pytest.raises(SD.StateDictError, match=r'model\.h5'):
+        SD.load_state_dict(tmp_path / 'model.h5')
     with pytest.raises(ValueError, match=r'model\.bin.*\.safetensors'):
-        T.save_safetensors(sd, tmp_path / 'model.bin')
+        SD.save_safetensors(sd, tmp_path / 'model.bin')
 
 
 def test_bfloat16_safetensors_is_read_exactly(tmp_path):
@@ -288,7 +289,7 @@ def test_bfloat16_safetensors_is_read_exactly(tmp_path):
     h = json.dumps(header).encode()
     h += b' ' * (-len(h) % 8)
     (tmp_path / 'bf.safetensors').write_bytes(len(h).to_bytes(8, 'little') + h + raw + b)
-    got = T.load_state_dict(tmp_path / 'bf.safetensors')
+    got = SD.load_state_dict(tmp_path / 'bf.safetensors')
     assert got['a'].dtype == np.float32 and np.array_equal(got['a'], a)
     assert np.array_equal(got['b'], np.ones(2, np.float32))
 
@@ -303,25 +304,25 @@ def _safetensors_file(path, header: dict, data: bytes):
 def test_safetensors_dtype_numpy_cannot_hold_and_damaged_files_are_one_line_errors(tmp_path):
     f8 = _safetensors_file(tmp_path / 'f8.safetensors',
                            {'a': {'dtype': 'F8_E4M3', 'shape': [4], 'data_offsets': [0, 4]}}, bytes(4))
-    with pytest.raises(T.StateDictError, match=r"f8\.safetensors.*'a' has dtype F8_E4M3.*not supported"):
-        T.load_state_dict(f8)
+    with pytest.raises(SD.StateDictError, match=r"f8\.safetensors.*'a' has dtype F8_E4M3.*not supported"):
+        SD.load_state_dict(f8)
     short = _safetensors_file(tmp_path / 'short.safetensors',
                               {'a': {'dtype': 'F32', 'shape': [4], 'data_offsets': [0, 16]}}, bytes(8))
-    for read in (T.load_state_dict, T.read_safetensors_metadata):
-        with pytest.raises(T.StateDictError, match=r"short\.safetensors' is not a readable "
+    for read in (SD.load_state_dict, SD.read_safetensors_metadata):
+        with pytest.raises(SD.StateDictError, match=r"short\.safetensors' is not a readable "
                                                    r"\.safetensors file \(.*header") as e:
             read(short)
         assert '\n' not in str(e.value)
     plain = _safetensors_file(tmp_path / 'plain.safetensors',
                               {'a': {'dtype': 'F32', 'shape': [1], 'data_offsets': [0, 4]}}, bytes(4))
-    assert T.read_safetensors_metadata(plain) == {}
+    assert SD.read_safetensors_metadata(plain) == {}
 
 
 def test_pth_without_torch_names_the_extra(tmp_path, monkeypatch):
     (tmp_path / 'model.pth').write_bytes(b'not really')
     monkeypatch.setitem(sys.modules, 'torch', None)  # import torch -> ImportError
     with pytest.raises(ImportError, match=r'pip install -e "\.\[timm\]"'):
-        T.load_state_dict(tmp_path / 'model.pth')
+        SD.load_state_dict(tmp_path / 'model.pth')
 
 
 def test_pth_with_torch_unwraps_training_checkpoints(tmp_path):
@@ -329,10 +330,10 @@ def test_pth_with_torch_unwraps_training_checkpoints(tmp_path):
     sd = timm_state_dict(layer_scale=True)
     wrapped = {'model': {'module.' + k: torch.from_numpy(v) for k, v in sd.items()}, 'epoch': 3}
     torch.save(wrapped, tmp_path / 'ckpt.pth')
-    assert_state_dicts_identical(sd, T.load_state_dict(tmp_path / 'ckpt.pth'))
+    assert_state_dicts_identical(sd, SD.load_state_dict(tmp_path / 'ckpt.pth'))
     half = {k: torch.from_numpy(v).to(torch.bfloat16) for k, v in sd.items()}
     torch.save(half, tmp_path / 'bf16.pt')
-    got = T.load_state_dict(tmp_path / 'bf16.pt')
+    got = SD.load_state_dict(tmp_path / 'bf16.pt')
     assert got['head.weight'].dtype == np.float32
     np.testing.assert_array_equal(got['head.weight'], half['head.weight'].float().numpy())
 
@@ -344,7 +345,7 @@ def test_cli_round_trip(tmp_path, capsys):
     from jlearngene.cli import main
     from jlearngene.train.checkpoint import load_model
     sd = timm_state_dict(fc_norm=True, cls=False, layer_scale=True)
-    src = T.save_safetensors(sd, tmp_path / 'timm.safetensors')
+    src = SD.save_safetensors(sd, tmp_path / 'timm.safetensors')
     assert main(['convert', '--from-timm', src, '--out', str(tmp_path / 'ckpt'), '--num-heads', '4',
                  '--set', 'ln_eps=1e-5']) == 0
     assert 'heads=4' in capsys.readouterr().out
@@ -353,8 +354,8 @@ def test_cli_round_trip(tmp_path, capsys):
     assert extra['source']['format'] == 'timm' and extra['source']['no_embed_class'] is False
     out = tmp_path / 'back.safetensors'
     assert main(['convert', '--to-timm', str(tmp_path / 'ckpt'), '--out', str(out)]) == 0
-    assert_state_dicts_identical(sd, T.load_state_dict(out))
-    meta = T.read_safetensors_metadata(out)
+    assert_state_dicts_identical(sd, SD.load_state_dict(out))
+    meta = SD.read_safetensors_metadata(out)
     assert json.loads(meta['jlearngene_config'])['num_heads'] == 4
     assert json.loads(meta['timm_kwargs'])['global_pool'] == 'avg'
     # The metadata carries the head count back: no --num-heads needed the second time.
@@ -371,7 +372,7 @@ def test_cli_reports_bad_state_dict(tmp_path, capsys):
     from jlearngene.cli import main
     sd = timm_state_dict()
     del sd['blocks.0.attn.proj.bias']
-    src = T.save_safetensors(sd, tmp_path / 'bad.safetensors')
+    src = SD.save_safetensors(sd, tmp_path / 'bad.safetensors')
     assert main(['convert', '--from-timm', src, '--out', str(tmp_path / 'ckpt'), '--num-heads', '2']) == 1
     err = capsys.readouterr().err
     assert 'blocks.0.attn.proj.bias' in err and 'missing keys (1)' in err
@@ -444,7 +445,8 @@ def test_parity_with_timm_logits(name):
 
 
 @pytest.mark.timm
-@pytest.mark.parametrize('kw', [dict(), dict(distill_token=True), dict(pool='avg', pool_norm='after', class_token=False),
+@pytest.mark.parametrize('kw', [dict(), dict(distill_token=True),
+                                dict(pool='avg', pool_norm='after', class_token=False),
                                 dict(layer_scale=True, qkv_bias=False)])
 def test_parity_exported_to_timm(kw):
     """jlearngene params -> to_timm -> a timm model built from timm_kwargs, strict load."""

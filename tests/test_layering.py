@@ -7,8 +7,8 @@ From the ground up (a module's floor is that of the longest prefix listed):
 | base | `pytree`, `compiler`, `ops`, `distributed`, `data`, `losses` | tree paths, how programs compile, backend speed paths, the multi-process runtime, input pipelines, loss math on logits |
 | models | `models`, `diagnostics`, the package root `jlearngene` | the ViT's math, analyses of its parameters; the root imports these |
 | genes | `genes` | the methods: pure functions, their losses included |
-| train | `train`, `parallel`, `costs`, `interop`, `artefacts`, `nnx` | the engine; meshes and shardings; parameter and FLOP counts over genes; checkpoint readers and writers (timm, big_vision, gene files, flax nnx) |
-| experiments | `experiments` | the harness, the studies and their configs |
+| train | `train`, `parallel`, `costs`, `interop`, `artefacts`, `zoo` | the engine; meshes and shardings; parameter and FLOP counts over genes; checkpoint readers and writers (timm, big_vision, gene files, flax nnx); the shipped genes |
+| experiments | `experiments`, `zoo.make` | the harness, the studies and their configs; how a shipped gene is trained |
 | commands | `commands`, `cli`, `__main__` | the command line |
 
 On top of the floors, `genes/` imports neither the compiler nor data (the methods are
@@ -30,13 +30,18 @@ TABLE = {
     'jlearngene': 'models', 'jlearngene.models': 'models', 'jlearngene.diagnostics': 'models',
     'jlearngene.genes': 'genes',
     'jlearngene.train': 'train', 'jlearngene.parallel': 'train', 'jlearngene.costs': 'train',
-    'jlearngene.interop': 'train', 'jlearngene.artefacts': 'train', 'jlearngene.nnx': 'train',
-    'jlearngene.experiments': 'experiments',
+    'jlearngene.interop': 'train', 'jlearngene.artefacts': 'train',
+    'jlearngene.zoo': 'train', 'jlearngene.experiments': 'experiments',
+    'jlearngene.zoo.make': 'experiments',
     'jlearngene.commands': 'commands', 'jlearngene.cli': 'commands',
     'jlearngene.__main__': 'commands',
 }
 # (importer prefix, imported prefix): edges the floors allow but the design forbids.
 BANNED = (('jlearngene.genes', 'jlearngene.compiler'), ('jlearngene.genes', 'jlearngene.data'))
+# The study protocol, its harness, report and recipes reach the methods through the registry
+# (`jlearngene.genes`) only, never a method module, so adding a method touches no study code.
+REGISTRY_ONLY = tuple(f'jlearngene.experiments.{m}' for m in (
+    'study', 'scratch', 'results', 'report', 'harness', 'recipes'))
 
 
 def floor(module: str) -> str:
@@ -105,6 +110,9 @@ def violations() -> list[str]:
             for src, dst in BANNED:
                 if _within(name, src) and _within(imported, dst):
                     found.append(f'{where}: {name} imports {imported} ({src} never imports {dst})')
+            if any(_within(name, p) for p in REGISTRY_ONLY) and imported.startswith('jlearngene.genes.'):
+                found.append(f'{where}: {name} imports {imported} (the study code imports only '
+                             'the registry jlearngene.genes)')
     return found
 
 
@@ -127,11 +135,18 @@ def test_the_walk_finds_upward_and_function_local_imports(tmp_path, monkeypatch)
     for f in ('__init__.py', 'compiler.py', 'genes/__init__.py', 'genes/common.py',
               'train/__init__.py', 'train/trainer.py'):
         (pkg / f).write_text('')
+    (pkg / 'experiments' / 'recipes').mkdir(parents=True)
+    for f in ('experiments/__init__.py', 'experiments/recipes/__init__.py'):
+        (pkg / f).write_text('')
+    (pkg / 'experiments' / 'recipes' / 'bad.py').write_text(
+        'from jlearngene import genes\nfrom jlearngene.genes import common, GeneError\n')
     (pkg / 'genes' / 'bad.py').write_text(
         'from jlearngene.genes import common\n\n\ndef f():\n'
         '    from jlearngene.train import trainer\n    from jlearngene import compiler\n')
     monkeypatch.setattr(sys.modules[__name__], 'ROOT', str(pkg))
     assert violations() == [
+        'jlearngene/experiments/recipes/bad.py:2: jlearngene.experiments.recipes.bad imports '
+        'jlearngene.genes.common (the study code imports only the registry jlearngene.genes)',
         'jlearngene/genes/bad.py:5: jlearngene.genes.bad (genes) imports '
         'jlearngene.train.trainer (train)',
         'jlearngene/genes/bad.py:6: jlearngene.genes.bad imports jlearngene.compiler '

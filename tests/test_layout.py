@@ -8,14 +8,12 @@ import pytest
 from jlearngene import pytree
 from jlearngene.models import apply, init, layout
 
+from helpers import images
+
 
 @pytest.fixture
 def params(tiny_cfg):
     return init(tiny_cfg, jax.random.key(0))
-
-
-def _images(cfg, n=2, seed=1):
-    return jax.random.normal(jax.random.key(seed), (n, cfg.image_size, cfg.image_size, cfg.channels))
 
 
 def test_full_sizes_are_the_identity(tiny_cfg, params):
@@ -36,7 +34,7 @@ def test_sliced_tree_is_the_sliced_configs_model(tiny_cfg, params, sizes):
     cfg = layout.slice_config(tiny_cfg, sizes)
     want = jax.eval_shape(lambda: init(cfg, jax.random.key(0)))
     chex.assert_trees_all_equal_shapes(small, want)
-    logits, _ = apply(small, _images(cfg), cfg)
+    logits, _ = apply(small, images(seed=1, size=cfg.image_size), cfg)
     assert logits.shape == (2, cfg.num_classes) and bool(jnp.all(jnp.isfinite(logits)))
 
 
@@ -61,9 +59,9 @@ def test_permuting_heads_or_mlp_units_keeps_the_function(tiny_cfg, params, sizes
     (fc1 outputs and fc2 inputs) is the same network."""
     permuted = layout.slice_tree(params, sizes)
     assert not pytree.trees_equal(permuted, params)
-    images = _images(tiny_cfg)
-    np.testing.assert_allclose(apply(permuted, images, tiny_cfg)[0],
-                               apply(params, images, tiny_cfg)[0], rtol=1e-5, atol=1e-5)
+    x = images(seed=1, size=tiny_cfg.image_size)
+    np.testing.assert_allclose(apply(permuted, x, tiny_cfg)[0],
+                               apply(params, x, tiny_cfg)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_layer_gather_and_traced_indices_under_jit(params):

@@ -13,20 +13,12 @@ from jlearngene import genes, parallel, pytree
 from jlearngene.genes import common, growth, mango
 from jlearngene.models import apply, init, vit_config
 
+from helpers import images, perturbed
+
 
 SMALL = vit_config('Ti', width=8, num_heads=2, mlp_dim=16, depth=2, image_size=8, patch_size=4,
                    num_classes=5)
 LARGE = SMALL.replace(width=16, num_heads=4, mlp_dim=32, depth=3)   # same head_dim 4
-
-
-def perturbed(tree, seed):
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda x: jnp.asarray(np.asarray(x) + 0.1 * rng.standard_normal(x.shape),
-                                              jnp.float32), tree)
-
-
-def images(n=2):
-    return jax.random.normal(jax.random.key(9), (n, 8, 8, 3))
 
 
 @pytest.fixture(scope='module')
@@ -105,7 +97,8 @@ def test_init_slot_is_net2net_width_and_stacked_depth(small):
 
     @jax.jit
     def logits(op, p):
-        return apply(p, images(), SMALL)[0], apply(mango.grow(op, p, wide), images(), wide)[0]
+        x = images(seed=9)
+        return apply(p, x, SMALL)[0], apply(mango.grow(op, p, wide), x, wide)[0]
     want, got = logits(mango.init_operator(SMALL, wide, 3, jax.random.key(2), noise=0.0), small)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     deep = mango.grow(mango.init_operator(SMALL, LARGE, 2, jax.random.key(2), noise=0.0), small,

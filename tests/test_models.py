@@ -59,7 +59,7 @@ def _np_forward(params, images, cfg):
     x = np.concatenate(prefix + [x], 1) + p['pos_embed']
     for l in range(cfg.depth):
         blocks = p['blocks']
-        blk = blocks[l] if isinstance(blocks, list) else jax.tree.map(lambda a: a[l], blocks)
+        blk = blocks[l] if isinstance(blocks, list) else jax.tree.map(lambda a, l=l: a[l], blocks)
         h = _np_ln(x, blk['norm1'], cfg.ln_eps)
         q, k, v = (np.einsum('btd,dhk->bhtk', h, blk['attn'][n]['kernel'])
                    + blk['attn'][n]['bias'][None, :, None] for n in 'qkv')

@@ -7,9 +7,9 @@ import optax
 import pytest
 from flax import nnx
 
-from jlearngene import nnx as jnnx
 from jlearngene import pytree
-from jlearngene.interop.timm import StateDictError
+from jlearngene.interop import nnx as jnnx
+from jlearngene.interop.state_dict import StateDictError
 from jlearngene.models import apply, init, unstack_blocks, vit_config
 
 CFG = vit_config('Ti', width=8, num_heads=2, mlp_dim=16, depth=2, image_size=8, patch_size=4,

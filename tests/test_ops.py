@@ -119,5 +119,5 @@ def test_dense_is_the_plain_product_in_both_autodiff_modes(shape):
         for a, b in zip(jit(jax.grad(f, (0, 1)))(x, w), jax.grad(f_ref, (0, 1))(x, w)):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
         tx, tw = jnp.ones_like(x), jnp.full_like(w, 0.5)
-        np.testing.assert_allclose(jit(lambda x, w: jax.jvp(f, (x, w), (tx, tw))[1])(x, w),
+        np.testing.assert_allclose(jit(lambda x, w, tx=tx, tw=tw: jax.jvp(f, (x, w), (tx, tw))[1])(x, w),
                                    jax.jvp(f_ref, (x, w), (tx, tw))[1], rtol=1e-5, atol=1e-5)

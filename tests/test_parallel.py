@@ -7,7 +7,7 @@ from jax.sharding import PartitionSpec as P
 
 from jlearngene import parallel
 from jlearngene.models import init
-from jlearngene.train import trainer
+from jlearngene.train.state import init_state
 
 
 def test_mesh():
@@ -37,7 +37,7 @@ def test_param_and_state_shardings(tiny_cfg):
     assert sh['pos_embed'].spec == P(None, None, 'data')
     assert sh['head']['bias'].spec == P()                 # 10 classes do not split over 8
     tx = optax.adamw(1e-3)
-    state = jax.eval_shape(lambda p: trainer.init_state(p, tx), params)
+    state = jax.eval_shape(lambda p: init_state(p, tx), params)
     ssh = parallel.state_shardings(state, sh, mesh)
     mu = ssh['opt_state'][0].mu
     assert mu['blocks']['mlp']['fc1']['kernel'] == sh['blocks']['mlp']['fc1']['kernel']

@@ -12,7 +12,7 @@ from jlearngene import data
 from jlearngene.commands import run
 from jlearngene.experiments import configs
 from jlearngene.models import init, vit_config
-from jlearngene.train import metrics, optim, tasks, trainer
+from jlearngene.train import hooks, metrics, optim, tasks, trainer
 
 CFG = vit_config('Ti', width=16, num_heads=2, mlp_dim=32, depth=1, image_size=8, patch_size=4,
                  num_classes=2, channels=1)
@@ -141,20 +141,21 @@ def test_resume_keeps_rows_up_to_the_checkpoint_and_drops_later_ones(tmp_path):
     assert rows[:2] == kept
 
 
-def test_truncate_keeps_unparsable_lines_and_rows_at_the_step(tmp_path):
+def test_truncate_keeps_rows_at_the_step_and_drops_unparsable_lines(tmp_path):
     path = tmp_path / metrics.METRICS_FILE
     path.write_text('{"step": 1, "kind": "train"}\n{"step": 2, "kind": "eval"}\nnot json\n'
-                    '{"step": 3, "kind": "train"}\n{"step": 2, "kind": "train"')
+                    '{"step": 3, "kind": "train"}\n{"step": 2, "kind": "train"}\n'
+                    '{"step": 3, "kind": "tr')
     assert metrics.truncate_after(str(tmp_path), 2) == 1
     assert path.read_text() == ('{"step": 1, "kind": "train"}\n{"step": 2, "kind": "eval"}\n'
-                                'not json\n{"step": 2, "kind": "train"\n')
+                                '{"step": 2, "kind": "train"}\n')
     assert metrics.truncate_after(str(tmp_path / 'none'), 0) == 0
 
 
 # ------------------------------------------------------------------------ non-finite loss
 
 def test_nan_before_any_checkpoint_says_none_was_saved(tmp_path):
-    with pytest.raises(trainer.NonFiniteLossError) as exc:
+    with pytest.raises(hooks.NonFiniteLossError) as exc:
         _fit(tmp_path, 4, data=Batches(poison=0), log_every=1)
     msg = str(exc.value)
     assert 'step 1' in msg and 'no checkpoint' in msg.lower() and 'None' not in msg

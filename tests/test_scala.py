@@ -14,32 +14,23 @@ from jlearngene.genes.common import GeneError
 from jlearngene.interop import timm
 from jlearngene.models import apply, init, vit_config
 
+import helpers
+from helpers import images, perturbed
+
 D, H, M, DEPTH, K = 32, 2, 64, 2, 5
 GRID = scala.width_grid(0.25, 0.25)            # X = 4: 0.25, 0.5, 0.75, 1
 
 
 def make_cfg(**kw):
-    base = dict(width=D, num_heads=H, mlp_dim=M, depth=DEPTH, image_size=8, patch_size=4,
-                channels=3, num_classes=K)
-    base.update(kw)
-    return vit_config('Ti', **base)
-
-
-def images(n=2, seed=1):
-    return jax.random.normal(jax.random.key(seed), (n, 8, 8, 3))
-
-
-def perturbed(params, seed=2):
-    """Every leaf moved off its init constants (zero biases, unit LayerNorm scales)."""
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda x: jnp.asarray(np.asarray(x) + 0.1 * rng.standard_normal(x.shape),
-                                              jnp.float32), params)
+    """Width D, H heads, DEPTH layers, 8 px images, K classes, class-token pooling."""
+    return helpers.cfg(**{'width': D, 'num_heads': H, 'mlp_dim': M, 'depth': DEPTH,
+                          'image_size': 8, 'num_classes': K, 'pool': 'cls', **kw})
 
 
 @pytest.fixture(scope='module')
 def model():
     cfg = make_cfg()
-    return cfg, perturbed(init(cfg, jax.random.key(0)))
+    return cfg, perturbed(init(cfg, jax.random.key(0)), seed=2)
 
 
 # ----------------------------------------------------------------------------------------
@@ -122,14 +113,15 @@ def test_isolated_activation_and_where_the_rules_differ(model):
     fused = np.concatenate([np.asarray(full[f'blocks/attn/{p}/kernel']).reshape(DEPTH, D, D)
                             for p in 'qkv'], axis=-1)[:, D - d:, 3 * D - 3 * d:]
     np.testing.assert_array_equal(np.asarray(off['blocks/attn/q/kernel']).reshape(DEPTH, d, d), fused[..., :d])
-    np.testing.assert_array_equal(fused[..., :d], np.asarray(full['blocks/attn/k/kernel']).reshape(DEPTH, D, D)[:, D - d:, D - d:])
+    k_full = np.asarray(full['blocks/attn/k/kernel']).reshape(DEPTH, D, D)
+    np.testing.assert_array_equal(fused[..., :d], k_full[:, D - d:, D - d:])
     assert off['blocks/attn/q/kernel'].shape == (DEPTH, d, H, dh)
     assert off['blocks/mlp/fc1/kernel'].shape == (DEPTH, d, m)
 
 
 def test_sliced_masked_jit_and_eager_agree_with_one_compile_per_width(model):
     cfg, params = model
-    x = images()
+    x = images(seed=1)
 
     @jax.jit
     def masked(p, ratio):                      # traced ratio: one program for every width
@@ -195,7 +187,7 @@ def _official_forward(sd, x, ratio, smallest):
     prefix = np.concatenate([sd['cls_token'][..., eo], sd['dist_token'][..., eo]], 1).repeat(B, 0)
     t = np.concatenate([prefix, t], 1) + sd['pos_embed'][..., eo]
     for i in range(DEPTH):
-        g = lambda k: sd[f'blocks.{i}.{k}']   # noqa: E731
+        g = lambda k, i=i: sd[f'blocks.{i}.{k}']   # noqa: E731
         h = ln(t, g('norm1.weight')[e], g('norm1.bias')[e])
         qkv = h @ g('attn.qkv.weight')[qkv_rows, e].T + g('attn.qkv.bias')[qkv_rows]
         q, k, v = qkv.reshape(B, -1, 3, H, d // H).transpose(2, 0, 3, 1, 4)
@@ -218,7 +210,7 @@ def test_official_checkpoint_loads_and_gives_the_official_logits():
     sd = _timm_state_dict()
     cfg, params = timm.from_timm(sd, num_heads=H)
     assert cfg.distill_token and cfg.width == D
-    x = np.asarray(images(), np.float64)
+    x = np.asarray(images(seed=1), np.float64)
 
     @jax.jit
     def all_widths(p):
@@ -267,7 +259,7 @@ def test_methods_descend_to_sub_networks(model):
 
 def test_scala_loss_is_the_sum_of_its_progressive_terms(model):
     cfg, params = model
-    batch = {'image': images(4), 'label': jnp.array([0, 1, 2, 3])}
+    batch = {'image': images(4, seed=1), 'label': jnp.array([0, 1, 2, 3])}
     key = jax.random.key(7)
     loss_fn = scala.scala_loss(cfg, GRID)
     grad_fn = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
@@ -291,7 +283,7 @@ def test_scala_loss_is_the_sum_of_its_progressive_terms(model):
 
 def test_baseline_losses_and_teacher_distillation(model):
     cfg, params = model
-    batch = {'image': images(4), 'label': jnp.array([0, 1, 2, 3])}
+    batch = {'image': images(4, seed=1), 'label': jnp.array([0, 1, 2, 3])}
     key = jax.random.key(8)
     grid = scala.width_grid(0.25, 0.125)
     us = jax.jit(scala.usnet_loss(cfg, grid))(params, batch, key)[1]

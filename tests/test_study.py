@@ -8,14 +8,17 @@ import numpy as np
 import pytest
 
 from jlearngene import data
-from jlearngene.experiments import cluster, compare, configs, harness, letra, mango, report, scala, study, tleg
+from jlearngene.experiments import cluster, compare, configs, harness, letra, mango, report, scala, scratch, study, tleg
+from jlearngene.experiments import results as res
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Scratch's schedule in each paper (../shared/specs/tleg_letra_cluster.md): DeiT's recipe,
 # 100 epochs at lr 5e-4 (batch 512) for TLEG's Table 1 and LeTra's Table 1; the comparison
 # follows TLEG. Budget fractions of S: TLEG's Aux-Net 150 / 100 epochs, descendants 35 / 100;
-# LeTra's Aux-Net 300 / 100, Des-Nets 0 and 5 / 100.
+# LeTra's Aux-Net 320 / 100 (its rebuttal), Des-Nets 0 and 5 / 100.
 PAPER_SCRATCH = {'tleg': (100.0, 5e-4), 'letra': (100.0, 5e-4), 'compare': (100.0, 5e-4)}
-PAPER_FRACTIONS = {'tleg': (1.5, (0.35,)), 'letra': (3.0, (0.0, 0.05)), 'compare': (1.5, (0.35,))}
+PAPER_FRACTIONS = {'tleg': (1.5, (0.35,)), 'letra': (3.2, (0.0, 0.05)), 'compare': (1.5, (0.35,))}
 
 
 @pytest.mark.parametrize('name', sorted(PAPER_SCRATCH))
@@ -70,7 +73,7 @@ def test_the_sweep_cannot_be_switched_off_outside_the_paper_configs():
         # a digits Scratch still rising is trained again up to 4x its steps; a smoke never is
         assert configs.load(name).scratch.max_steps == 4 * configs.load(name).scratch.steps
         assert configs.load(f'{name}:smoke').scratch.max_steps == 0
-    with pytest.raises(ValueError, match="'scratch' is the harness's own baseline"):
+    with pytest.raises(ValueError, match="'scratch' has no gene to make.*own baseline"):
         study.variants(configs.load('tleg', {'methods': ('scratch', 'tleg')}))
     with pytest.raises(ValueError, match="unknown method 'nosuch'"):
         study.variants(configs.load('tleg', {'methods': ('tleg', 'nosuch')}))
@@ -83,17 +86,17 @@ def test_budget_fractions_of_the_spec():
     assert tleg.aux.fraction == 1.5 and tuple(tleg.descend.fractions) == (0.35,)
     assert letra.aux.fraction == 3.2 and tuple(letra.descend.fractions) == (0.0, 0.05)
     assert compare.aux.fractions.letra == 3.2 and compare.operator.fraction == 0.05
-    assert study.fraction_steps(0.35, 1000) == 350 and study.fraction_steps(0.0, 1000) == 0
-    assert study.fraction_steps(1e-4, 100) == 1
+    assert harness.fraction_steps(0.35, 1000) == 350 and harness.fraction_steps(0.0, 1000) == 0
+    assert harness.fraction_steps(1e-4, 100) == 1
 
 
 def test_plateau_rule():
     rising = [(50 * i, a) for i, a in enumerate([0.5, 0.8, 0.9, 0.95, 0.96, 0.965, 0.97, 0.97, 0.971])]
-    s, ok = study.plateau(rising, 0.005, 2)
+    s, ok = scratch.plateau(rising, 0.005, 2)
     assert s == 300 and ok                 # first within 0.5 pt of 0.971 (0.97); last two flat
     still = rising[:5]                     # ..., 0.9, 0.95, 0.96: still gaining
-    assert study.plateau(still, 0.005, 2) == (200, False)
-    assert study.plateau([(0, 0.1), (10, 0.2)], 0.005, 4) == (10, False)   # too short to tell
+    assert scratch.plateau(still, 0.005, 2) == (200, False)
+    assert scratch.plateau([(0, 0.1), (10, 0.2)], 0.005, 4) == (10, False)   # too short to tell
 
 
 def test_scratch_retrains_a_run_still_rising_up_to_max_steps():
@@ -123,32 +126,32 @@ def test_scratch_retrains_a_run_still_rising_up_to_max_steps():
     cfg = vit_config('Ti', width=16, num_heads=2, mlp_dim=32, depth=1, image_size=8, patch_size=4,
                      num_classes=3)
     runner = Fake(max_steps=400)
-    out = study.scratch_baseline(runner, {(16, 1): cfg}, [0, 1])[(16, 1)]
+    out = scratch.baseline(runner, {(16, 1): cfg}, [0, 1])[(16, 1)]
     lr = out['lr']
     assert runner.calls[:3] == [(1e-3, 0, 100), (2e-3, 0, 100), (4e-3, 0, 100)]   # the sweep
     assert runner.calls[3:] == [(lr, 0, 200), (lr, 0, 400), (lr, 1, 100), (lr, 1, 200), (lr, 1, 400)]
     assert out['converged'] and out['steps'] == 400 and {r['steps'] for r in out['runs'].values()} == {400}
     runner = Fake(max_steps=0)       # no retraining: flagged, at scratch.steps
-    out = study.scratch_baseline(runner, {(16, 1): cfg}, [0])[(16, 1)]
+    out = scratch.baseline(runner, {(16, 1): cfg}, [0])[(16, 1)]
     assert len(runner.calls) == 3 and not out['converged'] and out['steps'] == 100
 
 
 def test_reach_interpolates_between_evaluations():
     curve = [(0, 0.1), (10, 0.3), (20, 0.7)]
     # start 5, 2 per step: x = 5, 25, 45; 0.5 is halfway between steps 10 and 20
-    assert study.reach(curve, 5.0, 2.0, 0.5) == pytest.approx(35.0)
-    assert study.reach(curve, 5.0, 2.0, 0.05) == 5.0
-    assert study.reach(curve, 5.0, 2.0, 0.9) is None
+    assert res.reach(curve, 5.0, 2.0, 0.5) == pytest.approx(35.0)
+    assert res.reach(curve, 5.0, 2.0, 0.05) == 5.0
+    assert res.reach(curve, 5.0, 2.0, 0.9) is None
 
 
 def test_break_even_is_the_cost_arithmetic():
     # U + N·c < N·c_s  <=>  N > U / (c_s - c)
-    assert study.break_even(100.0, 2.0, 7.0) == 21            # 100/5 = 20: a tie at 20
-    assert study.break_even(99.0, 2.0, 7.0) == 20
-    assert study.break_even(0.0, 1.0, 3.0) == 1                # no upstream: from the first
-    assert study.break_even(10.0, 3.0, 3.0) is None            # no saving per descendant
+    assert res.break_even(100.0, 2.0, 7.0) == 21            # 100/5 = 20: a tie at 20
+    assert res.break_even(99.0, 2.0, 7.0) == 20
+    assert res.break_even(0.0, 1.0, 3.0) == 1                # no upstream: from the first
+    assert res.break_even(10.0, 3.0, 3.0) is None            # no saving per descendant
     for u, c, cs in ((37.5, 1.25, 4.0), (1e12, 3e9, 8e9), (5.0, 0.0, 0.5)):
-        n = study.break_even(u, c, cs)
+        n = res.break_even(u, c, cs)
         assert u + n * c < n * cs and (n == 1 or u + (n - 1) * c >= (n - 1) * cs)
 
 
@@ -170,7 +173,7 @@ def _results(method_accs, scratch_accs=(0.80, 0.80, 0.80), reach=5.0):
 
 def test_summary_mean_std_amortised_cost_and_break_even():
     results = _results((0.90, 0.92, 0.94))
-    s = {x['name']: x for x in study.summarise(results, (1, 4))}
+    s = {x['name']: x for x in res.summarise(results, (1, 4))}
     t = s['tleg']
     assert t['acc'] == pytest.approx(0.92) and t['std'] == pytest.approx(np.std([0.90, 0.92, 0.94]))
     assert t['own_flops'] == 10.0 and t['reached'] == 3 and t['reach_flops'] == 5.0
@@ -188,8 +191,8 @@ def test_verdicts_count_a_difference_only_beyond_twice_the_spread():
 
     def check(accs, claim):
         results = _results(accs)
-        results['summary'] = study.summarise(results, (1,))
-        return study.verdict(claim, results)
+        results['summary'] = res.summarise(results, (1,))
+        return res.verdict(claim, results)
 
     assert check((0.90, 0.92, 0.94), beats)['verdict'] == 'reproduced'          # Δ 0.22 > 2σ
     noisy = check((0.40, 0.72, 1.0), beats)                                      # Δ 0.007, 2σ 0.49
@@ -205,24 +208,24 @@ def test_verdicts_count_a_difference_only_beyond_twice_the_spread():
 
 def test_close_cheaper_and_shape_limited_claims():
     results = _results((0.79, 0.80, 0.81), reach=5.0)
-    results['summary'] = study.summarise(results, (1,))
+    results['summary'] = res.summarise(results, (1,))
     close = study.Claim('TLEG close to Share-Init', 'close', 'tleg', 0.5, other='share_init', tolerance=0.01)
-    assert study.verdict(close, results)['verdict'] == 'reproduced'            # 0.80 ≥ 0.70 − 0.01
+    assert res.verdict(close, results)['verdict'] == 'reproduced'            # 0.80 ≥ 0.70 − 0.01
     behind = study.Claim('x', 'close', 'share_init', 0.5, other='tleg', tolerance=0.05)
-    assert study.verdict(behind, results)['verdict'] == 'not reproduced'      # 0.10 below
+    assert res.verdict(behind, results)['verdict'] == 'not reproduced'      # 0.10 below
     # per seed: own to target 5 + upstream w/o source 10 = 15 against Scratch's 20 + 0
     cheaper = study.Claim('TLEG cheaper', 'cheaper', 'tleg', 0.5)
-    v = study.verdict(cheaper, results)
+    v = res.verdict(cheaper, results)
     assert v['verdict'] == 'reproduced' and '(0.75×)' in v['detail']
-    assert study.verdict(dataclass_replace(cheaper, flops_ratio=0.5), results)['verdict'] == 'not reproduced'
+    assert res.verdict(dataclass_replace(cheaper, flops_ratio=0.5), results)['verdict'] == 'not reproduced'
     never = study.Claim('Share-Init cheaper', 'cheaper', 'share_init', 0.5)
-    assert study.verdict(never, results)['verdict'] == 'not reproduced'       # no seed reached it
+    assert res.verdict(never, results)['verdict'] == 'not reproduced'       # no seed reached it
     results['rows'][0]['reach_flops'] = None                                  # a Scratch seed short of it
-    v = study.verdict(cheaper, results)
+    v = res.verdict(cheaper, results)
     assert v['verdict'] == 'not testable here' and 'scratch in 2/3' in v['detail']
-    assert study.verdict(never, results)['verdict'] == 'not reproduced'       # 0/3 against Scratch's 2/3
+    assert res.verdict(never, results)['verdict'] == 'not reproduced'       # 0/3 against Scratch's 2/3
     elsewhere = dataclass_replace(close, shapes=((4, 4),))
-    assert study.verdict(elsewhere, results)['verdict'] == 'not testable here'
+    assert res.verdict(elsewhere, results)['verdict'] == 'not testable here'
 
 
 def test_variants_name_a_gene_or_descend_option():
@@ -230,13 +233,13 @@ def test_variants_name_a_gene_or_descend_option():
     rows = study.variants(mango)
     assert [n for n, _, _ in rows][:3] == ['mango/1', 'mango/2', 'mango/4']
     assert rows[1][2] == {'gene': {'rank': 2}, 'descend': {}}
-    cfg = study.reference_config(mango, 10)
-    assert study.gene_options(mango, 'mango', cfg, cfg, rows[1][2]) == {'noise': 1e-2, 'remat': False, 'rank': 2}
-    assert study.label('mango/2', mango) == 'Mango (R=2)'
-    scala = configs.load('scala')
-    assert study.descend_options(scala, 'scala', {'descend': {'rule': 'official'}})['rule'] == 'official'
-    assert study.label('separate/flops', scala) == "Separate (Scala's flops)"
-    assert study.upstream_names('scala', 'scala/official') == ('scala/official',)
+    made = {r.name: r for r in study.make_rows(mango)}
+    assert made['mango/2'].gene == {'noise': 1e-2, 'remat': False, 'rank': 2}
+    assert study.label(made['mango/2']) == 'Mango (R=2)'
+    scala = {r.name: r for r in study.make_rows(configs.load('scala'))}
+    assert scala['scala/official'].descend == {'rule': 'official', 'smallest': 0.25}
+    assert study.label(scala['separate/flops']) == "Separate (Scala's flops)"
+    assert scala['scala/official'].recipe.billed(scala['scala/official']) == ('scala/official',)
     with pytest.raises(ValueError, match='one gene or descend option'):
         study.variants(configs.load('mango', {'variants.mango': {'rank': (1, 2)}}))
 
@@ -264,10 +267,12 @@ def test_cluster_study_plan_two_tasks_and_head_counts():
     for baseline in ('pre_fin', 'he_lg', 'auto_lg'):     # the ancestor's 8 heads only
         assert [isinstance(plan[baseline][s], str) for s in shapes] == [True, False, True]
     # another task: every inherited head is replaced by a new one
-    assert study.descend_options(config, 'cluster')['head'] == 'new'
-    assert study.descend_options(config, 'pre_fin')['head'] == 'new'
-    assert 'head' not in study.descend_options(configs.load('tleg'), 'pre_fin')   # its default: inherit
-    assert study.descend_options(configs.load('tleg'), 'he_lg')['head'] == 'new'
+    rows = {r.name: r for r in study.make_rows(config)}
+    assert rows['cluster/clustered'].descend['head'] == 'new'
+    assert rows['pre_fin'].descend['head'] == 'new'
+    tleg_rows = {r.name: r for r in study.make_rows(configs.load('tleg'))}
+    assert 'head' not in tleg_rows['pre_fin'].descend                  # its default: inherit
+    assert tleg_rows['he_lg'].descend['head'] == 'new'
 
 
 def test_info_describes_a_study_workdir_and_its_results(tmp_path, capsys):
@@ -319,7 +324,7 @@ def test_a_finished_run_is_read_back_and_anything_else_trains_again(tmp_path):
     loss, ev = tasks.classification_loss(cfg), tasks.classification_eval(cfg)
 
     def fit(lr=1e-3, identity='a', reused=None):
-        return harness.fit('r', loss, params0, ev, dset, steps=3, lr=lr, config=config,
+        return harness.fit('r', loss, params0, ev, dset, steps=3, lr=lr, optim=config['optim'],
                            workdir=str(tmp_path), seed=0, eval_every=None, identity=identity,
                            reused=reused)
 
@@ -423,7 +428,7 @@ def test_scala_smoke_study(tmp_path):
         if r['name'] == 'separate/steps':
             assert r['steps'] == steps                                # Scala's steps at every width
         if r['method'] == 'separate':                                 # at its width's Scratch lr
-            assert r['lr'] == saved['scratch'][report.shape_key(r['shape'])]['lr']
+            assert r['lr'] == saved['scratch'][res.shape_key(r['shape'])]['lr']
     flops = [r for r in rows if r['name'] == 'separate/flops']
     spent = sum(r['finetune_flops'] for r in flops)                   # Scala's FLOPs over the widths
     assert spent == pytest.approx(up['scala/clean'], rel=0.5 / flops[0]['steps'] + 1e-6)
@@ -465,3 +470,101 @@ def test_mango_smoke_study(tmp_path):
         assert not stopped or r['acc'] >= r['target']
         assert r['upstream_flops_without_source'] == 0 and r['upstream_flops'] == up['small']
     assert 'Mango (R=2)' in results['table']
+
+
+def test_a_study_refuses_fake_replication_and_nonsense_up_front(tmp_path):
+    """Each in one line, before anything is read or written."""
+    cases = (({'seeds': (0, 0)}, r'seeds=\(0, 0\) repeats a seed'),
+             ({'descend.fractions': (-0.1,)}, 'negative budget'),
+             ({'methods': ()}, 'methods is empty'),
+             ({'methods': ('scala',)}, "scala \\(slimmable family\\) reads the config section 'slim', "
+                                       'which the tleg study lacks; run it with .*--config scala:digits'),
+             ({'methods': ('mango',)}, "'operator'.*--config mango:digits"))
+    for overrides, message in cases:
+        config = configs.load('tleg:smoke', overrides)
+        with pytest.raises(ValueError, match=message) as e:
+            study.run_experiment(config, str(tmp_path / 'w'), quiet=True)
+        assert '\n' not in str(e.value)
+    assert not (tmp_path / 'w').exists()
+    # a method of a family whose section the study has runs there (LeTra's Aux-Net in TLEG's)
+    study.check(configs.load('tleg:smoke', {'methods': ('letra',)}))
+
+
+def test_methods_split_like_seeds_on_the_command_line():
+    from jlearngene.commands import train
+    fv = train.parse_flags(['--config', 'tleg:smoke', '--config.methods=tleg,share_init',
+                            '--config.seeds=3,4,5', '--workdir=w'], 'p')
+    config = fv.config
+    assert tuple(config.methods) == ('tleg', 'share_init') and tuple(config.seeds) == (3, 4, 5)
+
+
+def test_a_verdict_on_a_row_not_run_says_so():
+    results = _results((0.90, 0.92, 0.94))
+    results['summary'] = res.summarise(results, (1,))
+    v = res.verdict(study.Claim('x', 'beats', 'tleg', 0.35, other='share_init'), results)
+    assert v == {'claim': 'x', 'verdict': 'not testable here', 'detail': 'tleg was not run at 0.35·S'}
+
+
+
+def test_render_validates_the_record_and_names_the_first_bad_field(tmp_path, capsys):
+    from jlearngene import cli
+    record = json.loads(open(os.path.join(ROOT, 'experiments', 'mango', 'results.json')).read())
+    cases = ((lambda r: r.pop('rows'), 'rows: missing'),
+             (lambda r: r['rows'][3].update(acc=1.7), r'rows\[3\]\.acc: 1\.7 is not an accuracy'),
+             (lambda r: r['rows'][0].update(step_flops=float('nan')), r'rows\[0\]\.step_flops: expected FLOPs'),
+             (lambda r: r['config'].pop('experiment'), 'config.experiment: missing'),
+             (lambda r: r['rows'][2]['curve'].append([5, -0.1]), r'rows\[2\]\.curve\[\d+\]'))
+    for damage, message in cases:
+        broken = json.loads(json.dumps(record))
+        damage(broken)
+        (tmp_path / 'results.json').write_text(json.dumps(broken))
+        with pytest.raises(res.ResultsError, match=message) as e:
+            study.render(str(tmp_path))
+        assert str(tmp_path / 'results.json') in str(e.value) and '\n' not in str(e.value)
+    (tmp_path / 'results.json').write_text('{"rows": [')
+    assert cli.main(['render', str(tmp_path)]) == 1
+    assert 'results.json: not JSON' in capsys.readouterr().err
+
+
+def test_render_verb_renders_a_read_only_record_elsewhere(tmp_path, capsys):
+    from jlearngene import cli
+    record = tmp_path / 'record'
+    record.mkdir()
+    (record / 'results.json').write_bytes(open(os.path.join(ROOT, 'experiments', 'mango', 'results.json'), 'rb').read())
+    record.chmod(0o555)
+    try:
+        assert cli.main(['render', str(record), '--out', str(tmp_path / 'out')]) == 0
+    finally:
+        record.chmod(0o755)
+    table = (tmp_path / 'out' / 'results.md').read_text()
+    assert '**Verdicts**' in table and (tmp_path / 'out' / 'accuracy_vs_flops.png').exists()
+    assert sorted(os.listdir(record)) == ['results.json']
+
+
+def test_a_study_workdir_belongs_to_one_study(tmp_path):
+    config = configs.load('tleg:smoke')
+    harness.claim_workdir(str(tmp_path), config)
+    harness.claim_workdir(str(tmp_path), config)                       # the same study: resumes
+    with pytest.raises(ValueError, match="belongs to the study 'tleg'.*another --workdir"):
+        study.run_experiment(configs.load('scala:smoke'), str(tmp_path), quiet=True)
+    with pytest.raises(ValueError, match='the tleg study with another config'):
+        study.run_experiment(configs.load('tleg:smoke', {'seeds': (3,)}), str(tmp_path), quiet=True)
+    assert os.listdir(tmp_path) == ['study.json']
+    (tmp_path / 'other').mkdir()
+    (tmp_path / 'other' / 'results.json').write_text('{}')
+    with pytest.raises(ValueError, match='not recorded there'):
+        harness.claim_workdir(str(tmp_path / 'other'), config)
+
+
+def test_results_files_are_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    (tmp_path / 'results.json').write_text('old')
+    real_replace = os.replace
+
+    def full_disk(src, dst):
+        raise OSError(28, 'No space left on device')
+    monkeypatch.setattr(os, 'replace', full_disk)
+    with pytest.raises(OSError, match="cannot write .*results.json'?: No space left on device"):
+        harness.write_results({'a': 1}, str(tmp_path), 'table')
+    monkeypatch.setattr(os, 'replace', real_replace)
+    assert (tmp_path / 'results.json').read_text() == 'old'
+    assert os.listdir(tmp_path) == ['results.json']                  # no temporary left behind

@@ -8,25 +8,9 @@ from absl.testing import parameterized
 
 from jlearngene import pytree
 from jlearngene.genes import tleg
-from jlearngene.models import apply, init, vit_config
+from jlearngene.models import apply, init
 
-
-def aux_cfg(**kw):
-    base = dict(width=32, num_heads=2, mlp_dim=64, depth=4, image_size=16, patch_size=4,
-                num_classes=10, pool='avg')
-    base.update(kw)
-    return vit_config('Ti', **base)
-
-
-def images(n=2, seed=0):
-    return jax.random.normal(jax.random.key(seed), (n, 16, 16, 3))
-
-
-def trained_like(gene, seed=1):
-    """Perturb every leaf so that no value is a special init constant (0 / 1)."""
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda x: jnp.asarray(np.asarray(x) + 0.1 * rng.standard_normal(x.shape),
-                                              jnp.float32), gene)
+from helpers import cfg as aux_cfg, images, perturbed
 
 
 @pytest.fixture(scope='module')
@@ -37,7 +21,7 @@ def fresh_gene():
 @pytest.fixture(scope='module')
 def gene4(fresh_gene):
     """A 'trained' fully expanded gene for the 4-layer aux_cfg()."""
-    return trained_like(fresh_gene)
+    return perturbed(fresh_gene)
 
 
 def test_init_gene_structure_and_official_init(fresh_gene):
@@ -106,7 +90,7 @@ def test_expand_module_choices_table4():
 
 def test_partial_expansion_table6():
     cfg = aux_cfg()
-    gene = trained_like(tleg.init_gene(cfg, jax.random.key(0), from_layer=2))
+    gene = perturbed(tleg.init_gene(cfg, jax.random.key(0), from_layer=2))
     assert tleg.from_layer_of(gene) == 2
     params = tleg.expand(gene, 4)
     prefix, q = gene['shared']['prefix'], np.asarray(params['blocks']['attn']['q']['kernel'])
@@ -115,7 +99,8 @@ def test_partial_expansion_table6():
     for l in range(2, 4):   # absolute layer index in the coefficient
         np.testing.assert_allclose(q[l], np.asarray(b) + np.float32(l / 4) * np.asarray(a), rtol=1e-6, atol=1e-7)
     deeper = tleg.descend(gene, cfg.replace(depth=6))
-    np.testing.assert_array_equal(np.asarray(deeper['blocks']['attn']['q']['kernel'])[:2], prefix['attn']['q']['kernel'])
+    np.testing.assert_array_equal(np.asarray(deeper['blocks']['attn']['q']['kernel'])[:2],
+                                  prefix['attn']['q']['kernel'])
     with pytest.raises(tleg.GeneError, match='2 layers.*depth=2'):
         tleg.descend(gene, cfg.replace(depth=2))
 
@@ -134,7 +119,7 @@ def test_descendant_at_aux_depth_reproduces_aux_net(pool_norm, gene4):
     aux_params = tleg.materialize(gene, None, cfg)
     des = tleg.descend(gene, tleg.descendant_config(cfg, cfg.depth))
     assert pytree.trees_equal(des, aux_params)          # bitwise: same blocks, embeddings, head
-    x = images()
+    x = images(size=16)
     chex.assert_trees_all_close(apply(des, x, cfg)[0], apply(aux_params, x, cfg)[0])
 
 
@@ -145,7 +130,7 @@ def test_official_pool_order_changes_only_the_pooling(gene4):
     des = tleg.descend(gene, des_cfg)
     aux = tleg.expand(gene, cfg.depth)
     assert pytree.trees_equal(des, aux)
-    x = images()
+    x = images(size=16)
     same = apply(des, x, des_cfg)[1]['pre_logits']
     assert not np.allclose(same, apply(aux, x, cfg)[1]['pre_logits'], atol=1e-4)
 
@@ -163,12 +148,12 @@ def test_descend_any_depth_uses_own_depth(depth, gene4):
     for k in ('patch_embed', 'pos_embed', 'norm'):
         chex.assert_trees_all_equal(des[k], gene['shared'][k])
     assert des['head']['kernel'].shape == (32, 3)
-    assert np.all(np.isfinite(apply(des, images(), tcfg)[0]))
+    assert np.all(np.isfinite(apply(des, images(size=16), tcfg)[0]))
 
 
 def test_descend_non_expanded_modules_random_or_inherited():
     cfg = aux_cfg()
-    gene = trained_like(tleg.init_gene(cfg, jax.random.key(0), expand=('msa',)))
+    gene = perturbed(tleg.init_gene(cfg, jax.random.key(0), expand=('msa',)))
     with pytest.raises(tleg.GeneError, match='PRNG key'):
         tleg.descend(gene, cfg.replace(depth=3))
     des = tleg.descend(gene, cfg.replace(depth=3), key=jax.random.key(1))
@@ -224,7 +209,7 @@ def test_layer_scale_expansion_option():
 def test_aux_loss_gradients_only_on_gene_and_every_leaf(fresh_gene):
     cfg, gene = aux_cfg(), fresh_gene
     teacher = init(cfg.replace(depth=2), jax.random.key(7))
-    x = images(4)
+    x = images(4, size=16)
 
     def loss(gene, teacher):
         t = jax.lax.stop_gradient(apply(teacher, x, cfg.replace(depth=2))[0])
@@ -253,14 +238,14 @@ class JitTest(chex.TestCase, parameterized.TestCase):
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_expand_jit_matches(self):
-        gene = trained_like(tleg.init_gene(aux_cfg(), jax.random.key(0)), seed=2)
+        gene = perturbed(tleg.init_gene(aux_cfg(), jax.random.key(0)), seed=2)
         fn = self.variant(tleg.expand, static_argnums=1)
         chex.assert_trees_all_close(fn(gene, 5), tleg.expand(gene, 5), rtol=1e-6, atol=1e-7)
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_descend_jit_matches(self):
         cfg = aux_cfg()
-        gene = trained_like(tleg.init_gene(cfg, jax.random.key(0), expand=('msa', 'mlp')), seed=3)
+        gene = perturbed(tleg.init_gene(cfg, jax.random.key(0), expand=('msa', 'mlp')), seed=3)
         tcfg = cfg.replace(depth=6, num_classes=4)
         fn = self.variant(lambda g, k: tleg.descend(g, tcfg, head='new', key=k))
         chex.assert_trees_all_close(fn(gene, jax.random.key(3)),
@@ -276,7 +261,7 @@ class JitTest(chex.TestCase, parameterized.TestCase):
             return apply(tleg.expand(gene, cfg.depth), x, cfg)[0]
 
         for seed in range(3):
-            aux_forward(tleg.init_gene(cfg, jax.random.key(seed)), images(seed=seed))
+            aux_forward(tleg.init_gene(cfg, jax.random.key(seed)), images(seed=seed, size=16))
 
 
 def test_gene_param_count(fresh_gene):

@@ -14,7 +14,9 @@ import pytest
 
 from jlearngene import parallel, pytree
 from jlearngene.models import init, vit_config
-from jlearngene.train import checkpoint, metrics, optim, tasks, trainer
+from jlearngene.train import hooks, integrity, metrics, optim, run_checkpoint, tasks, trainer
+from jlearngene.train import state as state_lib
+from jlearngene.train import step as step_lib
 
 CFG = vit_config('Ti', width=16, num_heads=2, mlp_dim=32, depth=2, image_size=8, patch_size=4,
                  num_classes=3)
@@ -65,12 +67,12 @@ def _fit(workdir, steps, data=None, **kw):
     """Shared params, loss and optimiser under one compile key: fits with equal shardings
     compile once. `eval_fn`/`eval_data`/`eval_every` add an Evaluation hook, `stop_when` a
     StopWhen after it; the rest are FitConfig fields."""
-    hooks = []
+    run_hooks = []
     ev = {k: kw.pop(k) for k in HOOK_ARGS if k in kw}
     if 'eval_fn' in ev:
-        hooks.append(trainer.Evaluation(ev['eval_fn'], ev.get('eval_data'), every=ev.get('eval_every')))
+        run_hooks.append(hooks.Evaluation(ev['eval_fn'], ev.get('eval_data'), every=ev.get('eval_every')))
     if ev.get('stop_when') is not None:
-        hooks.append(trainer.StopWhen(ev['stop_when']))
+        run_hooks.append(hooks.StopWhen(ev['stop_when']))
     if 'config' in kw:
         kw['experiment_config'] = kw.pop('config')
     kw.setdefault('log_every', 2)
@@ -78,7 +80,7 @@ def _fit(workdir, steps, data=None, **kw):
     kw.setdefault('compile_key', ('test_trainer.LOSS', 'test_trainer.TX'))
     config = trainer.FitConfig(workdir=str(workdir), steps=steps, seed=1, progress=False,
                                model_config=CFG, **kw)
-    return trainer.fit(LOSS, PARAMS, data or Batches(), TX, config, hooks)
+    return trainer.fit(LOSS, PARAMS, data or Batches(), TX, config, run_hooks)
 
 
 def test_fit_logs_evaluates_and_checkpoints(tmp_path):
@@ -96,9 +98,9 @@ def test_fit_logs_evaluates_and_checkpoints(tmp_path):
         assert os.listdir(tmp_path / 'tensorboard')
     else:
         assert not os.path.exists(tmp_path / 'tensorboard')
-    with checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
+    with run_checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
         assert ck.latest_step() == 8
-        state, meta = ck.restore(jax.eval_shape(lambda: trainer.init_state(PARAMS, TX)))
+        state, meta = ck.restore(jax.eval_shape(lambda: state_lib.init_state(PARAMS, TX)))
     chex.assert_trees_all_equal(state['params'], params)
     assert meta['config'] == {'steps': 8}
 
@@ -115,7 +117,7 @@ def test_stop_when_ends_the_run_at_an_evaluation(tmp_path, caplog):
                             eval_every=2, stop_when=stop)
     assert [r['step'] for r in hist['eval']] == [2, 4] and len(seen) == 2
     assert hist['train'][-1]['step'] == 4
-    with checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
+    with run_checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
         assert ck.latest_step() == 4                 # the stopped step is saved
     assert 'step 4: stopped at step 4 of 8: the stop condition is met' in caplog.text
 
@@ -135,7 +137,7 @@ def test_no_resume_starts_fresh(tmp_path):
     params, hist = _fit(tmp_path, 4, resume=False)
     assert [r['step'] for r in hist['train']] == [2, 4]
     assert [r['step'] for r in metrics.read_metrics(tmp_path)] == [2, 4]
-    with checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
+    with run_checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
         assert ck.steps() == [4]
 
 
@@ -144,7 +146,7 @@ def test_resume_refuses_other_model(tmp_path):
     other = CFG.replace(num_classes=4)
     params = jax.jit(init, static_argnums=0)(other, jax.random.key(0))
     tx = optim.make_optimizer({'lr': 1e-3}, params, total_steps=4)
-    with pytest.raises(checkpoint.CheckpointError, match='num_classes.*3.*4'):
+    with pytest.raises(integrity.CheckpointError, match='num_classes.*3.*4'):
         trainer.fit(tasks.classification_loss(other), params, Batches(), tx,
                     {'workdir': str(tmp_path), 'steps': 4, 'progress': False, 'console': False,
                      'model_config': other})
@@ -176,12 +178,12 @@ def test_microbatches_give_the_one_pass_update():
     # SGD: the update is linear in the gradient (Adam's first step is sign(g)·lr, which turns
     # the rounding noise of an exactly-zero gradient, e.g. the key bias's, into a full step).
     tx = optax.sgd(0.1)
-    state = trainer.init_state(PARAMS, tx)
+    state = state_lib.init_state(PARAMS, tx)
     batch = {'image': X[:16], 'label': Y[:16]}
     rng = jax.random.key_data(jax.random.key(3))
 
     def run(n, jit=True, batch=batch):
-        step = trainer.make_train_step(LOSS, tx, microbatches=n)
+        step = step_lib.make_train_step(LOSS, tx, microbatches=n)
         return (jax.jit(step) if jit else step)(state, batch, rng)
 
     one_state, one_metrics = run(1)
@@ -206,29 +208,29 @@ def test_microbatches_on_eight_devices(tmp_path):
 def test_microbatches_refuse_bad_values(tmp_path):
     for bad in (0, 2.0, True):
         with pytest.raises(ValueError, match=f'microbatches.*got {re.escape(repr(bad))}'):
-            trainer.make_train_step(LOSS, TX, microbatches=bad)
+            step_lib.make_train_step(LOSS, TX, microbatches=bad)
     with pytest.raises(ValueError, match='microbatches.*got 0'):
         _fit(tmp_path / 'zero', 2, microbatches=0)
     assert not os.path.exists(tmp_path / 'zero')       # refused before touching the workdir
-    step = trainer.make_train_step(LOSS, TX, microbatches=3)
+    step = step_lib.make_train_step(LOSS, TX, microbatches=3)
     with pytest.raises(ValueError, match=r"microbatches=3.*\['image'\].*16"):
-        step(trainer.init_state(PARAMS, TX), {'image': X[:16], 'label': Y[:16]},
+        step(state_lib.init_state(PARAMS, TX), {'image': X[:16], 'label': Y[:16]},
              jax.random.key_data(jax.random.key(0)))
 
 
 def test_steps_per_call_runs_the_same_steps():
-    state = trainer.init_state(PARAMS, TX)
+    state = state_lib.init_state(PARAMS, TX)
     rng = jax.random.key_data(jax.random.key(3))
     data = Batches()
     batches = [next(data) for _ in range(3)]
-    one = jax.jit(trainer.make_train_step(LOSS, TX))
+    one = jax.jit(step_lib.make_train_step(LOSS, TX))
     s, expected = state, []
     for b in batches:
         s, m = one(s, b, rng)
         expected.append(m)
     stacked = jax.tree.map(lambda *x: np.stack(x), *batches)
     for jit in (True, False):
-        three = trainer.make_train_step(LOSS, TX, steps_per_call=3)
+        three = step_lib.make_train_step(LOSS, TX, steps_per_call=3)
         new_state, metrics = (jax.jit(three) if jit else three)(state, stacked, rng)
         _assert_same_training(jax.device_get(new_state), jax.device_get(s))
         chex.assert_trees_all_close(metrics, jax.tree.map(lambda *x: np.stack(x), *expected),
@@ -236,17 +238,17 @@ def test_steps_per_call_runs_the_same_steps():
         assert metrics['loss'].shape == (3,) and new_state['step'] == 3
     assert len({float(m['loss']) for m in expected}) == 3     # three different steps
     with pytest.raises(ValueError, match=r"steps_per_call=2.*\['image'\].*3"):
-        trainer.make_train_step(LOSS, TX, steps_per_call=2)(state, stacked, rng)
+        step_lib.make_train_step(LOSS, TX, steps_per_call=2)(state, stacked, rng)
 
 
 def test_fit_with_several_steps_per_call(tmp_path, monkeypatch):
     calls = []
-    run_call = trainer.StepProgram.__call__
+    run_call = step_lib.StepProgram.__call__
 
     def spy(program, state, host_batches):
         calls.append(len(host_batches))    # steps in this compiled call
         return run_call(program, state, host_batches)
-    monkeypatch.setattr(trainer.StepProgram, '__call__', spy)
+    monkeypatch.setattr(step_lib.StepProgram, '__call__', spy)
     kw = dict(log_every=5, eval_fn=tasks.classification_eval(CFG), eval_data=EVAL, eval_every=5)
     one, hist1 = _fit(tmp_path / 'one', 10, steps_per_call=1, **kw)
     assert set(calls) == {1}
@@ -272,12 +274,12 @@ def test_fit_with_several_steps_per_call(tmp_path, monkeypatch):
 
 
 def test_auto_steps_per_call():
-    assert trainer.auto_steps_per_call('cpu', [100, 500, 500, 1500]) == 5
-    assert trainer.auto_steps_per_call('cpu', [16, 64]) == 8
-    assert trainer.auto_steps_per_call('cpu', []) == trainer.AUTO_STEPS_PER_CALL_MAX
-    assert trainer.auto_steps_per_call('cpu', [2, 3]) == 1
-    assert trainer.auto_steps_per_call('gpu', [100, 500]) == 1
-    assert trainer.auto_steps_per_call('tpu', [100, 500]) == 1
+    assert step_lib.auto_steps_per_call('cpu', [100, 500, 500, 1500]) == 5
+    assert step_lib.auto_steps_per_call('cpu', [16, 64]) == 8
+    assert step_lib.auto_steps_per_call('cpu', []) == step_lib.AUTO_STEPS_PER_CALL_MAX
+    assert step_lib.auto_steps_per_call('cpu', [2, 3]) == 1
+    assert step_lib.auto_steps_per_call('gpu', [100, 500]) == 1
+    assert step_lib.auto_steps_per_call('tpu', [100, 500]) == 1
 
 
 def test_steps_per_call_refuses_bad_values_and_ragged_batches(tmp_path):
@@ -286,7 +288,7 @@ def test_steps_per_call_refuses_bad_values_and_ragged_batches(tmp_path):
             _fit(tmp_path / 'bad', 2, steps_per_call=bad)
         assert not os.path.exists(tmp_path / 'bad')       # refused before touching the workdir
     with pytest.raises(ValueError, match='steps_per_call.*got 0'):
-        trainer.make_train_step(LOSS, TX, steps_per_call=0)
+        step_lib.make_train_step(LOSS, TX, steps_per_call=0)
 
     class Ragged(Batches):
         def __next__(self):
@@ -303,11 +305,11 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
             if self.i == 5:  # the 5th batch
                 b = dict(b, image=np.full_like(b['image'], np.nan))
             return b
-    with pytest.raises(trainer.NonFiniteLossError, match='nan.*step 5'):
+    with pytest.raises(hooks.NonFiniteLossError, match='nan.*step 5'):
         _fit(tmp_path, 8, data=Poisoned(), checkpoint_every=2, log_every=1)
-    with checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
+    with run_checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
         assert ck.latest_step() == 4
-        state, _ = ck.restore(trainer.init_state(PARAMS, TX))
+        state, _ = ck.restore(state_lib.init_state(PARAMS, TX))
     chex.assert_tree_all_finite(state)
 
 
@@ -320,7 +322,7 @@ def test_sigterm_saves_then_exits(tmp_path, capsys):
     assert exc.value.code == 143 and exc.value.step == 4
     assert f'preempted (SIGTERM) at step 4; checkpoint saved to {tmp_path / "checkpoints" / "4"}' \
         in capsys.readouterr().out
-    with checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
+    with run_checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
         assert ck.steps() == [4]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL   # handler restored
     resumed, _ = _fit(tmp_path, 8, console=True)               # the preempted job restarts
@@ -335,7 +337,7 @@ def test_preemption_is_agreed_across_processes():
     # One process: its own flag, at every call, and nothing is gathered.
     def no_gather(flag):
         raise AssertionError('one process gathers nothing')
-    one = trainer.Preemption(process_count=1, gather=no_gather)
+    one = hooks.Preemption(process_count=1, gather=no_gather)
     assert not one.requested(3, sync_point=True)
     one.flag = True
     assert one.requested(3, sync_point=False)
@@ -345,7 +347,7 @@ def test_preemption_is_agreed_across_processes():
     def gather(flag):
         gathered.append(flag)
         return np.array([0, int(len(gathered) >= 2), 0])
-    many = trainer.Preemption(process_count=3, gather=gather, sync_point=lambda step: False)
+    many = hooks.Preemption(process_count=3, gather=gather, sync_point=lambda step: False)
     assert not many.requested(1, sync_point=False) and gathered == []   # between sync points
     assert not many.requested(2, sync_point=True)
     assert many.requested(4, sync_point=True) and gathered == [False, False]
@@ -355,15 +357,15 @@ def test_preemption_is_agreed_across_processes():
     def service(step):
         asked.append(step)
         return step == 7
-    svc = trainer.Preemption(process_count=2, gather=lambda f: np.array([0, 0]), sync_point=service)
+    svc = hooks.Preemption(process_count=2, gather=lambda f: np.array([0, 0]), sync_point=service)
     assert not svc.requested(6, sync_point=False) and svc.requested(7, sync_point=False)
-    off = trainer.Preemption(process_count=2, gather=lambda f: np.array([0, 0]),
-                             sync_point=lambda step: asked.append(step))
+    off = hooks.Preemption(process_count=2, gather=lambda f: np.array([0, 0]),
+                           sync_point=lambda step: asked.append(step))
     asked.clear()
     assert not off.requested(1, sync_point=False) and not off.requested(2, sync_point=False)
     assert asked == [1]
-    assert not trainer.Preemption(False, process_count=1).requested(1, sync_point=True)
-    assert trainer.agree_to_stop([False, True]) and not trainer.agree_to_stop(np.zeros(4, bool))
+    assert not hooks.Preemption(False, process_count=1).requested(1, sync_point=True)
+    assert hooks.agree_to_stop([False, True]) and not hooks.agree_to_stop(np.zeros(4, bool))
 
 
 def test_fit_saves_the_step_another_process_was_preempted_at(tmp_path, monkeypatch):
@@ -374,13 +376,13 @@ def test_fit_saves_the_step_another_process_was_preempted_at(tmp_path, monkeypat
     def gather(flag):
         calls.append(flag)
         return np.array([flag, len(calls) == 2])
-    real = trainer.Preemption
+    real = hooks.Preemption
     monkeypatch.setattr(trainer, 'Preemption', lambda enabled: real(
         enabled, process_count=2, gather=gather, sync_point=lambda step: False))
-    with pytest.raises(trainer.Preempted) as exc:
+    with pytest.raises(hooks.Preempted) as exc:
         _fit(tmp_path, 8, steps_per_call=1)
     assert exc.value.step == 4 and calls == [False, False]
-    with checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
+    with run_checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
         assert ck.steps() == [4]
 
 
@@ -430,7 +432,7 @@ def test_resume_refuses_when_no_checkpoint_can_be_read(tmp_path):
     _fit(tmp_path, 2)
     for f in glob.glob(str(tmp_path / 'checkpoints' / '2' / 'state' / 'manifest.ocdbt')):
         open(f, 'wb').close()
-    with pytest.raises(checkpoint.CorruptCheckpointError, match=r'step 2.*checkpoints\.unreadable'):
+    with pytest.raises(integrity.CorruptCheckpointError, match=r'step 2.*checkpoints\.unreadable'):
         _fit(tmp_path, 4)
     assert os.path.isdir(tmp_path / 'checkpoints.unreadable' / '2')
 
@@ -440,14 +442,14 @@ def test_ctrl_c_saves_like_sigterm(tmp_path, capsys):
         if i == 1:  # while fetching the 2nd batch
             os.kill(os.getpid(), signal.SIGINT)
     old = signal.getsignal(signal.SIGINT)
-    with pytest.raises(trainer.Preempted) as exc:
+    with pytest.raises(hooks.Preempted) as exc:
         _fit(tmp_path, 4, data=Batches(hook=hook), console=True)
     assert exc.value.code == 130 and exc.value.step == 2
     assert 'press Ctrl-C again to stop without saving' in capsys.readouterr().err
     assert str(exc.value) == (f'interrupted (Ctrl-C) at step 2; checkpoint saved to '
                               f'{tmp_path / "checkpoints" / "2"}')
     assert signal.getsignal(signal.SIGINT) is old   # handler restored
-    with checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
+    with run_checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
         assert ck.steps() == [2]
 
 
@@ -466,26 +468,26 @@ def _counting_sgd(counts):
 
 def test_state_placement_init_and_resume_without_fit(tmp_path):
     mesh, counts = parallel.make_mesh(), []
-    state, sh = trainer.create_state(PARAMS, _counting_sgd(counts), mesh, sharding='fsdp',
-                                     fsdp_min_size=0, seed=5, key=('sgd', 0.1))
+    state, sh = state_lib.create_state(PARAMS, _counting_sgd(counts), mesh, sharding='fsdp',
+                                       fsdp_min_size=0, seed=5, key=('sgd', 0.1))
     assert int(state['step']) == 0 and pytree.trees_equal(jax.device_get(state['params']), PARAMS)
     np.testing.assert_array_equal(state['rng'], jax.random.key_data(jax.random.key(5)))
     assert state['params']['blocks']['mlp']['fc1']['kernel'].sharding == \
         sh['params']['blocks']['mlp']['fc1']['kernel']
-    trainer.create_state(PARAMS, _counting_sgd(counts), mesh, sharding='fsdp', fsdp_min_size=0,
-                         seed=5, key=('sgd', 0.1))
+    state_lib.create_state(PARAMS, _counting_sgd(counts), mesh, sharding='fsdp', fsdp_min_size=0,
+                           seed=5, key=('sgd', 0.1))
     assert len(counts) == 1          # an equal key: the same program, traced once
-    trainer.create_state(PARAMS, _counting_sgd(counts), mesh, sharding='fsdp', fsdp_min_size=0,
-                         seed=5)
+    state_lib.create_state(PARAMS, _counting_sgd(counts), mesh, sharding='fsdp', fsdp_min_size=0,
+                           seed=5)
     assert len(counts) == 2          # no key: its own program
     # restore_or_start: a fresh start, then the saved step and data position
-    with checkpoint.RunCheckpointer(str(tmp_path / 'ck')) as ck:
-        batches = trainer.Batches(Batches())
-        assert trainer.restore_or_start(ck, state, batches, str(tmp_path), resume=True)[1] == 0
+    with run_checkpoint.RunCheckpointer(str(tmp_path / 'ck')) as ck:
+        batches = state_lib.Batches(Batches())
+        assert state_lib.restore_or_start(ck, state, batches, str(tmp_path), resume=True)[1] == 0
         moved = dict(state, step=jnp_int(3))
         ck.save(3, moved, data_state={'kind': 'iterator', 'state': {'i': 7}, 'consumed': 3})
-        again = trainer.Batches(Batches())
-        restored, start = trainer.restore_or_start(ck, state, again, str(tmp_path), resume=True)
+        again = state_lib.Batches(Batches())
+        restored, start = state_lib.restore_or_start(ck, state, again, str(tmp_path), resume=True)
     assert start == 3 and int(restored['step']) == 3
     assert again.it.i == 7 and again.consumed == 3
 
@@ -496,28 +498,28 @@ def jnp_int(n):
 
 def test_step_program_without_fit_is_shared_by_its_key():
     mesh = parallel.make_mesh()
-    state, sh = trainer.create_state(PARAMS, TX, mesh)
+    state, sh = state_lib.create_state(PARAMS, TX, mesh)
     rng = jax.device_put(jax.random.key_data(jax.random.key(1)), parallel.replicated(mesh))
     host = [{'image': X[:16], 'label': Y[:16]}, {'image': X[16:32], 'label': Y[16:32]}]
-    program = trainer.StepProgram(LOSS, TX, sh, mesh, rng, key=('test_program', 1))
+    program = step_lib.StepProgram(LOSS, TX, sh, mesh, rng, key=('test_program', 1))
     out, metrics_ = program(state, host)
     assert metrics_['loss'].shape == (2,) and int(out['step']) == 2
     # the same two steps as the pure step, one at a time
-    step = jax.jit(trainer.make_train_step(LOSS, TX))
-    ref = trainer.init_state(PARAMS, TX)
+    step = jax.jit(step_lib.make_train_step(LOSS, TX))
+    ref = state_lib.init_state(PARAMS, TX)
     for b in host:
         ref, _ = step(ref, b, rng)
     chex.assert_trees_all_close(jax.device_get(out['params']), jax.device_get(ref['params']),
                                 rtol=1e-5, atol=1e-6)
     traces = TRACES[0]
-    again, _ = trainer.create_state(PARAMS, TX, mesh)
-    trainer.StepProgram(LOSS, TX, sh, mesh, rng, key=('test_program', 1))(again, host)
+    again, _ = state_lib.create_state(PARAMS, TX, mesh)
+    step_lib.StepProgram(LOSS, TX, sh, mesh, rng, key=('test_program', 1))(again, host)
     assert TRACES[0] == traces                         # equal key: compiled once
-    trainer.StepProgram(LOSS, TX, sh, mesh, rng)(trainer.create_state(PARAMS, TX, mesh)[0], host)
+    step_lib.StepProgram(LOSS, TX, sh, mesh, rng)(state_lib.create_state(PARAMS, TX, mesh)[0], host)
     assert TRACES[0] == traces + 1                     # no key: its own program
 
 
-class _Record(trainer.Hook):
+class _Record(hooks.Hook):
     """Records the steps it sees; stops after `stop_at`."""
 
     def __init__(self, every=None, stop_at=None):
@@ -539,7 +541,7 @@ def test_train_loop_without_fit(tmp_path, caplog):
         return {'n': state['n'] + len(host_batches)}, {'loss': np.float32(len(host_batches))}
     writer = metrics.MetricWriter(str(tmp_path), console=False, tensorboard=False)
     every3, plain = _Record(every=3), _Record(stop_at=9)
-    run = trainer.Run(10, writer, start=1)
+    run = hooks.Run(10, writer, start=1)
     with caplog.at_level('INFO', logger='jlearngene.train.metrics'):
         state = trainer.train_loop({'n': 1}, program, iter(range(100)), [every3, plain], run,
                                    steps_per_call=3)
@@ -553,19 +555,19 @@ def test_train_loop_without_fit(tmp_path, caplog):
 
 def test_hooks_without_fit(tmp_path):
     writer = metrics.MetricWriter(str(tmp_path), console=False, tensorboard=False)
-    run = trainer.Run(4, writer)
-    log_ = trainer.TrainLog(2)
-    evaluation = trainer.Evaluation(tasks.classification_eval(CFG), EVAL, every=4)
-    stop = trainer.StopWhen(lambda rec: True, 'always')
-    with checkpoint.RunCheckpointer(str(tmp_path / 'ck')) as ck:
-        saves = trainer.Checkpoints(ck, trainer.Batches(Batches()), every=2)
-        hooks = [log_, evaluation, stop, saves]
-        for h in hooks:
+    run = hooks.Run(4, writer)
+    log_ = hooks.TrainLog(2)
+    evaluation = hooks.Evaluation(tasks.classification_eval(CFG), EVAL, every=4)
+    stop = hooks.StopWhen(lambda rec: True, 'always')
+    with run_checkpoint.RunCheckpointer(str(tmp_path / 'ck')) as ck:
+        saves = hooks.Checkpoints(ck, state_lib.Batches(Batches()), every=2)
+        run_hooks = [log_, evaluation, stop, saves]
+        for h in run_hooks:
             h.start(run)
-        state = trainer.init_state(PARAMS, TX)
+        state = state_lib.init_state(PARAMS, TX)
         for step, loss in ((1, 1.0), (2, 3.0), (3, 2.0), (4, 2.0)):
             run.begin_call({'loss': jax.numpy.float32(loss)})
-            for h in hooks:
+            for h in run_hooks:
                 h.after_call(run, step, state)
             assert run.synced == (step % 2 == 0)
             assert (run.saved is not None) == (step % 2 == 0)
@@ -576,27 +578,27 @@ def test_hooks_without_fit(tmp_path):
     assert run.stop is None                  # the last step: nothing left to stop
     run.begin_call({'loss': jax.numpy.float32(np.nan)})
     log_.after_call(run, 5, state)                       # not due: kept for the next sync
-    with pytest.raises(trainer.NonFiniteLossError, match=r'loss is nan at step 5 \(of 4\)'):
+    with pytest.raises(hooks.NonFiniteLossError, match=r'loss is nan at step 5 \(of 4\)'):
         log_.flush(5)
     run.eval_record, run.steps = {'eval/accuracy': 1.0}, 10
     stop.after_call(run, 6, state)
     assert run.stop == 'always'
     with pytest.raises(ValueError, match='Evaluation needs eval_data'):
-        trainer.Evaluation(tasks.classification_eval(CFG), None)
+        hooks.Evaluation(tasks.classification_eval(CFG), None)
     with pytest.raises(ValueError, match='log_every must be a positive integer, got 0'):
-        trainer.TrainLog(0)
+        hooks.TrainLog(0)
 
 
 def test_fit_runs_an_open_list_of_hooks(tmp_path):
     seen = []
 
-    class After(trainer.Hook):
+    class After(hooks.Hook):
         def after_call(self, run, step, state):
             seen.append((step, None if run.eval_record is None else run.eval_record['eval/count']))
     params, hist = trainer.fit(LOSS, PARAMS, Batches(), TX, trainer.FitConfig(
         workdir=str(tmp_path / 'hooks'), steps=4, log_every=2, steps_per_call=1, seed=1,
         progress=False, console=False, compile_key=('test_trainer.LOSS', 'test_trainer.TX')),
-        [trainer.Evaluation(tasks.classification_eval(CFG), EVAL, every=2), After()])
+        [hooks.Evaluation(tasks.classification_eval(CFG), EVAL, every=2), After()])
     assert seen == [(1, None), (2, 20.0), (3, None), (4, 20.0)]
     assert [r['step'] for r in hist['eval']] == [2, 4]
 

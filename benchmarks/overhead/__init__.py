@@ -16,7 +16,9 @@ import numpy as np
 
 from jlearngene import compiler
 from jlearngene.models import vit_config
-from jlearngene.train import optim, tasks, trainer
+from jlearngene.train import optim, tasks
+from jlearngene.train.state import init_state
+from jlearngene.train.step import make_train_step
 
 SHAPE = dict(variant='Ti', depth=12, batch=64)     # DeiT-Ti at 32 px, patch 4, 100 classes
 QUICK = dict(variant='Ti', depth=4, batch=16)
@@ -74,17 +76,17 @@ def describe(cfg, batch: int) -> str:
 
 
 def train_step(loss_fn, trainable, cfg, batch: int, *, freeze: tuple[str, ...] = ()):
-    """(jitted step, (state, batch, rng)): `trainer.make_train_step` with AdamW on
+    """(jitted step, (state, batch, rng)): `step.make_train_step` with AdamW on
     `trainable` (leaves matching a `freeze` pattern stay fixed), as benchmarks/run.py's
     step, without donation (the runner calls it again with the same arguments)."""
     opt = optim.make_optimizer(dict(lr=1e-3, schedule='constant', weight_decay=0.05,
                                     decay=('.*',), clip_norm=0.0, freeze=freeze), trainable)
-    state = trainer.init_state(trainable, opt)
+    state = init_state(trainable, opt)
     rng = np.random.default_rng(0)
     data = {'image': jnp.asarray(rng.standard_normal(
                 (batch, cfg.image_size, cfg.image_size, cfg.channels), np.float32)),
             'label': jnp.asarray(rng.integers(0, cfg.num_classes, (batch,)).astype(np.int32))}
-    step = compiler.jit(trainer.make_train_step(loss_fn, opt))
+    step = compiler.jit(make_train_step(loss_fn, opt))
     return step, (state, data, jax.random.key_data(jax.random.key(1)))
 
 

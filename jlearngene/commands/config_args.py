@@ -11,6 +11,7 @@ field of the locked config, the text read as the field's type (`configs.load`).
 from __future__ import annotations
 
 import argparse
+import os
 
 
 class UsageError(ValueError):
@@ -27,6 +28,19 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise UsageError(message)
+
+
+def dangling_symlink(path: str, what: str) -> str | None:
+    """`"<what> 'path' is a dangling symlink to 'target'"` when `path`, or a folder on the way
+    to it, is a symbolic link whose target does not exist (open and makedirs would then fail
+    with a bare errno far from the cause); else None."""
+    parts, prefix = os.path.normpath(path).split(os.sep), ''
+    for i, part in enumerate(parts):
+        prefix = os.path.join(prefix, part) if prefix else (part or os.sep)
+        if os.path.islink(prefix) and not os.path.exists(prefix):
+            where = '' if i == len(parts) - 1 else f': {prefix!r}'
+            return f'{what} {path!r}{where} is a dangling symlink to {os.readlink(prefix)!r}'
+    return None
 
 
 OVERRIDE_PREFIX = '--config.'

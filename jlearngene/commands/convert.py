@@ -60,10 +60,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def file_format(path: str) -> str:
-    """What a checkpoint file holds, from its contents (`interop.timm.file_kind`): 'timm'
+    """What a checkpoint file holds, from its contents (`interop.state_dict.file_kind`): 'timm'
     (a .safetensors, torch or .npz state dict with timm's '.'-joined keys), 'big_vision' (an
     .npz with '/'-joined keys), 'empty' or 'unknown'. OSError for a missing path or a directory."""
-    from jlearngene.interop.timm import file_kind
+    from jlearngene.interop.state_dict import file_kind
     kind = file_kind(path)
     if kind == 'npz':
         import numpy as np
@@ -76,11 +76,90 @@ def file_format(path: str) -> str:
     return 'timm' if kind in ('safetensors', 'torch') else kind
 
 
+# Keys that every timm ViT state dict has one of (after DDP's 'module.' prefix).
+_TIMM_VIT_KEYS = ('patch_embed.proj.weight', 'pos_embed', 'cls_token')
+
+
+def _archive_keys(path: str, kind: str) -> list[str] | None:
+    """The array names of an .npz or the tensor names of a .safetensors file (from its zip
+    directory or JSON header: nothing else is read); None when they cannot be read."""
+    try:
+        if kind == 'npz':
+            import numpy as np
+            with np.load(path, allow_pickle=False) as f:
+                return list(f.files)
+        with open(path, 'rb') as f:
+            n = int.from_bytes(f.read(8), 'little')
+            header = json.loads(f.read(n))
+        return [k for k in header if k != '__metadata__']
+    except Exception:  # noqa: BLE001 - zipfile / numpy / json raise many kinds for bad files
+        return None
+
+
+def _sniff(path: str) -> str:
+    """What a file that is no state dict holds, from its first bytes."""
+    with open(path, 'rb') as f:
+        head = f.read(512)
+    magic = ((b'\x93NUMPY', 'a single .npy array (np.save)'),
+             (b'\x89PNG', 'a PNG image'), (b'\xff\xd8\xff', 'a JPEG image'),
+             (b'\x1f\x8b', 'a gzip-compressed file (unpack it first)'),
+             (b'\x89HDF', 'an HDF5 file (a Keras or Flax .h5?)'))
+    for start, what in magic:
+        if head.startswith(start):
+            return what
+    if head.startswith(b'PK'):
+        import zipfile
+        try:
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+        except (zipfile.BadZipFile, OSError, ValueError):
+            return 'a damaged zip archive'
+        return f'a zip archive of {_some(names)} (no .npy arrays)'
+    try:
+        text = head.decode('utf-8')
+    except UnicodeDecodeError:
+        return 'a file of unknown kind'
+    return 'a JSON file' if text.lstrip()[:1] in ('{', '[') else 'a text file'
+
+
+def _some(names: list[str], n: int = 3) -> str:
+    shown = ', '.join(repr(k) for k in names[:n])
+    return shown + (f', ... ({len(names)} in all)' if len(names) > n else '')
+
+
+def describe_file(path: str) -> str:
+    """What the file `path` holds, as a phrase for messages: 'a timm state dict', 'a big_vision
+    .npz checkpoint', 'an empty file (0 bytes)', "an .npz archive of 2 arrays ('x', 'y') but
+    no ViT's keys", 'a PyTorch checkpoint', 'a text file', 'a PNG image', ... (from its
+    contents, not its name). OSError for a missing path or a directory."""
+    from jlearngene.interop.state_dict import file_kind
+    kind = file_kind(path)
+    if kind == 'empty':
+        return 'an empty file (0 bytes)'
+    if kind == 'torch':
+        return 'a PyTorch checkpoint (torch.save; a timm state dict converts with --from-timm)'
+    if kind not in ('npz', 'safetensors'):
+        return _sniff(path)
+    keys = _archive_keys(path, kind)
+    noun, unit = ('an .npz archive', 'array') if kind == 'npz' else ('a .safetensors file', 'tensor')
+    if keys is None:
+        return f'{noun} that cannot be read (truncated or damaged)'
+    bare = [k[len('module.'):] if k.startswith('module.') else k for k in keys]
+    if any('/' in k for k in keys):
+        return 'a big_vision .npz checkpoint' if kind == 'npz' else (
+            f"{noun} with big_vision's '/'-joined keys (big_vision checkpoints are .npz files)")
+    if any(k in _TIMM_VIT_KEYS or k.startswith('blocks.') for k in bare):
+        return 'a timm state dict'
+    if not keys:
+        return f'{noun} with no {unit}s'
+    plural = 's' if len(keys) != 1 else ''
+    return f"{noun} of {len(keys)} {unit}{plural} ({_some(keys)}) but no ViT's keys"
+
+
 _CONVERT_FLAG = {'timm': '--from-timm', 'big_vision': '--from-big-vision'}
 _SOURCE_FILE = {'timm': 'a timm state dict file (.safetensors, .npz, .pth)',
                 'big_vision': 'a big_vision .npz file'}
-_FORMAT_NAME = {'timm': 'a timm state dict', 'big_vision': 'a big_vision .npz checkpoint',
-                'empty': 'an empty file', 'unknown': 'a file of unknown kind'}
+_FORMAT_NAME = {'timm': 'a timm state dict', 'big_vision': 'a big_vision .npz checkpoint'}
 
 
 def check_model_checkpoint(path: str, flag: str) -> None:
@@ -92,9 +171,9 @@ def check_model_checkpoint(path: str, flag: str) -> None:
         return
     if not os.path.exists(path):
         raise FileNotFoundError(f'{flag} {path!r} does not exist')
-    fmt = file_format(path)
-    message = f'{flag} {path!r} is {_FORMAT_NAME[fmt]}, not a model checkpoint directory'
-    if fmt in _CONVERT_FLAG:
+    fmt, what = file_format(path), describe_file(path)
+    message = f'{flag} {path!r} is {what}, not a model checkpoint directory'
+    if fmt in _CONVERT_FLAG and what == _FORMAT_NAME[fmt]:
         message += f'; convert it first: jlearngene convert {_CONVERT_FLAG[fmt]} {path} --out DIR'
     raise ValueError(message)
 
@@ -108,7 +187,12 @@ def _check_source_file(path: str, flag: str, fmt: str) -> None:
     if not os.path.exists(path):
         raise FileNotFoundError(f'{flag} {path!r} does not exist')
     other = 'big_vision' if fmt == 'timm' else 'timm'
-    if file_format(path) == other:
+    found = file_format(path)
+    if fmt == 'big_vision' and found != fmt:   # anything else: say what it is
+        what = describe_file(path)
+        hint = f'; convert it with {_CONVERT_FLAG[other]}' if what == _FORMAT_NAME[other] else ''
+        raise ValueError(f'{flag} {path!r} is {what}, not a big_vision / ViT .npz checkpoint{hint}')
+    if found == other:
         raise ValueError(f'{flag} {path!r} is {_FORMAT_NAME[other]}; convert it with '
                          f'{_CONVERT_FLAG[other]}')
 
@@ -116,28 +200,30 @@ def _check_source_file(path: str, flag: str, fmt: str) -> None:
 def timm_file_defaults(path: str) -> dict:
     """The config fields no shape reveals (`_NON_SHAPE_FIELDS`) from the jlearngene config in
     a .safetensors header (written by --to-timm), {} for other files."""
-    from jlearngene.interop import timm as T
+    from jlearngene.interop import state_dict as SD
     if not path.lower().endswith('.safetensors'):
         return {}
-    stored = T.read_safetensors_metadata(path).get('jlearngene_config')
+    stored = SD.read_safetensors_metadata(path).get('jlearngene_config')
     if not stored:
         return {}
     try:
         stored = json.loads(stored)
     except ValueError:
-        raise T.StateDictError(f'{path!r}: the jlearngene_config in its header is not JSON') from None
+        raise SD.StateDictError(f'{path!r}: the jlearngene_config in its header is not JSON') from None
     return {k: stored[k] for k in _NON_SHAPE_FIELDS if isinstance(stored, dict) and k in stored}
 
 
 def from_timm_file(path: str, out: str, *, overrides: dict | None = None, overwrite: bool = False):
     """Convert a timm state dict file into a model checkpoint; returns (cfg, params, extra)."""
     from jlearngene.interop import timm as T
+    from jlearngene.interop.state_dict import check_values, load_state_dict
     from jlearngene.train.checkpoint import save_model
 
     _check_source_file(path, '--from-timm', 'timm')
-    sd = T.load_state_dict(path)
+    sd = load_state_dict(path)
     defaults = timm_file_defaults(path)
     cfg, params = T.from_timm(sd, **{**defaults, **(overrides or {})})
+    check_values(params, f'--from-timm {path!r}')
     extra = {'source': {'format': 'timm', 'file': os.path.abspath(path),
                         'no_embed_class': not T.has_embed_class(sd, cfg)}}
     save_model(out, params, cfg, extra=extra, overwrite=overwrite)
@@ -152,8 +238,9 @@ _EXPORT = {'timm': ('--to-timm', 'the timm state dict', '.safetensors'),
 def _load_for_export(ckpt: str, out: str, fmt: str, overwrite: bool):
     """(params, cfg, extra) of the model checkpoint `ckpt` to be written as `out` in `fmt`
     (`_EXPORT`); `out` is checked first."""
-    from jlearngene.interop.timm import check_output
-    from jlearngene.train.checkpoint import CheckpointError, load_model
+    from jlearngene.interop.state_dict import check_output
+    from jlearngene.train.checkpoint import load_model
+    from jlearngene.train.integrity import CheckpointError
     flag, what, suffix = _EXPORT[fmt]
     check_output(out, '--out', what, suffix, overwrite)
     check_model_checkpoint(ckpt, flag)
@@ -180,6 +267,7 @@ def from_big_vision_file(path: str, out: str, *, overrides: dict | None = None,
                          overwrite: bool = False):
     """Convert a big_vision / ViT `.npz` into a model checkpoint; returns (cfg, params, extra)."""
     from jlearngene.interop import big_vision as BV
+    from jlearngene.interop.state_dict import check_values
     from jlearngene.models.config import ViTConfig
     from jlearngene.train.checkpoint import save_model
 
@@ -189,6 +277,7 @@ def from_big_vision_file(path: str, out: str, *, overrides: dict | None = None,
     if overrides:
         cfg = ViTConfig.from_dict({**cfg.to_dict(), **overrides})
     params, cfg = BV.from_big_vision(ckpt, cfg)
+    check_values(params, f'--from-big-vision {path!r}')
     extra = {'source': {'format': 'big_vision', 'file': os.path.abspath(path),
                         'layout': BV.detect_layout(ckpt)}}
     save_model(out, params, cfg, extra=extra, overwrite=overwrite)

@@ -2,6 +2,7 @@
 descendant of a gene directory (`jlearngene.artefacts`), written as a model artefact.
 
   jlearngene descend genes/letra --width 12 --depth 8 --out ckpt/des --to-timm des.safetensors
+  jlearngene descend letra_digits --width 48 --depth 6 --out ckpt/des   # a shipped gene, by name
   jlearngene descend genes/cluster --heads 4,4,2,2 --out ckpt/des --option head=inherit
   jlearngene descend genes/scala --width 96 --out ckpt/des
 
@@ -56,7 +57,8 @@ def parse_option(text: str):
 def _parser() -> argparse.ArgumentParser:
     from jlearngene.commands.config_args import Parser, parse_override
     p = Parser('jlearngene descend', __doc__)
-    p.add_argument('gene', help='gene directory (gene.json + gene.safetensors)')
+    p.add_argument('gene', help="gene directory (gene.json + gene.safetensors) or a shipped gene's "
+                   'name (jlearngene info lists them)')
     p.add_argument('--out', required=True, help='output model checkpoint directory')
     p.add_argument('--width', type=int, help="descendant width (default: the gene config's)")
     p.add_argument('--depth', type=int, help="descendant depth (default: the gene config's)")
@@ -79,8 +81,8 @@ def descend_gene_dir(gene_dir: str, *, width=None, depth=None, heads=None, mlp_d
     (`artefacts.descendant_config`), computed under `jax.jit`."""
     import jax
 
-    from jlearngene import artefacts
-    method, gene, meta = artefacts.load_gene(gene_dir)
+    from jlearngene import artefacts, zoo
+    method, gene, meta = artefacts.load_gene(zoo.find(gene_dir))
     opts = {**meta.get('descend_options', {}), **dict(options or {})}
     cfg, opts = artefacts.descendant_config(method, gene, artefacts.base_config(meta), width=width,
                                             depth=depth, heads=heads, mlp_dim=mlp_dim,

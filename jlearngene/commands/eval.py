@@ -3,6 +3,7 @@ or `jlearngene eval --model PATH --config FILE`: accuracy of a trained classifie
 from __future__ import annotations
 
 import json
+import math
 import os
 
 from jlearngene.commands import config_args
@@ -34,6 +35,9 @@ def check_checkpoint_arg(which: str) -> None:
 
 def check_workdir(workdir: str) -> None:
     """`--workdir` is an existing directory."""
+    dangling = config_args.dangling_symlink(workdir, '--workdir')
+    if dangling:
+        raise FileNotFoundError(dangling)
     if not os.path.exists(workdir):
         raise FileNotFoundError(f'--workdir {workdir!r} does not exist')
     if not os.path.isdir(workdir):
@@ -57,23 +61,23 @@ def load_params(config, workdir: str | None, which: str, model_path: str | None)
     run checkpoint only the parameters are read (`RunCheckpointer.restore_params`)."""
     import jax
 
-    from jlearngene.models import init
-    from jlearngene.train import checkpoint, tasks
-    cfg = tasks.model_config(config.model)
+    from jlearngene.models import init, model_config
+    from jlearngene.train import checkpoint, integrity, run_checkpoint
+    cfg = model_config(config.model)
     if model_path or which == 'model':
         path = model_path or os.path.join(workdir, 'model')
         return checkpoint.load_model(path, expect_cfg=cfg)[0], cfg, path
     check_checkpoint_arg(which)
     directory = os.path.join(workdir, 'checkpoints')
     if not os.path.isdir(directory):   # RunCheckpointer would create it
-        raise checkpoint.CheckpointError(f'{workdir!r} has no checkpoints directory (not a training '
-                                         f'workdir?), so --checkpoint {which!r} names nothing')
+        raise integrity.CheckpointError(f'{workdir!r} has no checkpoints directory (not a training '
+                                        f'workdir?), so --checkpoint {which!r} names nothing')
     target = jax.eval_shape(lambda: init(cfg, jax.random.key(0)))  # a config.init model has this shape too
-    with checkpoint.RunCheckpointer(directory,
-                                    best_metric=config.get('best_metric') or None) as ck:
+    with run_checkpoint.RunCheckpointer(directory,
+                                        best_metric=config.get('best_metric') or None) as ck:
         step = {'latest': ck.latest_step, 'best': ck.best_step}.get(which, lambda: int(which))()
         if step is None:
-            raise checkpoint.CheckpointError(f'no {which} checkpoint in {ck.directory}')
+            raise integrity.CheckpointError(f'no {which} checkpoint in {ck.directory}')
         params, _ = ck.restore_params(target, step, model_config=cfg)
     return params, cfg, os.path.join(workdir, 'checkpoints', str(step))
 
@@ -112,5 +116,13 @@ def main(argv: list[str]) -> int:
     result = evaluate(config, params, cfg, args.split or config.eval_split)
     print(f"{where}: {result['split']} accuracy={result['accuracy']:.4f} loss={result['loss']:.4f} "
           f"(n={int(result['count'])})")
-    print(json.dumps(result))
+    print(json_line(result))
     return 0
+
+
+def json_line(result: dict) -> str:
+    """`result` as one line of strict JSON: a value that is not a finite number (a NaN loss
+    of a diverged model) is null, since JSON has no NaN or infinity."""
+    def finite(v):
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+    return json.dumps({k: finite(v) for k, v in result.items()}, allow_nan=False)

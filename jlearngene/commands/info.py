@@ -1,6 +1,7 @@
-"""`jlearngene info`: parameter table of named variants, of one config, of an experiment
-config file (`file.py[:arg]`), of a checkpoint (a model artefact, a run checkpoint
-step directory, or a training workdir), of a gene directory (`jlearngene.artefacts`:
+"""`jlearngene info`: parameter table of named variants (with no argument, also the genes
+shipped with the package, `jlearngene.zoo`), of one config, of an experiment config file
+(`file.py[:arg]`), of a checkpoint (a model artefact, a run checkpoint step directory, or
+a training workdir), of a gene directory or a shipped gene's name (`jlearngene.artefacts`:
 its method, configs, stored parameters and the widths and depths of the descendants it
 makes, tried on shapes), or of a file: a timm state dict (.safetensors, .npz, .pth) or a
 big_vision .npz (the config `jlearngene convert` infers from it, its parameter count and its
@@ -15,11 +16,11 @@ import os
 import jax
 
 from jlearngene import pytree
-from jlearngene.commands.config_args import Parser, parse_override
+from jlearngene.commands.config_args import Parser, dangling_symlink, parse_override
 from jlearngene.models import VARIANTS, init, vit_config
 
-HELP = ('parameter table of variants, a config file (.py[:arg]), a checkpoint/workdir, a gene or '
-        'a timm/big_vision file')
+HELP = ('parameter table of variants and the shipped genes, a config file (.py[:arg]), a '
+        'checkpoint/workdir, a gene or a timm/big_vision file')
 
 
 def param_table(cfgs: dict) -> str:
@@ -66,23 +67,23 @@ def _config_file_table(spec: str) -> str:
     if not callable(getattr(module, 'get_config', None)):
         raise ValueError(f'config file {path!r} defines no get_config(arg) function')
     config = module.get_config(arg or None)
-    from jlearngene.train.tasks import model_config
+    from jlearngene.models import model_config
     return param_table({f'{path}{":" + arg if arg else ""}': model_config(config.model)})
 
 
 def _checkpoint_table(path: str) -> str:
-    from jlearngene.train import checkpoint
+    from jlearngene.train import checkpoint, integrity, run_checkpoint
     if os.path.isdir(os.path.join(path, 'model')):
         path = os.path.join(path, 'model')
     elif os.path.isdir(os.path.join(path, 'checkpoints')):
-        with checkpoint.RunCheckpointer(os.path.join(path, 'checkpoints')) as ck:
+        with run_checkpoint.RunCheckpointer(os.path.join(path, 'checkpoints')) as ck:
             step = ck.latest_step()
         if step is None:
-            raise checkpoint.CheckpointError(f'{path!r} has no checkpoints yet')
+            raise integrity.CheckpointError(f'{path!r} has no checkpoints yet')
         path = os.path.join(path, 'checkpoints', str(step))
     parent, step = os.path.split(os.path.abspath(path))
     if step.isdigit() and not os.path.isdir(os.path.join(path, 'params')):
-        with checkpoint.RunCheckpointer(parent) as ck:
+        with run_checkpoint.RunCheckpointer(parent) as ck:
             meta = ck.metadata(int(step))
             shapes = ck.array_shapes(int(step)).get('params', {})
         cfg = meta.get('model_config')
@@ -102,7 +103,7 @@ def _array_table(arrays: dict, title: str) -> str:
 
 
 def _one_line(e: Exception) -> str:
-    """A multi-line problem list (`timm.problem_message`) on one line."""
+    """A multi-line problem list (`state_dict.problem_message`) on one line."""
     return '; '.join(line.strip(' -') for line in str(e).splitlines() if line.strip())
 
 
@@ -112,9 +113,10 @@ def _state_dict_file_table(path: str, fmt: str) -> str:
     that config and the file's tensors."""
     from jlearngene.commands import convert
     from jlearngene.interop import big_vision as BV
+    from jlearngene.interop import state_dict as SD
     from jlearngene.interop import timm as T
-    kind = T.file_kind(path)
-    suffix = {'safetensors': ('.safetensors',), 'npz': ('.npz',), 'torch': T.PICKLE_SUFFIXES}[kind]
+    kind = SD.file_kind(path)
+    suffix = {'safetensors': ('.safetensors',), 'npz': ('.npz',), 'torch': SD.PICKLE_SUFFIXES}[kind]
     if not path.lower().endswith(suffix):
         raise ValueError(f'{path!r} holds a {kind} file but its name does not end in {suffix[0]}; '
                          f'rename it to end in {suffix[0]} to read it')
@@ -126,9 +128,9 @@ def _state_dict_file_table(path: str, fmt: str) -> str:
         infer = lambda: BV.infer_config(arrays, layout)  # noqa: E731
         how = '--from-big-vision'
     else:
-        arrays = T.load_state_dict(path)
+        arrays = SD.load_state_dict(path)
         title = f'timm state dict {path} ({kind}, {len(arrays)} tensors)'
-        meta = T.read_safetensors_metadata(path) if kind == 'safetensors' else {}
+        meta = SD.read_safetensors_metadata(path) if kind == 'safetensors' else {}
         if meta.get('timm_class'):
             extra.append(f"timm model: {meta['timm_class']}({meta.get('timm_kwargs', '')})")
         defaults = convert.timm_file_defaults(path)
@@ -168,7 +170,7 @@ def _other_file_table(path: str) -> str | None:
             last = {k: v for k, v in rows[-1].items() if k not in ('step', 'kind', 'time')}
             lines.append(f"  {kind}: {len(rows)} records, steps {rows[0]['step']}..{rows[-1]['step']}; "
                          f'last: {last}')
-        return '\n'.join(lines)
+        return '\n'.join(lines + _warning_lines(records))
     beside = os.path.join(os.path.dirname(path), 'config.json')
     if os.path.basename(path) == 'config.txt' and os.path.isfile(beside):
         return (f'{path}: the readable form of the run config {beside}\n\n'
@@ -186,7 +188,7 @@ def _other_file_table(path: str) -> str | None:
         return _results_text(path, obj)
     if not isinstance(obj.get('model'), dict):   # not a run config (config.json)
         return f'JSON file {path}: keys {sorted(obj)}'
-    from jlearngene.train.tasks import model_config
+    from jlearngene.models import model_config
     cfg = model_config(obj['model'])
     name = os.path.basename(os.path.dirname(os.path.abspath(path)))
     return (f"run config {path} (task {obj.get('task', 'classification')!r})\n\n"
@@ -240,6 +242,9 @@ def _gene_table(path: str) -> str:
 
 def _path_text(target: str) -> str | None:
     """What `info` prints for a config file or an existing path; None for neither."""
+    dangling = dangling_symlink(target.partition(':')[0], 'path')
+    if dangling:
+        raise FileNotFoundError(dangling)
     if target.partition(':')[0].endswith('.py'):
         return _config_file_table(target)
     if not os.path.isdir(target):
@@ -251,7 +256,17 @@ def _path_text(target: str) -> str | None:
                          'gene directory')
     if os.path.isfile(os.path.join(target, 'results.json')):
         return _workdir_text(target)
-    return _checkpoint_table(target)
+    text = _checkpoint_table(target)
+    if os.path.isfile(os.path.join(target, 'metrics.jsonl')):   # a training workdir
+        from jlearngene.train.metrics import read_metrics
+        text = '\n'.join([text, *_warning_lines(read_metrics(target, kind='warning'))])
+    return text
+
+
+def _warning_lines(records: list[dict]) -> list[str]:
+    """The run's warnings (a diverged loss, `train.trainer`) among metrics records."""
+    return [f"warning at step {r['step']}: {r.get('text', '')}" for r in records
+            if r.get('kind') == 'warning']
 
 
 def main(argv: list[str]) -> int:
@@ -268,12 +283,18 @@ def main(argv: list[str]) -> int:
     if text is not None:
         print(text)   # errors: one line on stderr, from jlearngene.cli
         return 0
+    from jlearngene import zoo
+    if target in zoo.names() and target not in VARIANTS:   # a shipped gene, by its name
+        print(_gene_table(zoo.path(target)))
+        return 0
     if target and target.partition('/')[0] not in VARIANTS:
         if os.sep in target or '/' in target or '.' in target:   # a path
             raise FileNotFoundError(f'{target!r} does not exist')
         raise FileNotFoundError(f'{target!r} is neither a ViT variant (known: {sorted(VARIANTS)}, '
-                                "optionally with '/patch', e.g. 'S/16') nor an existing file or "
-                                'directory')
+                                "optionally with '/patch', e.g. 'S/16'), a shipped gene (known: "
+                                f'{", ".join(zoo.names())}) nor an existing file or directory')
     names = [args.variant] if args.variant else list(VARIANTS)
     print(param_table({n: vit_config(n, **dict(args.set)) for n in names}))
+    if not args.variant and zoo.names():
+        print('\nshipped genes (jlearngene info NAME, jlearngene descend NAME ...):\n' + zoo.listing())
     return 0

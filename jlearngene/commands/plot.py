@@ -8,6 +8,10 @@ HELP = 'plot loss/accuracy curves of a training workdir to a PNG'
 
 def plot(workdir: str, out: str | None = None) -> str:
     """Render train/eval loss and accuracy against step; returns the PNG path."""
+    from jlearngene.commands.config_args import dangling_symlink
+    dangling = dangling_symlink(workdir, 'workdir')
+    if dangling:
+        raise FileNotFoundError(dangling)
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -38,8 +42,11 @@ def plot(workdir: str, out: str | None = None) -> str:
     # WORKDIR may be the metrics.jsonl file itself (read_metrics reads either)
     out = out or os.path.join(workdir if os.path.isdir(workdir) else os.path.dirname(workdir) or '.',
                               'curves.png')
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    from jlearngene.train.files import write_file
+    try:
+        write_file(out, lambda tmp: fig.savefig(tmp, dpi=100))   # renamed in when whole
+    finally:
+        plt.close(fig)
     return out
 
 

@@ -4,25 +4,36 @@ process-wide switch of jax's persistent compilation cache (`enable_compile_cache
 only a command turns on."""
 from __future__ import annotations
 
+import logging
 import os
 
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 
-from jlearngene import data
+from jlearngene import compiler, data, distributed
 from jlearngene.data import DataError
-from jlearngene.models import ViTConfig, init
-from jlearngene.train import checkpoint, optim, trainer
-from jlearngene.train.tasks import classification_eval, classification_loss, model_config
+from jlearngene.models import ViTConfig, init, model_config
+from jlearngene.train import checkpoint, hooks, optim, step, trainer
+from jlearngene.train.tasks import classification_eval, classification_loss
+
+log = logging.getLogger(__name__)
 
 
 def enable_compile_cache(path: str) -> bool:
     """Persist compiled programs under `path` for the rest of the process: the descendants
     of one depth share their train and eval programs across methods, so most compiles
     become cache reads. Has no effect (returns False) when a cache directory is already
-    set. jax creates the directory at its first compile."""
+    set. jax creates the directory at its first compile. Process 0 first removes entries an
+    earlier run left cut off (`compiler.repair_compile_cache`), which jax would otherwise
+    warn about on every run."""
     if jax.config.jax_compilation_cache_dir:
         return False
+    if distributed.is_main_process():
+        removed = compiler.repair_compile_cache(path)
+        if removed:
+            log.warning('removed %d compilation cache entries of %s that do not decompress '
+                        '(cut off by a kill or a full disk?): %s', len(removed), path,
+                        ', '.join(removed))
     jax.config.update('jax_compilation_cache_dir', path)
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
     compilation_cache.reset_cache()   # jax reads the directory once per process
@@ -45,7 +56,10 @@ def initial_params(config, cfg: ViTConfig):
     """Fresh parameters (seeded) or the model artefact named by `config.init`."""
     path = config.get('init', '') if hasattr(config, 'get') else ''
     if path:
-        return checkpoint.load_model(path, expect_cfg=cfg)[0]
+        from jlearngene.interop.state_dict import check_values
+        params = checkpoint.load_model(path, expect_cfg=cfg)[0]
+        check_values(params, f'--config.init {path!r}')
+        return params
     return jax.jit(init, static_argnums=0)(cfg, jax.random.key(config.seed))
 
 
@@ -94,16 +108,16 @@ def _steps_per_call(value):
             raise ValueError(f"steps_per_call must be 'auto' or a positive integer, got {value!r}")
         value = int(value)
     if value != 'auto':
-        trainer.check_steps_per_call(value)
+        step.check_steps_per_call(value)
     return value
 
 
 def run_classification(config, workdir: str, *, progress: bool = True):
-    """Train a ViT classifier as `config` describes (see experiments/configs/digits_vit.py);
+    """Train a ViT classifier as `config` describes (see jlearngene/experiments/configs/digits_vit.py);
     the final parameters are also saved as a model artefact in `workdir/model`."""
     cfg = model_config(config.model)
     microbatches = config.get('microbatches', 1)
-    trainer.check_microbatches(microbatches)     # before anything is read or written
+    step.check_microbatches(microbatches)     # before anything is read or written
     if config.batch_size % microbatches:
         raise ValueError(f'batch_size {config.batch_size} is not a multiple of '
                          f'microbatches {microbatches}')
@@ -119,8 +133,8 @@ def run_classification(config, workdir: str, *, progress: bool = True):
         best_metric=config.best_metric or None, seed=config.seed, experiment_config=config,
         model_config=cfg, sharding=config.sharding, model_parallel=config.get('model_parallel', 1),
         microbatches=microbatches, steps_per_call=steps_per_call, progress=progress)
-    evaluation = trainer.Evaluation(classification_eval(cfg), eval_data_fn(config, sources['eval']),
-                                    every=config.eval_every)
+    evaluation = hooks.Evaluation(classification_eval(cfg), eval_data_fn(config, sources['eval']),
+                                  every=config.eval_every)
     params, history = trainer.fit(
         classification_loss(cfg, label_smoothing=config.label_smoothing), params, train_it, tx,
         run, hooks=[evaluation])

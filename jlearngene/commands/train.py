@@ -2,7 +2,7 @@
 
 The config's `task` picks what runs: 'classification' (`run.run_classification`, e.g.
 `--config digits_vit`) or 'experiment' (`jlearngene.experiments.study.run_experiment`, e.g.
-`--config tleg:digits`, which `jlearngene demo` runs). NAME is a config bundled with the
+`--config tleg:digits`). NAME is a config bundled with the
 package (`jlearngene.experiments.configs.names()`); FILE a path to any config file.
 
 Several processes (hosts of a TPU pod slice, SLURM tasks) run the same command; each joins
@@ -57,7 +57,10 @@ def parse_flags(argv: list[str], prog: str = 'jlearngene train') -> argparse.Nam
 
 def workdir_problem(workdir: str) -> str | None:
     """Why `workdir` cannot be a run directory (it, or the nearest of its parents that
-    exists, is a file), or None."""
+    exists, is a file; it or a parent is a dangling symlink), or None."""
+    dangling = config_args.dangling_symlink(workdir, '--workdir')
+    if dangling:
+        return dangling
     path = os.path.abspath(workdir)
     while not os.path.exists(path) and os.path.dirname(path) != path:
         path = os.path.dirname(path)
@@ -82,7 +85,8 @@ def main(argv: list[str], prog: str = 'jlearngene train') -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs the parsed flags' config (`args.config`, loaded) in `args.workdir`."""
+    """Runs the parsed flags' config (`args.config`, loaded) in `args.workdir`, holding it
+    meanwhile (`train.workdir_lock`: a second run there is refused at once)."""
     problem = workdir_problem(args.workdir)
     if problem:
         raise UsageError(problem)
@@ -93,6 +97,13 @@ def run(args: argparse.Namespace) -> int:
     from jlearngene import distributed
     # before anything uses a jax device
     distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+    from jlearngene.train.workdir_lock import hold_workdir
+    with hold_workdir(args.workdir):   # one run per workdir: a second one is refused at once
+        return _run_held(args, config, task)
+
+
+def _run_held(args: argparse.Namespace, config, task: str) -> int:
+    from jlearngene import distributed
     start = time.time()
     check_init(config)
     from jlearngene.commands import run as run_task   # jax, grain: after the flags are parsed
@@ -115,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
 
 def parse_named(argv: list[str], prog: str, config: str, workdir: str, doc: str,
                 variants: str) -> argparse.Namespace:
-    """The flags of a command that is one bundled config (`jlearngene demo`, `compare`):
+    """The flags of a command that is one bundled config (`jlearngene compare`):
     `train`'s, with the config's argument as the positional VARIANT (`variants` says which)
     instead of --config, and --workdir defaulting to `workdir`."""
     p = config_args.Parser(prog, doc)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -60,7 +60,7 @@ class Augment:
             bad(f'label_smoothing must be in [0, 1), got {self.label_smoothing}')
 
     @classmethod
-    def create(cls, value) -> 'Augment':
+    def create(cls, value) -> Augment:
         """None, an `Augment`, or a dict / ConfigDict of its fields (unknown keys fail)."""
         if value is None:
             return cls()

@@ -17,14 +17,17 @@ Images come out as float32 `(x / 255 - mean) / std` (default mean = std = 0.5: v
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import grain
 import numpy as np
 
 from jlearngene.data import augment as aug
 from jlearngene.data.augment import Augment
+from jlearngene.data import fashion
 from jlearngene.data import sources
+from jlearngene.data import subsets
 from jlearngene.data.sources import DataError, DataInfo
 
 _STREAM_EXAMPLE, _STREAM_BATCH, _STREAM_SHUFFLE = 1, 2, 3
@@ -223,6 +226,8 @@ _SOURCE_KEYS = {
     'tfds': {'tfds_name', 'data_dir', 'image_key', 'label_key', 'image_size', 'resize_method'},
     'folder': {'root', 'channels', 'image_size', 'resize_method'},
     'arrays': {'images', 'labels', 'num_classes', 'image_size', 'resize_method'},
+    'fashion_mnist': {'root', 'image_size', 'resize_method', 'classes', 'label_fraction',
+                      'validation_per_class', 'subset_seed'},
 }
 _COMMON_KEYS = {'name', 'augment', 'mean', 'std', 'splits'}
 KNOWN_DATASETS = tuple(sorted(_SOURCE_KEYS))
@@ -250,7 +255,23 @@ def check_config(data_config) -> dict[str, Any]:
                         f'{sorted(_SOURCE_KEYS[name] | _COMMON_KEYS)}')
     if cfg.get('augment'):
         Augment.create(cfg['augment'])
+    if name == 'fashion_mnist':
+        _subset_options(cfg)
     return cfg
+
+
+def _subset_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A fashion_mnist config's selection fields as `fashion_mnist(...)` keywords, checked."""
+    classes, fraction = cfg.get('classes') or None, cfg.get('label_fraction', 1.0)
+    per_class, seed = cfg.get('validation_per_class', 0), cfg.get('subset_seed', 0)
+    try:
+        subsets.check_options(classes=classes, label_fraction=fraction,
+                              validation_per_class=per_class, seed=seed,
+                              num_classes=len(fashion.CLASS_NAMES))
+    except DataError as e:
+        raise DataError(f"data config 'fashion_mnist': {e}") from None
+    return dict(classes=classes, label_fraction=fraction, validation_per_class=per_class,
+                subset_seed=seed)
 
 
 def source_from_config(data_config, split: str):
@@ -261,6 +282,10 @@ def source_from_config(data_config, split: str):
     method = cfg.get('resize_method', 'bilinear')
     if name == 'digits':
         return sources.digits(split, image_size=cfg.get('image_size', 16), resize_method=method)
+    if name == 'fashion_mnist':
+        return fashion.fashion_mnist(split, root=cfg.get('root') or None,
+                                     image_size=cfg.get('image_size', fashion.SIZE),
+                                     resize_method=method, **_subset_options(cfg))
     if name == 'tfds':
         if not cfg.get('tfds_name'):
             raise DataError("data config 'tfds' needs 'tfds_name' (e.g. 'cifar10'; the template: "
@@ -282,9 +307,9 @@ def source_from_config(data_config, split: str):
 
 def pipeline_image_size(data_config):
     """The image size the pipeline resizes to for a data config: its `image_size`, None for
-    'digits' (whose source resizes already)."""
+    'digits' and 'fashion_mnist' (whose sources resize already)."""
     cfg = _as_dict(data_config)
-    return None if cfg.get('name') == 'digits' else cfg.get('image_size')
+    return None if cfg.get('name') in ('digits', 'fashion_mnist') else cfg.get('image_size')
 
 
 def from_config(data_config, split: str, *, batch_size: int, seed: int, train: bool,
@@ -296,7 +321,12 @@ def from_config(data_config, split: str, *, batch_size: int, seed: int, train: b
     `image_size`, `mean`, `std`, `augment` (dict of `Augment` fields; used only when
     `train`), `splits` (maps 'train'/'test' to the source's split names, e.g.
     {'test': 'train[90%:]'}), plus per source: tfds: `tfds_name`, `data_dir`, `image_key`,
-    `label_key`; folder: `root`, `channels`; arrays: `images`, `labels`, `num_classes`.
+    `label_key`; folder: `root`, `channels`; arrays: `images`, `labels`, `num_classes`;
+    fashion_mnist (splits 'train', 'validation', 'test'): `root` (looked in before
+    $JLEARNGENE_DATA/fashion_mnist and Debian's folder), `classes` (kept and relabelled
+    0..k-1; empty: all), `label_fraction` (of the training images, equal per class),
+    `validation_per_class` (training images held out as 'validation'), `subset_seed`
+    (fixes both choices; see `data.subsets`).
     `train=True` gives `train_iterator`, else `eval_batches` (ceil(info.num_examples /
     batch_size) batches). `source`: the split's source when already built (e.g. by
     `source_from_config` and checked with `check_split`), so it is not built again.

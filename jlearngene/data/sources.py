@@ -17,7 +17,8 @@ import dataclasses
 import functools
 import importlib.util
 import os
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 from PIL import Image
@@ -115,7 +116,7 @@ def _load_digits_raw() -> tuple[np.ndarray, np.ndarray]:
     return bunch.images, bunch.target.astype(np.int64)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _digits_raw():
     images, labels = _load_digits_raw()
     # Values are integers 0..16; map them linearly onto 0..255.

@@ -1,4 +1,4 @@
-"""Experiments inside the package, so an installed wheel runs them (`jlearngene demo`).
+"""Experiments inside the package, so an installed wheel runs them (`jlearngene train --config NAME`).
 
 * `configs/`: the bundled ml_collections config files (`get_config(arg)`), by name:
   `jlearngene train --config tleg:smoke --workdir DIR` (`configs.resolve`, `configs.load`).

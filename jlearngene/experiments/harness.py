@@ -1,9 +1,11 @@
-"""The pieces the study harness (`jlearngene.experiments.study`) runs experiments from:
-`module` (the experiment module a config names), `Data` (train iterators and a reusable
-test pass, optionally of some classes only), `fit` (one training run through
-`trainer.fit`), `distil` (a gene through its Aux-Net by soft distillation), `budget`,
-`model_config`, `accuracy` and `write_results` (results.json first, then the table and
-plots).
+"""The pieces the study protocol (`jlearngene.experiments.study`) and the recipes
+(`jlearngene.experiments.recipes`) run experiments from: `module` (the experiment module a
+config names), `Data` (train iterators and a reusable test pass, optionally of some classes
+only), `fit` (one training run through `trainer.fit`, reused when it finished before),
+`distil` (a gene through its Aux-Net by soft distillation), `Context` (one study's shared
+state), the config's shapes (`reference_config`, `shape_configs`, `fraction_steps`),
+`budget`, `accuracy` and `write_results` (results.json first, then the
+table and plots).
 """
 from __future__ import annotations
 
@@ -14,15 +16,18 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 
-from jlearngene import data, distributed, losses, pytree
-from jlearngene.models import ViTConfig, apply, vit_config
-from jlearngene.train import checkpoint, optim, tasks, trainer
+from jlearngene import compiler, costs, data, distributed, genes, losses, pytree
+from jlearngene.models import ViTConfig, apply, model_config, vit
+from jlearngene.train import checkpoint, files, integrity, run_checkpoint, tasks, trainer
+from jlearngene.train import optim as optimisers
 from jlearngene.train.evaluate import evaluate
+from jlearngene.train.hooks import Evaluation, StopWhen
 
 Config = Any   # an ml_collections.ConfigDict (or a dict of the same shape)
 
@@ -61,12 +66,6 @@ def plain(value: Any) -> Any:
     return value
 
 
-def model_config(config: Config, depth: int, num_classes: int) -> ViTConfig:
-    """The ViTConfig of `config.model` at `depth` with `num_classes`."""
-    m = plain(config['model'])
-    return vit_config(m.pop('variant', 'Ti'), depth=depth, num_classes=num_classes, **m)
-
-
 def budget(section: Config, num_examples: int, batch: int, name: str) -> int:
     """Optimiser steps of a stage: `steps` if > 0, else `epochs` (> 0) over the train split."""
     steps, epochs = get(section, 'steps', 0) or 0, get(section, 'epochs', 0.0) or 0.0
@@ -84,6 +83,35 @@ def prepare(config: Config, workdir: str) -> float:
     del config
     os.makedirs(workdir, exist_ok=True)
     return time.perf_counter()
+
+
+OWNER = 'study.json'   # which study and config a study's workdir belongs to
+
+
+def claim_workdir(workdir: str, config: Config) -> None:
+    """Record that `workdir` belongs to the study `config` (`study.json`: its experiment
+    and a digest of its config), or a one-line ValueError if it belongs to another study or
+    to this one with another config: a workdir holds one study's runs, results and plot."""
+    path = os.path.join(workdir, OWNER)
+    mine = dict(experiment=config['experiment'], config_sha256=hashlib.sha256(json.dumps(
+        checkpoint.to_json(plain(config)), sort_keys=True, default=repr).encode()).hexdigest())
+    try:
+        with open(path, encoding='utf-8') as f:
+            owner = json.load(f)
+    except FileNotFoundError:
+        owner = None
+    except (OSError, ValueError) as e:
+        raise ValueError(f'{path}: unreadable ({e}); it names the study that owns {workdir!r}') from None
+    if owner is None:
+        if os.path.exists(os.path.join(workdir, 'results.json')) or os.path.isdir(os.path.join(workdir, 'runs')):
+            raise ValueError(f'workdir {workdir!r} holds runs or results of a study that is not '
+                             'recorded there; give this study another --workdir')
+        files.write_text(path, json.dumps(mine, indent=1))
+    elif owner != mine:
+        what = ('the study ' + repr(owner.get('experiment')) if owner.get('experiment') != mine['experiment']
+                else f"the {mine['experiment']} study with another config")
+        raise ValueError(f'workdir {workdir!r} belongs to {what} ({path}); give this study '
+                         'another --workdir, or delete that folder to start over')
 
 
 # ----------------------------------------------------------------------------------------
@@ -149,14 +177,14 @@ class Data:
 FINISHED = 'finished.json'   # a finished run's fingerprint, curve, seconds and final step (`fit`)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def source_digest() -> str:
     """sha256 of the jlearngene package's Python sources: a finished run is reused only by
     the code that made it."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     h = hashlib.sha256()
-    for folder, _, files in sorted(os.walk(root)):
-        for f in sorted(files):
+    for folder, _, names in sorted(os.walk(root)):
+        for f in sorted(names):
             if f.endswith('.py'):
                 path = os.path.join(folder, f)
                 h.update(os.path.relpath(path, root).encode())
@@ -176,8 +204,8 @@ def software_and_devices() -> list:
 
 
 def tree_digest(tree) -> dict:
-    """A pytree's {path: [shape, dtype, checksum]} (`checkpoint.tree_checksums`)."""
-    sums = checkpoint.tree_checksums(tree)
+    """A pytree's {path: [shape, dtype, checksum]} (`integrity.tree_checksums`)."""
+    sums = integrity.tree_checksums(tree)
     return {p: [list(np.shape(x)), str(x.dtype), sums[p]] for p, x in pytree.flatten(tree).items()}
 
 
@@ -195,17 +223,18 @@ def _reuse(run_dir: str, fingerprint: str, like):
             meta = json.load(f)
         if meta.get('fingerprint') != fingerprint:
             return None
-        with checkpoint.RunCheckpointer(os.path.join(run_dir, 'checkpoints'), keep=1) as ckpt:
+        with run_checkpoint.RunCheckpointer(os.path.join(run_dir, 'checkpoints'), keep=1) as ckpt:
             params, _ = ckpt.restore_params(like, int(meta['step']))
-    except (OSError, ValueError, KeyError, TypeError, checkpoint.CheckpointError):
+    except (OSError, ValueError, KeyError, TypeError, integrity.CheckpointError):
         return None
     return params, [(int(s), float(a)) for s, a in meta['curve']], float(meta['seconds'])
 
 
 def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: float,
-        config: Config, workdir: str, seed: int, eval_every: int | None,
+        optim: Mapping[str, Any], workdir: str, seed: int, eval_every: int | None,
         stop_at: float | None = None, identity: Any = None, reused: list | None = None):
-    """Train `trainable` on `loss_fn` for `steps` with `config.optim` at learning rate `lr`
+    """Train `trainable` on `loss_fn` for `steps` with the optimiser settings `optim` (an
+    `optim` config section) at learning rate `lr`
     (warm-up at most a fifth of the run), evaluating with `eval_fn` every `eval_every` steps
     and at the end, stopping early at the first evaluation with test accuracy ≥ `stop_at`;
     returns (params, [(step, test accuracy)], seconds). The run's log and checkpoint go to
@@ -218,7 +247,7 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     devices, it is read back instead of trained (its name appended to `reused`), so an
     interrupted study picks up after its last finished run. Anything different, several processes or data other than a
     `Data` trains again; a new workdir reruns everything."""
-    opt_cfg = dict(plain(config['optim']), lr=lr)
+    opt_cfg = dict(plain(optim), lr=lr)
     opt_cfg['warmup_steps'] = min(int(opt_cfg.get('warmup_steps', 0)), max(steps // 5, 0))
     run_dir = os.path.join(workdir, 'runs', name)
     finished = os.path.join(run_dir, FINISHED)
@@ -233,18 +262,18 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
         if reused is not None:
             reused.append(name)
         return done
-    optimizer = optim.make_optimizer(opt_cfg, trainable, total_steps=steps)
+    optimizer = optimisers.make_optimizer(opt_cfg, trainable, total_steps=steps)
     loss_key = getattr(loss_fn, 'key', None)   # runs of one loss and shape compile once
     run = trainer.FitConfig(
         workdir=run_dir, steps=steps, log_every=max(1, min(50, steps)),
         seed=seed, resume=False, progress=False, console=False, tensorboard=False,
         handle_sigterm=False, keep_checkpoints=1,
         compile_key=None if loss_key is None else
-        (loss_key, optim.cache_key(opt_cfg, trainable, total_steps=steps)))
-    hooks = [] if eval_fn is None else [trainer.Evaluation(eval_fn, dset.test, every=eval_every or None)]
+        (loss_key, optimisers.cache_key(opt_cfg, trainable, total_steps=steps)))
+    hooks = [] if eval_fn is None else [Evaluation(eval_fn, dset.test, every=eval_every or None)]
     if stop_at is not None:
-        hooks.append(trainer.StopWhen(lambda rec: rec['eval/accuracy'] >= stop_at,
-                                      f'test accuracy >= {stop_at:g}'))
+        hooks.append(StopWhen(lambda rec: rec['eval/accuracy'] >= stop_at,
+                              f'test accuracy >= {stop_at:g}'))
     if reusable and os.path.exists(finished):
         os.remove(finished)            # another run's record: it is trained again below
     t0 = time.perf_counter()
@@ -260,7 +289,7 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     return params, curve, secs
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def eval_fn(cfg: ViTConfig) -> Callable:
     """`tasks.classification_eval(cfg)`, one function object (one compile) per config."""
     return tasks.classification_eval(cfg)
@@ -278,57 +307,186 @@ def say(msg: str, quiet: bool) -> None:
 
 
 # ----------------------------------------------------------------------------------------
+# A study's context: what every recipe and the protocol share.
+
+def fraction_steps(fraction: float, S: int) -> int:
+    """Steps of a stage budgeted at `fraction` of S (at least 1 for a positive fraction)."""
+    return 0 if fraction <= 0 else max(1, int(round(fraction * S)))
+
+
+def reference_config(config: Config, num_classes: int) -> ViTConfig:
+    """The teacher's (Aux-Nets', slimmable network's) config: `model` at `depth`."""
+    return model_config(config['model'], depth=config['depth'], num_classes=num_classes)
+
+
+def shape_configs(config: Config, shape: Sequence[int], num_classes: int,
+                  adjust: Callable[[ViTConfig, Config], ViTConfig] | None = None) -> tuple[ViTConfig, ...]:
+    """The head splits of the shape (width, depth): whole heads of the model's head_dim, then
+    the model's head count (the other way round with `keep_heads`, as a slimmable network's
+    sub-networks keep every head); a shape (width, depth, heads) has that many heads of the
+    model's head_dim. MLP `mlp_ratio` × width; each through `adjust(cfg, config)` (the
+    study's `descendant_config`). The first is Scratch's."""
+    width, depth = shape[:2]
+    ref = reference_config(config, num_classes)
+    mlp = int(config['mlp_ratio']) * width
+    out = []
+    splits = [(width // ref.head_dim, ref.head_dim) if width % ref.head_dim == 0 else None,
+              (ref.num_heads, width // ref.num_heads) if width % ref.num_heads == 0 else None]
+    if get(config, 'keep_heads', False):
+        splits.reverse()
+    if len(shape) == 3:
+        splits = [(shape[2], ref.head_dim)]
+    for heads, head_dim in (x for x in splits if x is not None):
+        cfg = ref.replace(width=width, num_heads=heads, head_dim=head_dim, mlp_dim=mlp, depth=depth)
+        if cfg not in out:
+            out.append(cfg)
+    if not out:
+        raise ValueError(f'study: shape (width {width}, depth {depth}) splits neither into '
+                         f'heads of {ref.head_dim} nor into {ref.num_heads} heads')
+    return tuple(out if adjust is None else (adjust(c, config) for c in out))
+
+
+@functools.cache
+def _jit_descend(method: str, cfg: ViTConfig, options: tuple):
+    """The method's descend for `cfg`, compiled once and quickly (`compiler.run_once_jit`)."""
+    fn = functools.partial(genes.get(method).descend, target_cfg=cfg, **dict(options))
+    return compiler.run_once_jit(lambda gene, key: fn(gene, key=key),
+                                 lambda gene, key: vit.block_elements(cfg))
+
+
+class Context:
+    """One study's shared state, handed to the protocol and every recipe: the config (read
+    only), the data (`dset`, the descendants' task; `ancestor_dset`, the source task, the
+    same object on one task), the reference and teacher configs, the Scratch baseline once
+    trained (`base`), one training run (`fit`), FLOP counts, progress lines and a per-study
+    memo (`memo`) for upstream runs that several recipes share (the small model).
+
+    Without `load_data` only what follows from the config is there (`plan`)."""
+
+    def __init__(self, config: Config, workdir: str | None = None, *, quiet: bool = True,
+                 adjust: Callable[[ViTConfig, Config], ViTConfig] | None = None,
+                 num_classes: int | None = None):
+        self.config, self.workdir, self.quiet, self.adjust = config, workdir, quiet, adjust
+        self.dset = self.ancestor_dset = None
+        self.K = num_classes
+        if num_classes is None:
+            tasks_ = get(config, 'tasks', None)
+            self.dset = Data(config, tasks_['descendant'] if tasks_ else None)
+            self.ancestor_dset = Data(config, tasks_['ancestor']) if tasks_ else self.dset
+            self.K = self.dset.num_classes
+        self.bs = config['batch_size']
+        self.ref = reference_config(config, self.K)
+        self.t_cfg = self.ref           # the teacher's: set by the protocol once it is built
+        self.base: dict = {}            # Scratch's baseline by shape, once trained
+        self.timings: dict[str, float] = {}
+        self.identity = plain(config)   # what a finished run in workdir must match to be reused
+        self.reused: list[str] = []
+        self.memo: dict = {}
+        # set by the protocol as the study proceeds
+        self.rows: list = []           # the study's rows (`recipes.Row`)
+        self.plan: dict = {}           # {row name: {shape: config or why not}}
+        self.shapes: list = []         # the descendant shapes
+        self.scratch_cfgs: dict = {}   # Scratch's config by shape
+        self.S_ref = 0                 # the reference (teacher) shape's S
+        self.teachers: dict = {}       # the teacher's params by seed
+
+    def teacher(self, seed: int):
+        """The teacher (the reference shape's Scratch run, or the ancestor) of `seed`."""
+        return self.teachers[seed]
+
+    @property
+    def n(self) -> int:
+        return self.dset.num_examples
+
+    @property
+    def two_tasks(self) -> bool:
+        return bool(get(self.config, 'tasks', None))
+
+    def say(self, msg: str) -> None:
+        say(msg, self.quiet)
+
+    def steps(self, section: Config, name: str) -> int:
+        return budget(section, self.n, self.bs, name)
+
+    def shape_configs(self, shape: Sequence[int]) -> tuple[ViTConfig, ...]:
+        return shape_configs(self.config, shape, self.K, self.adjust)
+
+    def fit(self, name, loss_fn, params, eval_fn, *, steps, lr, seed, eval_every=None, optim=None,
+            stop_at=None, dset=None):
+        """`fit` in the study's workdir, with the study's optimiser unless `optim` is given."""
+        params, curve, secs = fit(name, loss_fn, params, eval_fn, dset or self.dset, steps=steps,
+                                  lr=lr, optim=self.config['optim'] if optim is None else optim,
+                                  workdir=self.workdir, seed=seed, eval_every=eval_every,
+                                  stop_at=stop_at, identity=self.identity, reused=self.reused)
+        self.timings[name] = secs
+        return params, curve
+
+    def step_flops(self, cfg: ViTConfig, params=None) -> float:
+        return float(costs.TRAIN_FACTOR * costs.flops_per_image(cfg, params) * self.bs)
+
+    def run_flops(self, cfg: ViTConfig, steps: float, teacher: ViTConfig | None = None) -> float:
+        return float(costs.training_cost([costs.Run('r', cfg, steps * self.bs / self.n, self.n,
+                                                    teacher=teacher)])['flops'])
+
+    def jit_descend(self, method: str, cfg: ViTConfig, options: Mapping[str, Any]):
+        """`descend(gene, key)` of `method` for `cfg`, compiled once per (method, cfg, options)."""
+        return _jit_descend(method, cfg, tuple(sorted(options.items())))
+
+    def default_budgets(self, S: int) -> list[tuple[float, int, float]]:
+        """[(fraction, steps, lr)] of `descend.fractions` of S at `descend.lr`."""
+        lr = float(self.config['descend']['lr'])
+        return [(float(f), fraction_steps(float(f), S), lr) for f in self.config['descend']['fractions']]
+
+
+# ----------------------------------------------------------------------------------------
 # Results.
 
 def write_results(results: dict, workdir: str, table: str | Callable[[dict], str],
                   plot_fn: Callable[[dict, str], Any] | None = None) -> dict:
     """Write `results.json`, then `results.md` (`table`, or `table(results)`) and the plots of
     `plot_fn(results, workdir)` (process 0 only, in a multi-process run); returns `results`
-    with the table under 'table'. The records are on disk before any rendering runs."""
+    with the table under 'table'. The records are on disk before any rendering runs; each
+    file is renamed into place once complete (`train.files.write_text`)."""
     main = distributed.is_main_process()
     if main:
-        with open(os.path.join(workdir, 'results.json'), 'w', encoding='utf-8') as f:
-            json.dump(checkpoint.to_json(results), f, indent=1)
+        files.write_text(os.path.join(workdir, 'results.json'),
+                          json.dumps(checkpoint.to_json(results), indent=1))
     results['table'] = table(results) if callable(table) else table
     if not main:
         return results
-    with open(os.path.join(workdir, 'results.md'), 'w', encoding='utf-8') as f:
-        f.write(results['table'] + '\n')
+    files.write_text(os.path.join(workdir, 'results.md'), results['table'] + '\n')
     if plot_fn is not None:
         plot_fn(results, workdir)
     return results
 
 
 def distil(name: str, materialize: Callable, gene0, teacher, t_cfg: ViTConfig,
-           aux_cfg: ViTConfig, dset: Data, config: Config, workdir: str, *,
+           aux_cfg: ViTConfig, dset: Data, *, steps: int, tau: float, alpha: float,
+           optim: Mapping[str, Any], seed: int, workdir: str, identity: Any = None,
            decay: tuple[str, ...] | None = None, reused: list | None = None):
     """Train the gene `gene0` through the Aux-Net `materialize(gene)` (config `aux_cfg`) by
-    soft distillation from `teacher` (`config.aux`: steps or epochs, tau, alpha); only the
-    gene trains, `decay` (path regexes) limits weight decay to those leaves (`reused`: as
-    `fit`'s). Returns (gene,
-    the Aux-Net's test accuracy, seconds, steps)."""
-    ac, seed = config['aux'], config['seed']
-    steps = budget(ac, dset.num_examples, config['batch_size'], 'aux')
-
+    soft distillation from `teacher` (temperature `tau`, weight `alpha` on the KD term) for
+    `steps` at `optim`'s lr; only the gene trains, `decay` (path regexes) limits weight decay
+    to those leaves (`identity`, `reused`: as `fit`'s). Returns (gene, the Aux-Net's test
+    accuracy, seconds)."""
     def kd_loss(gene, batch, rng):
         student, _ = apply(materialize(gene), batch['image'], aux_cfg, train=True, rng=rng)
         target = apply(teacher, batch['image'], t_cfg)[0]
-        loss = losses.soft_distillation(student, target, batch['label'], tau=ac['tau'], alpha=ac['alpha'])
+        loss = losses.soft_distillation(student, target, batch['label'], tau=tau, alpha=alpha)
         return loss, {'accuracy': losses.accuracy(student, batch['label'])}
 
     def aux_eval(gene, batch):
         return eval_fn(aux_cfg)(materialize(gene), batch)
 
-    optim_cfg = dict(plain(config['optim']))
+    optim_cfg = dict(plain(optim))
     if decay is not None:
         optim_cfg['decay'] = decay
-    identity = dict(config=plain(config), aux_cfg=aux_cfg.to_dict(), t_cfg=t_cfg.to_dict(),
-                    teacher=tree_digest(teacher), decay=decay)
+    identity = dict(identity=identity, tau=tau, alpha=alpha, aux_cfg=aux_cfg.to_dict(),
+                    t_cfg=t_cfg.to_dict(), teacher=tree_digest(teacher), decay=decay)
     gene, curve, secs = fit(name, kd_loss, gene0, aux_eval, dset, steps=steps,
-                             lr=config['optim']['lr'], config={'optim': optim_cfg},
-                             workdir=workdir, seed=seed + 1, eval_every=None,
-                             identity=identity, reused=reused)
-    return gene, curve[-1][1], secs, steps
+                             lr=float(optim_cfg['lr']), optim=optim_cfg, workdir=workdir, seed=seed,
+                             eval_every=None, identity=identity, reused=reused)
+    return gene, curve[-1][1], secs
 
 
 # ----------------------------------------------------------------------------------------

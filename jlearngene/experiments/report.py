@@ -1,29 +1,19 @@
 """A study's tables and plot, from its results (`study.run`): pure functions of the dict
-that `results.json` holds, so a recorded run can be re-rendered without training."""
+that `results.json` holds, so a recorded run can be re-rendered without training. Each
+method family's recipe adds its own lines (`Recipe.report_lines`)."""
 from __future__ import annotations
 
 import os
 
 import numpy as np
 
+from jlearngene.experiments import recipes
+from jlearngene.train import files
+from jlearngene.experiments.results import parse_key, shape_text
+
 
 def _g(x) -> str:
     return '–' if x is None else f'{x / 1e9:.3g}'
-
-
-def shape_key(shape) -> str:
-    """A shape's key in results: 'w64_d6', or 'w64_d6_h16' for (width, depth, heads)."""
-    return f'w{shape[0]}_d{shape[1]}' + (f'_h{shape[2]}' if len(shape) == 3 else '')
-
-
-def parse_key(key: str) -> tuple[int, ...]:
-    """`shape_key`'s inverse: 'w64_d6_h16' -> (64, 6, 16)."""
-    return tuple(int(part[1:]) for part in key.split('_'))
-
-
-def shape_text(shape) -> str:
-    """A shape in tables: 'w64 L6', or 'w64 L6 H16' for (width, depth, heads)."""
-    return f'w{shape[0]} L{shape[1]}' + (f' H{shape[2]}' if len(shape) == 3 else '')
 
 
 def _break_even(s: dict) -> str:
@@ -69,6 +59,8 @@ def markdown(results: dict) -> str:
                      f"{b['S']} | {'yes' if b['converged'] else '**no**'} | {b['acc']:.4f} ± {b['std']:.4f} | "
                      f"{b['acc'] - cfg['target_gap']:.4f} |")
     lines += ancestor_lines(results)
+    for recipe in recipes.REGISTRY.values():     # each family's own lines
+        lines += recipe.report_lines(results)
     ups = results['upstream_flops']
     first = ups[str(seeds[0])] if str(seeds[0]) in ups else next(iter(ups.values()))
     lines += ['', 'Upstream runs per seed (training GFLOPs; the pretrained source: the teacher, the '
@@ -132,8 +124,7 @@ def _reused_text(results: dict) -> str:
 
 def ancestor_lines(results: dict) -> list[str]:
     """Markdown lines for a study with two tasks: the ancestor's own baseline (its task, lr
-    sweep, S, accuracy, convergence) and, for Cluster-Learngene, the attention distances per
-    layer against ε; nothing for a study on one task."""
+    sweep, S, accuracy, convergence); nothing for a study on one task."""
     a = results.get('ancestor')
     if not a:
         return []
@@ -141,18 +132,6 @@ def ancestor_lines(results: dict) -> list[str]:
     lines = ['', f"**Ancestor** (the teacher; classes {a['classes']}, relabelled; descendants on "
              f"classes {a['descendant_classes']}): lr sweep {sweep}; chosen {a['lr']:g}; S = {a['S']}; "
              f"accuracy {a['acc']:.4f} ± {a['std']:.4f}; converged: {'yes' if a['converged'] else '**no**'}."]
-    per_seed = [i['attention_distance'] for i in results.get('info', {}).values()
-                if 'attention_distance' in i]
-    if per_seed:
-        first = per_seed[0]
-        lines += ['', f"**Mean attention distance** (px, over {first['images']} ancestor-task "
-                  f"images; ε = {first['eps']:g} px; per seed: centroids per layer / FFN groups: "
-                  + '; '.join(f"{p['centroids']} / {p['ffn_groups']}" for p in per_seed) + '), first seed:',
-                  '', '| layer | min | max | spread (max − min) | spread / ε | centroids |',
-                  '|---|---|---|---|---|---|']
-        for l, (row, spread) in enumerate(zip(first['distances'], first['spread'])):
-            lines.append(f"| {l} | {min(row):.2f} | {max(row):.2f} | {spread:.2f} | "
-                         f"{spread / first['eps']:.1f} | {first['centroids'][l]} |")
     return lines
 
 
@@ -240,6 +219,8 @@ def plot(results: dict, workdir: str) -> list[str]:
     fig.legend(handles, labels, loc='lower center', ncol=min(6, max(1, len(labels))), fontsize=7)
     fig.tight_layout(rect=(0, 0.12 + 0.03 * (len(labels) // 7), 1, 1))
     path = os.path.join(workdir, 'accuracy_vs_flops.png')
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    try:
+        files.write_file(path, lambda tmp: fig.savefig(tmp, dpi=90))   # renamed into place whole
+    finally:
+        plt.close(fig)
     return [path]

@@ -25,7 +25,9 @@ itself and are `descend_*(*_gene(model))`. `embeddings='inherit'` copies the emb
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping
+import math
+from typing import Any
+from collections.abc import Callable, Mapping
 
 import jax
 import numpy as np
@@ -310,6 +312,15 @@ def _from_model(make: Callable[..., Params], what: str) -> Callable[..., Params]
     return common.forwards_options(make)(gene_from_model)
 
 
+def half_depth_k(options: Mapping[str, Any], target_cfg: ViTConfig,
+                 source_cfg: ViTConfig) -> dict:
+    """He-LG's and Auto-LG's gene options for one descendant: k = 0 (or unset) means
+    ⌈depth / 2⌉ of the descendant, as the papers size the learngene; at most the source's
+    and the descendant's depth."""
+    k = options.get('k') or math.ceil(target_cfg.depth / 2)
+    return {**options, 'k': min(int(k), source_cfg.depth, target_cfg.depth)}
+
+
 # Share-Init's gene is TLEG's without θ_A; a layers gene holds the stored layers, the heads
 # and, where chosen, the embeddings; Pre-Fin's is a whole model.
 SHARE_INIT_PARTS = {'theta_b': common.Part(), 'shared': tleg.SHARED_PART}
@@ -321,23 +332,25 @@ SCRATCH = common.register(common.Method(
 SHARE_INIT = common.register(common.Method(
     name='share_init', label='Share-Init', source='learned', init_gene=share_init_gene,
     materialize=tleg.materialize, descend=share_init, gene_param_count=share_init_param_count,
-    gene_parts=SHARE_INIT_PARTS))
+    gene_parts=SHARE_INIT_PARTS, family='aux'))
 MINI_INIT = common.register(common.Method(
     name='mini_init', label='Mini-Init', source='learned', init_gene=mini_init_gene,
     materialize=mini_init_materialize, descend=descend_mini_init,
     gene_param_count=functools.partial(common.count, include_head=False),
-    gene_parts=common.model_parts()))
+    gene_parts=common.model_parts(), family='aux'))
 HE_LG = common.register(common.Method(
     name='he_lg', label='He-LG', source='model', gene_from_model=_from_model(he_lg_gene, 'he_lg'),
     descend=descend_he_lg, gene_param_count=functools.partial(common.count, include_head=False),
-    gene_parts=LAYERS_PARTS))
+    gene_parts=LAYERS_PARTS, family='teacher', descend_defaults={'head': 'new'},
+    target_options=half_depth_k))
 AUTO_LG = common.register(common.Method(
     name='auto_lg', label='Auto-LG', source='model',
     gene_from_model=_from_model(auto_lg_gene, 'auto_lg'), descend=descend_auto_lg,
     gene_param_count=functools.partial(common.count, include_head=False),
-    gene_parts=LAYERS_PARTS))
+    gene_parts=LAYERS_PARTS, family='teacher', descend_defaults={'head': 'new'},
+    target_options=half_depth_k))
 PRE_FIN = common.register(common.Method(
     name='pre_fin', label='Pre-Fin', source='model',
     gene_from_model=_from_model(pre_fin_gene, 'pre_fin'), descend=descend_pre_fin,
     gene_param_count=functools.partial(common.count, include_head=False), gene_per_target=True,
-    gene_parts=common.model_parts()))
+    gene_parts=common.model_parts(), family='teacher'))

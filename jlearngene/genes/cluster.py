@@ -3,8 +3,9 @@ clustered by mean attention distance, inherited by descendants with any head cou
 
 The pipeline, as pure functions:
 
-1. `mean_attention_distance(params, cfg, batches)`: (layers, heads) mean attention distance
-   in pixels, streamed over a dataset one batch and one layer at a time.
+1. `jlearngene.diagnostics.mean_attention_distance(params, cfg, batches)`: (layers, heads)
+   mean attention distance in pixels, streamed over a dataset one batch and one layer at a
+   time (the diagnostics' definition, so the heads are clustered by what they plot).
 2. `cluster_heads(distances, eps, min_heads)`: per layer, density clustering of the heads'
    distances (DBSCAN; or k-means), clusters in priority order, each with its centroid head.
 3. `gene_from_model(params, cfg, clusters=...)`: the gene (below).
@@ -77,7 +78,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -91,8 +93,6 @@ from jlearngene.models.config import ViTConfig
 Params = dict[str, Any]
 Gene = dict[str, Any]
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 ALGORITHMS = ('density', 'kmeans')
 SCHEDULES = ('decrementing', 'incrementing')
 SCHEDULE_OMEGAS = {'decrementing': (2.0, 1.5, 1.0), 'incrementing': (1.0, 1.5, 2.0)}
@@ -110,101 +110,6 @@ OFFICIAL_CENTROIDS = {
           (6, 7, 10, 11), (0, 1, 5, 3), (10, 6, 4, 11), (0, 3, 7, 9), (3,), (3, 4), (5,)),
 }
 OFFICIAL_FFN_GROUPS = {'Ti': ((1, 2), (10, 11)), 'S': ((9, 10, 11),), 'B': ((6, 7), (9, 10, 11))}
-
-
-# ----------------------------------------------------------------------------------------
-# Mean attention distance.
-
-def normalise(images, mean=IMAGENET_MEAN, std=IMAGENET_STD, *, official: bool = False):
-    """Images in [0, 1] (…, C) as model inputs, (x − mean) / std per channel.
-
-    `official=True` reproduces the official attention-distance pass: mean·255 and std·255
-    applied to images already in [0, 1], which maps every pixel to ≈ −mean/std (an almost
-    constant image), so its distances mostly reflect positional structure.
-    """
-    images = jnp.asarray(images, jnp.float32)
-    mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
-    if mean.shape != std.shape or mean.ndim != 1 or mean.size not in (1, images.shape[-1]):
-        raise ValueError(f'normalise: mean {tuple(mean)} and std {tuple(std)} need one value '
-                         f'per channel ({images.shape[-1]}) or one value')
-    if official:
-        mean, std = mean * 255.0, std * 255.0
-    return (images - mean) / std
-
-
-def patch_distances(cfg: ViTConfig) -> np.ndarray:
-    """(N, N) pixel distances between the patches of `cfg`'s grid (row-major patch order):
-    patch_size × the Euclidean distance of their (row, column) grid positions."""
-    g = cfg.image_size // cfg.patch_size
-    rc = np.stack(np.divmod(np.arange(g * g), g), axis=1).astype(np.float64)
-    return cfg.patch_size * np.sqrt(((rc[:, None] - rc[None]) ** 2).sum(-1))
-
-
-def _layer_distance(probs, dist, n_prefix: int, renormalise: bool):
-    """(B, H) mean attention distance of one layer's probabilities (B, H, T, T)."""
-    a = probs[:, :, n_prefix:, n_prefix:].astype(jnp.float32)
-    if renormalise:
-        a = a / a.sum(-1, keepdims=True)
-    return jnp.einsum('bhij,ij->bh', a, dist) / a.shape[-1]
-
-
-@functools.partial(jax.jit, static_argnames=('cfg', 'renormalise'))
-def _distance_sums(params, images, mask, dist, cfg, renormalise):
-    """Σ over the batch's valid images of the per-image distances, (L, H); one layer's
-    attention probabilities are alive at a time."""
-    n_prefix = sum(k in params for k in ('cls_token', 'dist_token'))
-    x = vit.embed(params, images, cfg)
-
-    def body(h, p):
-        h, probs = vit.block_apply(p, h, cfg, need_probs=True)
-        return h, mask @ _layer_distance(probs, dist, n_prefix, renormalise)
-
-    _, sums = jax.lax.scan(body, x, params['blocks'])
-    return sums
-
-
-def mean_attention_distance(params: Params, cfg: ViTConfig, batches: Iterable[Any], *,
-                            renormalise: bool = False, mean=IMAGENET_MEAN, std=IMAGENET_STD,
-                            official_normalisation: bool = False) -> np.ndarray:
-    """(layers, heads) mean attention distance of a model, in pixels, over `batches`.
-
-    Per layer l, head h and image n, with A the post-softmax attention of that layer (the
-    prefix tokens' rows and columns dropped, N patches): MAD = (1/N) Σ_ij A_ij · δ_ij with δ
-    the pixel distance of patches i and j (`patch_distances`); then the mean over images.
-    The rows of A are not renormalised after dropping the class token (the official
-    definition); `renormalise=True` makes each row a distribution again first.
-
-    `batches`: an iterable of image arrays (B, H, W, C) or of mappings with 'image' (and
-    optionally a boolean 'mask' marking real examples, as `jlearngene.data.eval_batches`
-    gives). Images are in [0, 1] and normalised with `mean`/`std` (ImageNet's by default;
-    `official_normalisation=True` is the official code's bug, see `normalise`);
-    `mean=None, std=None` takes the batches as model inputs already. Streamed: one
-    compiled pass per batch shape, holding one layer's attention at a time; sums in float64.
-    """
-    params = common.stacked(params, 'mean_attention_distance')
-    if (mean is None) != (std is None):
-        raise ValueError('mean_attention_distance: give both mean and std, or neither')
-    if mean is None and official_normalisation:
-        raise ValueError('mean_attention_distance: official_normalisation needs mean and std '
-                         '(images in [0, 1])')
-    dist = jnp.asarray(patch_distances(cfg), jnp.float32)
-    total, count = None, 0.0
-    for batch in batches:
-        if isinstance(batch, Mapping):
-            images, mask = batch['image'], batch.get('mask')
-        else:
-            images, mask = batch, None
-        images = jnp.asarray(images, jnp.float32)
-        if mean is not None:
-            images = normalise(images, mean, std, official=official_normalisation)
-        mask = (jnp.ones(images.shape[:1], jnp.float32) if mask is None
-                else jnp.asarray(mask, jnp.float32))
-        sums = np.asarray(_distance_sums(params, images, mask, dist, cfg, renormalise), np.float64)
-        total = sums if total is None else total + sums
-        count += float(np.asarray(mask).sum())
-    if total is None or count == 0:
-        raise ValueError('mean_attention_distance: the batches hold no images')
-    return total / count
 
 
 # ----------------------------------------------------------------------------------------
@@ -420,7 +325,7 @@ def gene_from_model(params: Params, cfg: ViTConfig, *, clusters=None, distances=
 
     `clusters`: `cluster_heads`' output or centroid lists per layer (e.g.
     `OFFICIAL_CENTROIDS['B']`); or `distances` ((layers, heads), from
-    `mean_attention_distance`) clustered here with `cluster_heads(distances, eps,
+    `diagnostics.mean_attention_distance`) clustered here with `cluster_heads(distances, eps,
     min_heads)`; with neither, every head is its own centroid (the identity gene).
     `ffn`: 'paper', 'none' or explicit groups (`ffn_groups`); None is 'paper' with clusters
     and 'none' for the identity gene. `official`: the attention in the official code's form
@@ -503,6 +408,29 @@ def gene_param_count(gene: Gene, *, include_head: bool = False) -> int:
     reads (the official form's output projection only in part when heads shrink)."""
     _check_gene(gene)
     return common.count(gene, include_head=include_head)
+
+
+def inherited_param_count(gene: Gene, target_cfg: ViTConfig, *,
+                          heads: Sequence[int] | None = None, head: str = 'inherit',
+                          embeddings: str | None = None) -> int:
+    """I-Params (the paper's Table 2): the parameters of `descend(gene, target_cfg,
+    heads=..., head=..., embeddings=...)` whose values come from the ancestor: every head
+    slot (a centroid that fills several slots counts once per slot), the norms, the FFNs
+    (those φ generates from a group's representative included), and the embeddings and head
+    when inherited. Layers beyond the ancestor's depth and whatever else is drawn fresh are
+    not. From shapes alone. S-Params (`gene_param_count`) count each stored value once."""
+    blocks = _check_gene(gene)
+    state = jax.eval_shape(lambda g: descendant_state(
+        g, target_cfg, key=jax.random.key(0), heads=heads, head=head, embeddings=embeddings), gene)
+    params = state['params']
+    n = common.count(params['blocks'][:min(target_cfg.depth, len(blocks))])
+    n += sum(g['phi']['fc1']['kernel'].shape[0] * common.count(g['mlp'])
+             for g in state['ffn_groups'])
+    if embeddings is None:   # as `common.embeddings_and_heads` decides
+        embeddings = 'inherit' if any(k in gene for k in common.EMBED_KEYS) else 'random'
+    inherited = (common.EMBED_KEYS if embeddings == 'inherit' else ()) + (
+        common.HEAD_KEYS if head == 'inherit' else ())
+    return n + common.count({k: v for k, v in params.items() if k in inherited})
 
 
 # ----------------------------------------------------------------------------------------
@@ -702,4 +630,6 @@ def descend(gene: Gene, target_cfg: ViTConfig, *, key: jax.Array | None = None,
 METHOD = common.register(common.Method(
     name='cluster', label='Cluster-LG', source='model', gene_from_model=gene_from_model,
     descend=descend, gene_param_count=gene_param_count,
-    gene_parts=common.model_parts(blocks=('layers',))))
+    gene_parts=common.model_parts(blocks=('layers',)), family='cluster',
+    clustering=common.Clustering(cluster=cluster_heads, random=random_centroids,
+                                 ffn_groups=ffn_groups)))

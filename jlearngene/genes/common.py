@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +26,11 @@ Gene = Any
 HEADS = ('inherit', 'new')
 EMBEDDINGS = ('inherit', 'random')
 SOURCES = ('learned', 'model', 'none')
+# How a method's gene is made upstream in a study, one recipe per family
+# (`jlearngene.experiments.recipes`): taken from the trained teacher, distilled through an
+# Aux-Net, clustered from the teacher's attention heads, a slimmable network's sub-networks,
+# a grown small model, or a small model mapped by an operator trained per descendant.
+FAMILIES = ('teacher', 'aux', 'cluster', 'slimmable', 'grown', 'operator')
 EMBED_KEYS = ('patch_embed', 'pos_embed', 'cls_token', 'dist_token', 'norm')
 # The classifier: the heads and the pre-logits layer they read (`representation_size`).
 # Descendants inherit or draw them together; counts without heads leave them all out.
@@ -48,7 +54,7 @@ class Part:
     for a tree or the layers of a list its own named `parts` (None: not described further)."""
     kinds: tuple[str, ...] = ('tree',)
     required: bool = True
-    parts: Mapping[str, 'Part'] | None = dataclasses.field(default=None, compare=False)
+    parts: Mapping[str, Part] | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
         odd = [k for k in self.kinds if k not in PART_KINDS]
@@ -163,6 +169,72 @@ def _checked_descend(descend: Callable[..., Params], name: str) -> Callable[...,
 
 
 @dataclasses.dataclass(frozen=True)
+class Operator:
+    """A growth operator's verbs, for the methods that train one per descendant (Mango, LiGO).
+
+    Attributes:
+      init: `init(small_cfg, large_cfg, key, **init_options) -> operator`, a fresh operator.
+      grow: `grow(operator, small_params, large_cfg, **grow_options) -> params`, the large
+        model (jittable with `large_cfg` static; differentiable in the operator).
+      grow_flops: `grow_flops(small_cfg, large_cfg, **init_options) -> float`, the forward
+        FLOPs of one grow from shapes alone; None: XLA's cost analysis of the lowered grow.
+      grow_options: which of the method's gene options are `grow`'s; the others are `init`'s
+        (and `gene_from_model`'s).
+    """
+    init: Callable[..., Any]
+    grow: Callable[..., Params]
+    grow_flops: Callable[..., float] | None = None
+    grow_options: tuple[str, ...] = ()
+
+    def split(self, options: Mapping[str, Any]) -> tuple[dict, dict]:
+        """(init options, grow options) of a method's gene options."""
+        return ({k: v for k, v in options.items() if k not in self.grow_options},
+                {k: v for k, v in options.items() if k in self.grow_options})
+
+
+@dataclasses.dataclass(frozen=True)
+class Slimmable:
+    """How one slimmable network trains, for the methods whose gene is one (Scala, US-Net,
+    MatFormer). Every callable takes the slicing `rule` ('clean' or 'official'; a method
+    with one rule refuses the other).
+
+    Attributes:
+      grid: `grid(smallest, granularity) -> ratios`, the widths it is trained at.
+      loss: `loss(cfg, grid, *, rule, **loss_options) -> loss_fn(params, batch, rng)`.
+      warmup_loss: `warmup_loss(cfg, *, rule) -> loss_fn`, the full-width warm-up's loss.
+      subnet_config: `subnet_config(cfg, ratio, *, rule) -> ViTConfig`, a sub-network's.
+      plan: `plan(grid, warmup_steps, steps) -> ((ratio, steps), ...)`, the forward-backward
+        passes each width gets over the run (warm-up included), for its training FLOPs.
+      loss_options: the keyword options `loss` takes beyond the rule.
+    """
+    grid: Callable[[float, float], tuple[float, ...]]
+    loss: Callable[..., Callable]
+    warmup_loss: Callable[..., Callable]
+    subnet_config: Callable[..., ViTConfig]
+    plan: Callable[..., tuple[tuple[float, float], ...]]
+    loss_options: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Clustering:
+    """How a clustered gene is made from per-head statistics of a trained model
+    (Cluster-Learngene): the statistic is the heads' mean attention distance
+    (`jlearngene.diagnostics.mean_attention_distance`).
+
+    Attributes:
+      cluster: `cluster(distances (L, H), eps, min_heads) -> clusters per layer`, each with
+        its `centroids`.
+      random: `random(clusters, num_heads, seed) -> head indices per layer`, as many heads as
+        each layer has centroids, drawn at random (the control).
+      ffn_groups: `ffn_groups(centroid_counts, rule, *, heads) -> layer groups` sharing one
+        FFN.
+    """
+    cluster: Callable[..., Any]
+    random: Callable[..., Any]
+    ffn_groups: Callable[..., Any]
+
+
+@dataclasses.dataclass(frozen=True)
 class Method:
     """One initialisation method, described by the same verbs as every other.
 
@@ -183,6 +255,19 @@ class Method:
         (Pre-Fin pretrains a model at each size).
       gene_parts: the named parts of the method's gene (`Part`s by key; None exactly for
         source 'none'); `check_gene` refuses a gene without them, e.g. another method's.
+      family: how a study makes its gene upstream (one of `FAMILIES`; None: no gene to make,
+        as Scratch). A study runs it through that family's recipe.
+      descend_defaults: descend options every study run of the method gets (He-LG: a new
+        head, its learngene being the layers).
+      target_options: `target_options(options, target_cfg, source_cfg) -> options`, the gene
+        options for one descendant (He-LG's k follows the descendant's depth).
+      trainable_decay: path regexes of the gene's leaves that get weight decay while it
+        trains (None: the optimiser's default).
+      operator: the growth operator's verbs (family 'operator').
+      slimmable: the slimmable network's training (family 'slimmable').
+      clustering: how heads are clustered into the gene (family 'cluster').
+      row_label: `row_label(gene_options) -> str`, the text in parentheses after the label in
+        a study's tables ('R=2' for Mango); None: the variant's value, if any.
     """
     name: str
     label: str
@@ -195,6 +280,14 @@ class Method:
     gene_per_target: bool = False
     gene_parts: Mapping[str, Part] | None = dataclasses.field(default=None, repr=False,
                                                               compare=False)
+    family: str | None = None
+    descend_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+    target_options: Callable[..., dict] | None = dataclasses.field(default=None, repr=False)
+    trainable_decay: tuple[str, ...] | None = None
+    operator: Operator | None = dataclasses.field(default=None, repr=False)
+    slimmable: Slimmable | None = dataclasses.field(default=None, repr=False)
+    clustering: Clustering | None = dataclasses.field(default=None, repr=False)
+    row_label: Callable[[Mapping[str, Any]], str] | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self):
         if not getattr(self.descend, '_checks_output', False):
@@ -208,6 +301,13 @@ class Method:
             if given != (verb in need):
                 raise GeneError(f"method {self.name!r} with source={self.source!r} "
                                 f"{'needs' if verb in need else 'takes no'} {verb}")
+        if self.family is not None and self.family not in FAMILIES:
+            raise GeneError(f'method {self.name!r}: family={self.family!r}; expected one of {FAMILIES}')
+        for verbs, family in ((self.operator, 'operator'), (self.slimmable, 'slimmable'),
+                              (self.clustering, 'cluster')):
+            if (verbs is not None) != (self.family == family):
+                raise GeneError(f"method {self.name!r} of family {self.family!r} "
+                                f"{'takes no' if verbs is not None else 'needs'} {family} verbs")
         if (self.gene_parts is None) != (self.source == 'none'):
             raise GeneError(f"method {self.name!r} with source={self.source!r} "
                             f"{'takes no' if self.source == 'none' else 'needs'} gene_parts "

@@ -32,7 +32,8 @@ Everything here is pure and jittable with the configs and options static.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp

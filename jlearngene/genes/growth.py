@@ -53,7 +53,8 @@ embeddings=...)` grows it. `descend_grown` and `check_growth` are shared with
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -539,10 +540,12 @@ SMALL_PARTS = common.model_parts()
 OPERATOR_PARTS = {'small': common.Part(parts=common.model_parts()), 'operator': common.Part()}
 NET2NET, STACKBERT, BERT2BERT = (common.register(common.Method(
     name=name, label=label, source='model', gene_from_model=_small_gene,
-    descend=_descend_with(grow, name), gene_param_count=_SMALL_COUNT, gene_parts=SMALL_PARTS))
+    descend=_descend_with(grow, name), gene_param_count=_SMALL_COUNT, gene_parts=SMALL_PARTS,
+    family='grown'))
     for name, label, grow in (('net2net', 'Net2Net', net2net), ('stackbert', 'StackBERT', stackbert),
                               ('bert2bert', 'bert2BERT', bert2bert)))
 LIGO = common.register(common.Method(
     name='ligo', label='LiGO', source='model', gene_from_model=ligo_gene,
     descend=descend_ligo, gene_param_count=ligo_gene_param_count,
-    gene_parts=OPERATOR_PARTS))
+    gene_parts=OPERATOR_PARTS, family='operator',
+    operator=common.Operator(init=ligo_init_operator, grow=ligo_grow)))

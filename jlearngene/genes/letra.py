@@ -43,7 +43,8 @@ C) by default.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -664,4 +665,5 @@ GENE_PARTS = {
 
 METHOD = common.register(common.Method(
     name='letra', label='LeTra', source='learned', init_gene=init_gene, materialize=materialize,
-    descend=descend, gene_param_count=gene_param_count, gene_parts=GENE_PARTS))
+    descend=descend, gene_param_count=gene_param_count, gene_parts=GENE_PARTS, family='aux',
+    trainable_decay=DECAY))

@@ -53,7 +53,8 @@ loss with the small model frozen (`jlearngene.experiments.mango`).
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -304,7 +305,9 @@ def contract(operator: Operator, m1: jax.Array, v1: jax.Array, *, layer_loop: bo
     backward pass recomputes the stages instead of keeping them for every layer."""
     if not layer_loop:
         return _all_layers(operator, m1, v1)
-    body = lambda s_l: _one_layer(s_l, operator, m1, v1)
+    def body(s_l):
+        return _one_layer(s_l, operator, m1, v1)
+
     if remat:
         body = jax.checkpoint(body)
     return jax.lax.map(body, jnp.moveaxis(operator['S_L'], 2, 0))
@@ -405,7 +408,23 @@ def descend(gene: Params, target_cfg: ViTConfig, *, key: jax.Array | None = None
                                 embeddings=embeddings)
 
 
+def _init(small_cfg: ViTConfig, large_cfg: ViTConfig, key: jax.Array, *, rank: int = 1,
+          **options: Any) -> Operator:
+    """`init_operator` on the `Operator` contract (rank as a keyword option)."""
+    return init_operator(small_cfg, large_cfg, int(rank), key, **options)
+
+
+def _grow_flops(small_cfg: ViTConfig, large_cfg: ViTConfig, *, rank: int = 1,
+                **init_options: Any) -> float:
+    """Forward FLOPs of one `grow` (`operator_cost`); the init options change no shape."""
+    del init_options
+    return float(operator_cost(small_cfg, large_cfg, int(rank))['flops'])
+
+
 METHOD = common.register(common.Method(
     name='mango', label='Mango', source='model', gene_from_model=gene_from_model,
     descend=descend, gene_param_count=growth.operator_gene_param_count,
-    gene_parts=growth.OPERATOR_PARTS))
+    gene_parts=growth.OPERATOR_PARTS, family='operator',
+    operator=common.Operator(init=_init, grow=grow, grow_flops=_grow_flops,
+                             grow_options=('layer_loop', 'remat')),
+    row_label=lambda options: f"R={options.get('rank', 1)}"))

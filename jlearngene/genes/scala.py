@@ -60,7 +60,8 @@ from __future__ import annotations
 
 import fractions
 import math
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -209,6 +210,15 @@ def subnet_config(cfg: ViTConfig, ratio: float, *, rule: str = 'clean') -> ViTCo
                                         'head_dim': n['embed'] // cfg.num_heads})
     scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim ** -0.5
     return sub_cfg.replace(attn_scale=scale, ln_eps=OFFICIAL_LN_EPS)
+
+
+def subnet_configs(cfg: ViTConfig, grid: Sequence[float], *,
+                   rule: str = 'clean') -> tuple[tuple[float, ViTConfig], ...]:
+    """The sub-networks one slimmable network of `cfg` holds on `grid` (`width_grid`), as
+    ((ratio, sub-network config), ...), smallest first: the models a trained Scala network
+    stands in for, so its cost is shared by len(...) of them (X = 13 on the 1/16 grid from
+    1/4). GeneError naming the first ratio that gives no whole sub-network."""
+    return tuple((r, subnet_config(cfg, r, rule=rule)) for r in _check_grid(grid))
 
 
 def _official(params, cfg, ratio, n, block_side, smallest, side):
@@ -480,20 +490,6 @@ def gene_param_count(gene: Params, *, include_head: bool = False) -> int:
 # The gene is the whole slimmable network (every sub-network lives in it).
 GENE_PARTS = common.model_parts(blocks=('tree', 'layers'))
 
-METHOD = common.register(common.Method(
-    name='scala', label='Scala', source='learned', descend=descend,
-    gene_param_count=gene_param_count, init_gene=init_gene, materialize=_materializer(descend),
-    gene_parts=GENE_PARTS))
-US_NET = common.register(common.Method(
-    name='us_net', label='US-Net', source='learned', descend=descend_us_net,
-    gene_param_count=gene_param_count, init_gene=init_gene,
-    materialize=_materializer(descend_us_net), gene_parts=GENE_PARTS))
-MATFORMER = common.register(common.Method(
-    name='matformer', label='MatFormer', source='learned', descend=descend_matformer,
-    gene_param_count=gene_param_count, init_gene=init_gene,
-    materialize=_materializer(descend_matformer), gene_parts=GENE_PARTS))
-
-
 # ----------------------------------------------------------------------------------------
 # Loss functions that train one slimmable ViT at several widths per step, for the generic
 # trainer (`trainer.fit(loss_fn, params, ...)`, `loss_fn(params, batch, rng) -> (loss,
@@ -699,3 +695,75 @@ def matformer_loss(cfg: ViTConfig, granularities: Sequence[float] = (0.25, 0.5, 
         return total, metrics
     loss_fn.key = ('scala.matformer_loss', cfg, granularities, float(label_smoothing))
     return loss_fn
+
+
+# ----------------------------------------------------------------------------------------
+# How each slimmable network trains (`common.Slimmable`), and the registered methods.
+
+def scala_plan(grid: Sequence[float], warmup: int, steps: int) -> tuple[tuple[float, float], ...]:
+    """The passes per width of a Scala run: the full width at every step (warm-up included),
+    the smallest at every step, and one width of each stable half per step, spread evenly."""
+    upper, lower = stable_halves(grid)
+    return ((1.0, warmup + steps), (grid[0], steps), *((r, steps / len(upper)) for r in upper),
+            *((r, steps / len(lower)) for r in lower))
+
+
+def usnet_plan(grid: Sequence[float], warmup: int, steps: int) -> tuple[tuple[float, float], ...]:
+    """The passes per width of a US-Net run: the full width and the smallest at every step,
+    two widths a step drawn uniformly from the grid's interior."""
+    interior = grid[1:-1]
+    return ((1.0, warmup + steps), (grid[0], steps), *((r, 2 * steps / len(interior)) for r in interior))
+
+
+def matformer_plan(grid: Sequence[float], warmup: int, steps: int) -> tuple[tuple[float, float], ...]:
+    """The passes per FFN ratio of a MatFormer run: every ratio at every step, the full one
+    also through the warm-up."""
+    return tuple((r, steps + (warmup if r == 1.0 else 0)) for r in grid)
+
+
+def _clean_only(rule: str, what: str) -> None:
+    if rule != 'clean':
+        raise GeneError(f"{what} slices by one rule, 'clean'; got rule={rule!r}")
+
+
+def _usnet_loss(cfg: ViTConfig, grid: Sequence[float], *, rule: str = 'clean') -> Callable:
+    _clean_only(rule, 'US-Net')
+    return usnet_loss(cfg, grid)
+
+
+def _matformer_loss(cfg: ViTConfig, grid: Sequence[float], *, rule: str = 'clean') -> Callable:
+    _clean_only(rule, 'MatFormer')
+    return matformer_loss(cfg, grid)
+
+
+def matformer_subnet_config(cfg: ViTConfig, ratio: float, *, rule: str = 'clean') -> ViTConfig:
+    """MatFormer's sub-network config at FFN ratio `ratio`: the width and heads kept, the
+    first ratio·M MLP units."""
+    _clean_only(rule, 'MatFormer')
+    return cfg.replace(mlp_dim=_count(ratio, cfg.mlp_dim, 'mlp_dim'))
+
+
+def _usnet_subnet_config(cfg: ViTConfig, ratio: float, *, rule: str = 'clean') -> ViTConfig:
+    _clean_only(rule, 'US-Net')
+    return subnet_config(cfg, ratio)
+
+
+METHOD = common.register(common.Method(
+    name='scala', label='Scala', source='learned', descend=descend,
+    gene_param_count=gene_param_count, init_gene=init_gene, materialize=_materializer(descend),
+    gene_parts=GENE_PARTS, family='slimmable',
+    slimmable=common.Slimmable(grid=width_grid, loss=scala_loss, warmup_loss=full_loss,
+                               subnet_config=subnet_config, plan=scala_plan,
+                               loss_options=('ce_weight', 'transfer', 'isolated'))))
+US_NET = common.register(common.Method(
+    name='us_net', label='US-Net', source='learned', descend=descend_us_net,
+    gene_param_count=gene_param_count, init_gene=init_gene,
+    materialize=_materializer(descend_us_net), gene_parts=GENE_PARTS, family='slimmable',
+    slimmable=common.Slimmable(grid=width_grid, loss=_usnet_loss, warmup_loss=full_loss,
+                               subnet_config=_usnet_subnet_config, plan=usnet_plan)))
+MATFORMER = common.register(common.Method(
+    name='matformer', label='MatFormer', source='learned', descend=descend_matformer,
+    gene_param_count=gene_param_count, init_gene=init_gene,
+    materialize=_materializer(descend_matformer), gene_parts=GENE_PARTS, family='slimmable',
+    slimmable=common.Slimmable(grid=width_grid, loss=_matformer_loss, warmup_loss=full_loss,
+                               subnet_config=matformer_subnet_config, plan=matformer_plan)))

@@ -135,4 +135,5 @@ def gene_param_count(gene: Params, *, include_head: bool = False) -> int:
 
 METHOD = common.register(common.Method(
     name='imwlm', label='IMwLM', source='model', gene_from_model=gene_from_model,
-    descend=descend, gene_param_count=gene_param_count, gene_parts=common.model_parts()))
+    descend=descend, gene_param_count=gene_param_count, gene_parts=common.model_parts(),
+    family='teacher'))

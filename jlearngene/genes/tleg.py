@@ -34,7 +34,8 @@ with these functions as its verbs; its S-Params exclude the head by default.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -328,4 +329,4 @@ GENE_PARTS = {'theta_a': common.Part(required=False), 'theta_b': common.Part(),
 
 METHOD = common.register(common.Method(
     name='tleg', label='TLEG', source='learned', init_gene=init_gene, materialize=materialize,
-    descend=descend, gene_param_count=gene_param_count, gene_parts=GENE_PARTS))
+    descend=descend, gene_param_count=gene_param_count, gene_parts=GENE_PARTS, family='aux'))

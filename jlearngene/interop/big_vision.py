@@ -58,7 +58,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -66,9 +67,10 @@ import numpy as np
 from flax import traverse_util
 
 from jlearngene import pytree
-from jlearngene.interop.timm import (StateDictError, check_params, entry_problems, isqrt_exact,
-                                     key_problems, load_state_dict, problem_message, ranked_shape,
-                                     stacked_for_export, unexpected_keys, unsupported_hint)
+from jlearngene.interop.state_dict import (StateDictError, check_params, entry_problems,
+                                           isqrt_exact, key_problems, load_state_dict,
+                                           problem_message, ranked_shape, stacked_for_export,
+                                           unexpected_keys, unsupported_hint)
 from jlearngene.models.config import ConfigError, ViTConfig
 
 Checkpoint = dict[str, np.ndarray]
@@ -209,11 +211,31 @@ def infer_config(tree: Mapping[str, Any], layout: str | None = None) -> ViTConfi
     """The `ViTConfig` of a big_vision / vit_jax checkpoint, from its keys and shapes (GELU
     'tanh', LayerNorm eps 1e-6: Flax's defaults). Raises StateDictError listing every problem."""
     ckpt = flat_checkpoint(tree)
+    _check_not_foreign(ckpt)
     cfg, problems = _infer(ckpt, layout or detect_layout(ckpt))
     if problems:
         raise StateDictError(problem_message('cannot infer a ViT config from the big_vision '
                                               'checkpoint', problems))
     return cfg
+
+
+def _check_not_foreign(ckpt: Checkpoint) -> None:
+    """One-line StateDictError for a checkpoint without a single big_vision key (another
+    format's, e.g. a timm state dict's '.'-joined keys): a list of every missing key would
+    not say so."""
+    known = set(_TOP_LEAVES.values()) | set(_POS_KEY.values())
+    if any('/' in k or k in known for k in ckpt):
+        return
+    keys = sorted(ckpt)
+    shown = ', '.join(repr(k) for k in keys[:3])
+    shown += f', ... ({len(keys)} in all)' if len(keys) > 3 else ''
+    timm = any(k.startswith(('patch_embed.', 'blocks.')) or k in ('pos_embed', 'cls_token')
+               for k in keys)
+    raise StateDictError(
+        "not a big_vision / ViT checkpoint: it has none of big_vision's keys (embedding/kernel, "
+        f"Transformer/..., head/kernel) but {shown or 'no keys at all'}"
+        + ('; these are a timm state dict\'s keys (read it with jlearngene.interop.timm)'
+           if timm else ''))
 
 
 def _infer(ckpt: Checkpoint, layout: str) -> tuple[ViTConfig | None, list[str]]:
@@ -321,6 +343,7 @@ def from_big_vision(npz_or_dict: str | os.PathLike | Mapping[str, Any],
     """
     ckpt = (load_npz(npz_or_dict) if isinstance(npz_or_dict, (str, os.PathLike))
             else flat_checkpoint(npz_or_dict))
+    _check_not_foreign(ckpt)
     layout = detect_layout(ckpt)
     if cfg is None:
         cfg, problems = _infer(ckpt, layout)
@@ -406,10 +429,11 @@ def load_npz(path: str | os.PathLike) -> Checkpoint:
 
 def save_npz(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> str:
     """Write a flat or nested checkpoint to an uncompressed `.npz` with '/'-joined keys (the
-    format of the released ViT / AugReg files)."""
+    format of the released ViT / AugReg files), renamed into place once complete."""
     path = os.fspath(path)
     if not path.endswith('.npz'):
         raise ValueError(f'{path!r}: the output file name must end in .npz')
+    from jlearngene.train import files
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    np.savez(path, **flat_checkpoint(checkpoint))
-    return path
+    flat = flat_checkpoint(checkpoint)
+    return files.write_file(path, lambda tmp: np.savez(tmp, **flat))

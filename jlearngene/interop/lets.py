@@ -26,14 +26,16 @@ are a `StateDictError`; a state dict whose shapes do not make a gene, a `GeneErr
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import jax
 import numpy as np
 
 from jlearngene import pytree
 from jlearngene.genes import letra
-from jlearngene.interop.timm import StateDictError, from_torch, to_torch, torch_name
+from jlearngene.interop.state_dict import StateDictError
+from jlearngene.interop.timm import from_torch, to_torch, torch_name
 
 Gene = dict[str, Any]
 

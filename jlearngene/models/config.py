@@ -6,7 +6,8 @@ and it round-trips through `to_dict` / `from_dict` (checkpoints store it that wa
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from jlearngene.ops.reference import DENSE_PRECISIONS
 
@@ -139,7 +140,7 @@ class ViTConfig:
     def num_tokens(self) -> int:
         return self.num_patches + self.num_prefix_tokens
 
-    def replace(self, **changes: Any) -> 'ViTConfig':
+    def replace(self, **changes: Any) -> ViTConfig:
         """A copy with some fields changed (validated again); ConfigError for a field that
         ViTConfig does not have."""
         _check_fields(changes, 'ViTConfig has no field(s)')
@@ -154,17 +155,17 @@ class ViTConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> 'ViTConfig':
+    def from_dict(cls, d: Mapping[str, Any]) -> ViTConfig:
         _check_fields(d, 'ViTConfig has no field(s)')
         return cls(**dict(d))
 
-    def diff(self, other: 'ViTConfig') -> dict[str, tuple[Any, Any]]:
+    def diff(self, other: ViTConfig) -> dict[str, tuple[Any, Any]]:
         """Fields whose values differ: {name: (self_value, other_value)}."""
         a, b = self.to_dict(), other.to_dict()
         return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
 
 
-def expect_config(cfg: Any, what: str) -> 'ViTConfig':
+def expect_config(cfg: Any, what: str) -> ViTConfig:
     """`cfg` itself when it is a `ViTConfig`; else ConfigTypeError saying how to make one."""
     if isinstance(cfg, ViTConfig):
         return cfg
@@ -239,3 +240,12 @@ def vit_config(variant: str = 'Ti', **overrides: Any) -> ViTConfig:
     fields.update(overrides)
     _check_fields(overrides, 'vit_config got unknown field(s)')
     return ViTConfig(**fields)
+
+
+def model_config(section: Mapping[str, Any], **overrides: Any) -> ViTConfig:
+    """The ViTConfig of a config file's `model` section (`variant` plus any ViTConfig
+    fields, a ConfigDict or a mapping), with `overrides` over it (a study's depth and
+    class count): the one reading of a model section, for runs, studies and commands."""
+    d = dict(section.to_dict() if hasattr(section, 'to_dict') else section)
+    d.update(overrides)
+    return vit_config(d.pop('variant', 'Ti'), **d)

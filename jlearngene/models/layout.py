@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 import dataclasses
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp

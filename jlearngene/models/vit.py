@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +42,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from jlearngene import compiler, ops, pytree
-from jlearngene.models.config import ConfigError, ViTConfig, expect_config
+from jlearngene.models.config import ConfigError, ConfigTypeError, ViTConfig, expect_config
 
 Params = dict[str, Any]
 CAPTURES = ('blocks', 'attn')
@@ -50,6 +51,17 @@ CAPTURES = ('blocks', 'attn')
 # where `ops.attention` keeps it under this name); see `encode`.
 SAVED_IN_BLOCK = ('attn_qkv', 'attn_probs', 'attn_o', 'block_mid', 'mlp_hidden')
 _SAVE_POLICY = jax.checkpoint_policies.save_only_these_names(*SAVED_IN_BLOCK)
+
+
+def _static_config(cfg, what: str) -> ViTConfig:
+    """`expect_config`, after a clear error for the commonest mistake: a config traced by
+    `jax.jit` (it is static data, so its fields decide shapes and Python branches)."""
+    if isinstance(cfg, jax.core.Tracer):
+        raise ConfigTypeError(
+            f"{what}: the config is a traced value: jax.jit traces every argument it is not "
+            f"told is static; mark the config static, e.g. jax.jit({what}, "
+            f"static_argnames='cfg')")
+    return expect_config(cfg, what)
 
 
 # ----------------------------------------------------------------------------------------
@@ -75,7 +87,7 @@ def init_block(cfg: ViTConfig, key: jax.Array, *, num_heads: int | None = None,
     The q/k/v kernels are (D, H, cfg.head_dim) and the output kernel (H, cfg.head_dim, D):
     another head count keeps the head size, so H × head_dim may differ from the width.
     """
-    expect_config(cfg, 'init_block')
+    _static_config(cfg, 'init_block')
     d, h, dh = cfg.width, num_heads or cfg.num_heads, cfg.head_dim
     m = mlp_dim or cfg.mlp_dim
     kq, kk, kv, ko, k1, k2 = jax.random.split(key, 6)
@@ -104,7 +116,7 @@ def init_block(cfg: ViTConfig, key: jax.Array, *, num_heads: int | None = None,
 
 def init_head(cfg: ViTConfig, key: jax.Array, num_classes: int | None = None) -> Params:
     """A classifier head; it reads the pre-logits layer's R outputs when the config has one."""
-    expect_config(cfg, 'init_head')
+    _static_config(cfg, 'init_head')
     k = cfg.num_classes if num_classes is None else num_classes
     fan_in = cfg.representation_size or cfg.width
     return {'kernel': _trunc_normal(cfg, key, (fan_in, k)), 'bias': jnp.zeros((k,), jnp.float32)}
@@ -113,7 +125,7 @@ def init_head(cfg: ViTConfig, key: jax.Array, num_classes: int | None = None) ->
 def init_pre_logits(cfg: ViTConfig, key: jax.Array) -> Params:
     """The pre-logits layer Dense (D -> R) of `cfg.representation_size` = R (timm-style
     trunc-normal(0.02) kernel, zero bias)."""
-    r = expect_config(cfg, 'init_pre_logits').representation_size
+    r = _static_config(cfg, 'init_pre_logits').representation_size
     if r is None:
         raise ValueError('init_pre_logits: the config has representation_size=None (no layer)')
     return {'kernel': _trunc_normal(cfg, key, (cfg.width, r)), 'bias': jnp.zeros((r,), jnp.float32)}
@@ -122,7 +134,7 @@ def init_pre_logits(cfg: ViTConfig, key: jax.Array) -> Params:
 def init_embeddings(cfg: ViTConfig, key: jax.Array) -> Params:
     """Everything outside the blocks: patch/position embeddings, prefix tokens, final norm,
     pre-logits layer, heads."""
-    expect_config(cfg, 'init_embeddings')
+    _static_config(cfg, 'init_embeddings')
     kp, kb, kc, kd, kpos, kh, khd = jax.random.split(key, 7)
     fan_in = cfg.patch_size * cfg.patch_size * cfg.channels
     bound = fan_in ** -0.5
@@ -170,7 +182,7 @@ _init_jit = compiler.run_once_jit(_init, lambda cfg, key: block_elements(cfg), s
 
 @functools.wraps(_init)
 def init(cfg: ViTConfig, key: jax.Array) -> Params:
-    return _init_jit(expect_config(cfg, 'init'), key)
+    return _init_jit(_static_config(cfg, 'init'), key)
 
 
 # ----------------------------------------------------------------------------------------
@@ -261,7 +273,7 @@ def check_params(params: Any, cfg: ViTConfig, what: str = 'apply') -> None:
     mlp_dim=m)` for their own h and m, which `apply` reads from the parameters (a config
     holds one value of each). Width, head size, depth and every leaf outside the blocks are
     the config's."""
-    cfg = expect_config(cfg, what)
+    cfg = _static_config(cfg, what)
     if not isinstance(params, Mapping):
         raise ConfigError(f'{what}: params must be a canonical parameter dict (from init), '
                           f'got {type(params).__name__}')
@@ -412,6 +424,16 @@ def mlp(p: Params, x: jax.Array, gelu_kind: str, precision: str = 'float32') -> 
     return _dense(gelu(h, gelu_kind), p['fc2'], precision=precision)
 
 
+def check_rng(cfg: ViTConfig, what: str = 'apply') -> None:
+    """ValueError when training under `cfg` draws random numbers (dropout or stochastic
+    depth) but no PRNG key was given: without one they would be skipped silently."""
+    rates = [f'{f}={getattr(cfg, f)}' for f in ('dropout', 'drop_path') if getattr(cfg, f)]
+    if rates:
+        raise ValueError(f"{what}(train=True): the config has {' and '.join(rates)} but no rng "
+                         'was given, so they would be skipped; pass rng=jax.random.key(...) '
+                         '(or train=False to evaluate)')
+
+
 def _branch(y, p, scale_name, cfg, drop_rate, keys, stochastic):
     """Dropout, LayerScale and stochastic depth of one residual branch."""
     if stochastic:
@@ -431,6 +453,8 @@ def block_apply(p: Params, x: jax.Array, cfg: ViTConfig, *, drop_rate=0.0, key=N
     `n_out` returns only the first `n_out` tokens, computing nothing for the others beyond
     their keys and values. The probabilities are returned when `need_probs`.
     """
+    if train and key is None:
+        check_rng(cfg, 'block_apply')
     stochastic = train and key is not None
     keys = jax.random.split(key, 4) if stochastic else [None] * 4
     y, probs = attention(p['attn'], layer_norm(x, p['norm1'], cfg.ln_eps), n_out,
@@ -473,6 +497,8 @@ def encode(blocks, x: jax.Array, cfg: ViTConfig, *, train=False, rng=None,
     tokens are (B, n_out, D)); the values equal those tokens of the full output. Not
     combinable with `capture`, which reports every block in full.
     """
+    if train and rng is None:
+        check_rng(cfg, 'encode')
     want_blocks, want_attn = 'blocks' in capture, 'attn' in capture
     if n_out is not None and (want_blocks or want_attn):
         raise ValueError(f'encode: n_out={n_out} drops tokens that capture={tuple(capture)} reports')
@@ -554,7 +580,8 @@ def apply(params: Params, images: jax.Array, cfg: ViTConfig, *, train: bool = Fa
     list layout with blocks of different shapes these are lists. With a distillation
     token, `aux['logits_cls']` and `aux['logits_dist']` hold both heads; `logits` is their
     mean in evaluation and the class head when `train=True` (DeiT semantics).
-    `rng` drives dropout and stochastic depth and is needed only when `train=True`.
+    `rng` drives dropout and stochastic depth: with `train=True` and either rate above 0 it is
+    required (ValueError without it), else unused.
     With class-token pooling and no `capture`, the last block computes only the prefix
     tokens that the heads read (keys and values still come from every token): the same
     logits for ≈1/depth less work.
@@ -563,12 +590,14 @@ def apply(params: Params, images: jax.Array, cfg: ViTConfig, *, train: bool = Fa
     differing leaf) and `images` must be NHWC with `cfg.channels` channels; both checks
     read shapes only, at trace time.
     """
-    cfg = expect_config(cfg, 'apply')
+    cfg = _static_config(cfg, 'apply')
     check_params(params, cfg, 'apply')
     check_images(images, cfg, 'apply')
     for name in capture:
         if name not in CAPTURES:
             raise ValueError(f'unknown capture {name!r}; expected a subset of {CAPTURES}')
+    if train and rng is None:
+        check_rng(cfg, 'apply')
     x = embed(params, images, cfg)
     # Class-token pooling reads only the prefix tokens of the last block: compute just those.
     n_out = _n_prefix(params) if cfg.pool == 'cls' and not capture else None

@@ -33,7 +33,8 @@ import dataclasses
 import importlib
 import os
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import jax
 

@@ -10,7 +10,8 @@ evaluate through it.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
+from collections.abc import Callable, Iterable, Mapping
 
 import jax
 import jax.numpy as jnp

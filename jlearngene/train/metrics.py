@@ -8,7 +8,8 @@ events such as `[  run] step N  resumed from DIR at step N` (`MetricWriter.event
 
 `workdir/metrics.jsonl` gets one JSON object per line: {"step", "kind" ('train'|'eval'),
 "time", <metric>: value, ...}. A run starting (or resuming) at step S first drops the rows
-after S that an earlier attempt left (`truncate_after`), so no step is logged twice. TensorBoard events go to `workdir/tensorboard` when
+after S that an earlier attempt left, and any cut-off line (`truncate_after`), so no step is
+logged twice and the file reads back. TensorBoard events go to `workdir/tensorboard` when
 tensorboardX is importable (optional dependency).
 
 In a multi-process run only process 0 writes (`primary`): one metrics file, one console,
@@ -22,7 +23,7 @@ import math
 import os
 import sys
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 from jlearngene import distributed
 
@@ -90,6 +91,16 @@ class MetricWriter:
         if self.console:
             _console(f'[{"run":>5}] step {step:>7}  {text}')
 
+    def warning(self, step: int, text: str) -> None:
+        """A warning about the run (it diverged): a 'warning' record {'step', 'text'} in the
+        JSONL, which `jlearngene info` shows, and a WARNING log record."""
+        if not self.primary:
+            return
+        log.warning('step %d: %s', step, text)
+        record = {'step': int(step), 'kind': 'warning', 'time': time.time(), 'text': str(text)}
+        self._file.write(json.dumps(record) + '\n')
+        self._file.flush()
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
@@ -129,25 +140,32 @@ def read_metrics(workdir: str, kind: str | None = None) -> list[dict]:
 def truncate_after(workdir: str, step: int) -> int:
     """Drops the rows of `workdir/metrics.jsonl` with a step after `step` (an earlier attempt's,
     which a run starting or resuming at `step` logs again) -> how many were dropped. Rows at
-    or before `step` and lines that are not JSON records are kept (a cut-off last line gets
-    its newline back, so the next row starts on a line of its own); the file is replaced
-    atomically. No file: 0."""
+    or before `step` are kept. A line that is not a JSON record with a step (the cut-off last
+    line a full disk or a kill leaves) is dropped too, with a warning, so that `read_metrics`
+    (`jlearngene plot`, `info`) reads the file again; the file is replaced atomically. No
+    file: 0."""
     path = os.path.join(workdir, METRICS_FILE)
     if not os.path.exists(path):
         return 0
-    with open(path, encoding='utf-8') as f:
+    with open(path, encoding='utf-8', errors='replace') as f:
         lines = f.read().splitlines()
-    kept, dropped = [], 0
-    for line in lines:
+    kept, dropped, broken = [], 0, []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
             rec = json.loads(line)
-            later = isinstance(rec, dict) and int(rec['step']) > step
+            later = int(rec['step']) > step
         except (ValueError, KeyError, TypeError):
-            later = False
+            broken.append(n)
+            continue
         if later:
             dropped += 1
-        elif line.strip():
+        else:
             kept.append(line)
+    if broken:
+        log.warning('%s: dropped %d line(s) that are not JSON records (at line %s; cut off by '
+                    'a full disk or a kill?)', path, len(broken), ', '.join(map(str, broken)))
     tmp = path + '.tmp'
     with open(tmp, 'w', encoding='utf-8') as f:
         f.write(''.join(line + '\n' for line in kept))

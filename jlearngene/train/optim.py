@@ -27,7 +27,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp

@@ -8,10 +8,10 @@ real examples).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from jlearngene import losses
-from jlearngene.models import ViTConfig, apply, vit_config
+from jlearngene.models import ViTConfig, apply
 
 
 def classification_loss(cfg: ViTConfig, *, label_smoothing: float = 0.0) -> Callable:
@@ -34,9 +34,3 @@ def classification_eval(cfg: ViTConfig) -> Callable:
         return losses.eval_sums(logits, batch)
     eval_fn.key = ('classification_eval', cfg)
     return eval_fn
-
-
-def model_config(model) -> ViTConfig:
-    """A ViTConfig from a config's `model` section: `variant` plus any ViTConfig fields."""
-    d = model.to_dict() if hasattr(model, 'to_dict') else dict(model)
-    return vit_config(d.pop('variant', 'Ti'), **d)

@@ -25,7 +25,8 @@ import difflib
 import importlib.util
 import math
 import os
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import ml_collections
 
@@ -132,8 +133,9 @@ def _kind(value: Any) -> str:
 def _from_text(current: Any, text: str, key: str) -> Any:
     """Command-line `text` as the type of the field's `current` value, read by the parsers
     ml_collections' config_flags uses: absl's for bool, int and float, its TupleParser for
-    tuples ('3,4,5', '((32,1),)'); a string field takes the text, any other field (None, a
-    list) a Python literal, else the text."""
+    tuples ('3,4,5', '((32,1),)'; bare names 'tleg,share_init' split on the commas too); a
+    string field takes the text, any other field (None, a list) a Python literal, else the
+    text."""
     import ast
 
     from absl import flags
@@ -148,9 +150,13 @@ def _from_text(current: Any, text: str, key: str) -> Any:
         except (ValueError, SyntaxError):
             return text
     try:
-        return parser().parse(text)
+        value = parser().parse(text)
     except ValueError:
         raise ConfigError(f'{key} must be {_kind(current)}, got {text!r}') from None
+    if (parser is tuple_parser.TupleParser and len(value) == 1 and isinstance(value[0], str)
+            and ',' in value[0]):   # bare names 'tleg,share_init', split as '3,4,5' is
+        value = tuple(part.strip() for part in value[0].split(','))
+    return value
 
 
 # ----------------------------------------------------------------------------------------
@@ -217,7 +223,7 @@ def validate(config, *, template: Any = 'auto', where: str = '') -> None:
         if unknown:
             raise _unknown(unknown[0], set(ViTConfig.__dataclass_fields__) | {'variant'}, where, 'model')
         if task == 'classification':
-            from jlearngene.train.tasks import model_config
+            from jlearngene.models import model_config
             model_config(c['model'])
     try:
         if isinstance(c.get('optim'), Mapping):

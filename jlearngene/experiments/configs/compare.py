@@ -43,8 +43,7 @@ def get_config(arg=None):
     c.methods = ('tleg', 'letra', 'cluster', 'scala', 'mango', 'he_lg', 'imwlm', 'bert2bert')
     # budgets as fractions of S: the Aux-Nets of the reference S (LeTra's own), descendants
     # and Mango's / LiGO's operators of the shape's S
-    c.aux = _d(fraction=1.5, fractions=_d(letra=3.2), tau=1.0, alpha=1.0,
-               learngene_heads=4, learngene_depth=4)
+    c.aux = _d(fraction=1.5, fractions=_d(letra=3.2), tau=1.0, alpha=1.0)
     c.slim = _d(smallest=0.25, granularity=0.125, rule='clean', ce_weight=1.0,
                 transfer='progressive', isolated=True, warmup_fraction=0.05, warmup_lr_factor=0.5,
                 fraction=1.0)
@@ -56,7 +55,8 @@ def get_config(arg=None):
     # fresh, as the recorded run; mango: the operator's)
     # and 'descend' options
     c.method_options = _d(he_lg=_d(gene=_d(k=0, embeddings='random')), auto_lg=_d(gene=_d(k=0)),
-                          letra=_d(descend=_d(selection='continuous')),
+                          letra=_d(gene=_d(learngene_heads=4, learngene_depth=4),
+                                   descend=_d(selection='continuous')),
                           mango=_d(gene=_d(rank=1, noise=1e-2, remat=False)),
                           bert2bert=_d(descend=_d(aki=True)))
 
@@ -71,7 +71,7 @@ def get_config(arg=None):
         # Pre-Fin cannot make width 12
         c.methods = ('pre_fin', 'imwlm')
         c.scratch.update(steps=8, eval_every=4, patience=1, max_steps=0)
-        c.aux.update(learngene_heads=2, learngene_depth=2)
+        c.method_options.letra.gene.update(learngene_heads=2, learngene_depth=2)
         c.slim.granularity = 0.25
         c.cluster.images = 32
         c.small.update(width=8, num_heads=2, mlp_dim=16, depth=1)
@@ -89,9 +89,10 @@ def get_config(arg=None):
         c.shapes = ((768, 12), (768, 6), (576, 12), (384, 12))
         c.optim = _d(lr=5e-4, warmup_steps=0, weight_decay=0.05, clip_norm=0.0, min_lr_ratio=0.02)
         # Scratch 100 epochs at DeiT's lr (TLEG's Table 1); Aux-Nets 150 epochs (TLEG) and
-        # 300 (LeTra), Scala's 300 epochs, the small model 300, descendants 35 (TLEG)
+        # 320 (LeTra, its rebuttal), Scala's 300 epochs, the small model 300, descendants 35 (TLEG)
         c.scratch.update(lrs=(5e-4,), steps=0, epochs=100.0, eval_every=0, patience=0)
-        c.aux.update(fractions=_d(letra=3.0), learngene_heads=6, learngene_depth=6)
+        c.aux.update(fractions=_d(letra=3.2))
+        c.method_options.letra.gene.update(learngene_heads=6, learngene_depth=6)
         c.slim.update(granularity=1 / 16, warmup_fraction=0.0, fraction=3.0)
         c.cluster.update(images=50_000, eps=10.0)
         c.small.update(width=384, num_heads=6, mlp_dim=1536, depth=12, fraction=3.0)

@@ -1,6 +1,6 @@
 r"""The Scala study: one slimmable ViT (width ratios 0.25 … 1, granularity 1/8, X = 7) with
-both slicing rules, US-Net with the same warm-up, separate training at Scala's steps and at
-its FLOPs, and a converged Scratch, at every grid width and at the widths between them, under
+both slicing rules, US-Net and MatFormer with the same warm-up, separate training at Scala's
+steps and at its FLOPs, and a converged Scratch, at every grid width and at the widths between them, under
 the fair protocol (`jlearngene.experiments.study`).
 
     jlearngene train --config scala:digits --workdir DIR         # 3 seeds
@@ -11,7 +11,9 @@ the fair protocol (`jlearngene.experiments.study`).
    step S; the reference S is the full width's.
 2. Scala (`slim.rule` per variant: 'clean' or 'official'): 0.1·S full-width warm-up at half
    the lr, then 2·S steps of the four-width loss; US-Net (sandwich rule, in-place
-   distillation) with the same warm-up and steps.
+   distillation) and MatFormer (the nested FFN at every grid ratio each step, width and
+   heads whole: its row at width w is the sub-network with w/64 of the MLP units) with the
+   same warm-up and steps.
 3. Sub-networks evaluated as they are (0·S) at the grid widths 16 … 64 and the off-grid
    widths 20 … 60 (never trained); separate networks trained at each grid width for Scala's
    total steps (`separate/steps`) and for its FLOPs shared over the grid widths
@@ -39,7 +41,7 @@ def get_config(arg=None):
                 transfer='progressive', isolated=True, warmup_fraction=0.1, warmup_lr_factor=0.5,
                 fraction=2.0)
     c.descend = _d(fractions=(0.0,), lr=1e-3, evals=5)
-    c.methods = ('scala', 'us_net', 'separate')
+    c.methods = ('scala', 'us_net', 'matformer', 'separate')
     c.variants = _d(scala=_d(descend=_d(rule=('clean', 'official'))),
                     separate=_d(descend=_d(budget=('steps', 'flops'))))
 

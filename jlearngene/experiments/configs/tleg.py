@@ -2,9 +2,8 @@ r"""The TLEG study: a teacher, TLEG, Share-Init and Mini-Init genes through an A
 descendants of four depths against a converged Scratch, He-LG and Pre-Fin, under the fair protocol
 (`jlearngene.experiments.study`; recorded result: experiments/tleg/README.md).
 
-    jlearngene demo                                            # = the recorded study, in workdirs/demo
-    jlearngene demo quick                                      # = --config tleg:digits,quick: one seed
     jlearngene train --config tleg:digits --workdir DIR        # the recorded study, 3 seeds
+    jlearngene train --config tleg:digits,quick --workdir DIR  # one seed: a pipeline check
     jlearngene train --config tleg:smoke --workdir DIR         # seconds: the tests' miniature
     jlearngene train --config tleg:paper --workdir DIR --config.data.data_dir=~/tensorflow_datasets
 

@@ -13,12 +13,13 @@ a list; their State has integer keys, as NNX gives every list.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import jax
 from flax import nnx
 
-from jlearngene.interop.timm import check_params
+from jlearngene.interop.state_dict import check_params
 from jlearngene.models import layout, vit
 from jlearngene.models.config import ViTConfig
 

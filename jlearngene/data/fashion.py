@@ -1,0 +1,174 @@
+"""Fashion-MNIST (Zalando; 28x28 grey, 60,000 train / 10,000 test, 10 classes) from its four
+IDX files on local disk, gzipped or not; nothing is downloaded.
+
+The files are looked for in `root` (config `data.root`), then `$JLEARNGENE_DATA/fashion_mnist`,
+then where Debian's `dataset-fashion-mnist` package installs them (`DEBIAN_DIR`); the first
+folder holding any of the four files is the one read. Every file is checked (gzip stream,
+magic number, shape, count against its bytes, images against labels, label range); a
+problem is a one-line DataError naming the file and how to get the data.
+
+Splits: 'train', 'validation' (held out of 'train') and 'test', optionally restricted to
+`classes` and, for 'train', to a labelled fraction: `jlearngene.data.subsets`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gzip
+import os
+import zlib
+
+import numpy as np
+
+from jlearngene.data import subsets
+from jlearngene.data.sources import ArraySource, DataError, DataInfo, resize
+
+DEBIAN_DIR = '/usr/share/datasets/fashion-mnist'
+ENV_VAR = 'JLEARNGENE_DATA'
+FILES = {'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
+         'test': ('t10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte')}
+SPLITS = ('train', 'validation', 'test')
+CLASS_NAMES = ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt',
+               'Sneaker', 'Bag', 'Ankle boot')
+SIZE = 28
+# The pixel mean and std of the 60,000 training images, scaled to [0, 1].
+MEAN, STD = (0.2860,), (0.3530,)
+# IDX magic numbers: 0x0000, type 0x08 (unsigned byte), then the number of dimensions.
+MAGIC = {'images': 0x00000803, 'labels': 0x00000801}
+HOW_TO_GET = ('get Fashion-MNIST with `apt-get install dataset-fashion-mnist` (into '
+              f'{DEBIAN_DIR}) or put its four IDX files (gzipped or not) in '
+              f'${ENV_VAR}/fashion_mnist or data.root')
+
+
+def search_dirs(root: str | None = None) -> list[str]:
+    """The folders looked in, in order: `root`, $JLEARNGENE_DATA/fashion_mnist, DEBIAN_DIR."""
+    dirs = [os.path.expanduser(os.fspath(root))] if root else []
+    if os.environ.get(ENV_VAR):
+        dirs.append(os.path.join(os.path.expanduser(os.environ[ENV_VAR]), 'fashion_mnist'))
+    return dirs + [DEBIAN_DIR]
+
+
+def _present(folder: str, name: str) -> str | None:
+    for path in (os.path.join(folder, name), os.path.join(folder, name + '.gz')):
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def find_dir(root: str | None = None) -> str:
+    """The first folder of `search_dirs(root)` holding any of the four files."""
+    dirs = search_dirs(root)
+    for folder in dirs:
+        if any(_present(folder, n) for names in FILES.values() for n in names):
+            return folder
+    raise DataError(f'fashion_mnist: {FILES["train"][0]}[.gz] not found in '
+                    f'{", ".join(dirs)}; {HOW_TO_GET}')
+
+
+def files(split: str, root: str | None = None) -> tuple[str, str]:
+    """(images file, labels file) of 'train' or 'test' (the raw file if both are there)."""
+    folder = find_dir(root)
+    paths = []
+    for name in FILES[split]:
+        path = _present(folder, name)
+        if path is None:
+            raise DataError(f'fashion_mnist: {os.path.join(folder, name)}[.gz] is missing; '
+                            f'{HOW_TO_GET}')
+        paths.append(path)
+    return tuple(paths)
+
+
+def read_idx(path: str, kind: str) -> np.ndarray:
+    """The uint8 array of an IDX file of `kind` 'images' (N, 28, 28) or 'labels' (N,)."""
+    def fail(problem: str):
+        return DataError(f'fashion_mnist: {path} {problem}; {HOW_TO_GET}')
+
+    try:
+        with (gzip.open if path.endswith('.gz') else open)(path, 'rb') as f:
+            raw = f.read()
+    except (OSError, EOFError, zlib.error) as e:
+        raise fail(f'cannot be read ({type(e).__name__}: {e})') from None
+    ndim = 3 if kind == 'images' else 1
+    if len(raw) < 4 + 4 * ndim:
+        raise fail(f'is truncated: {len(raw)} bytes, shorter than an IDX {kind} header')
+    magic = int.from_bytes(raw[:4], 'big')
+    if magic != MAGIC[kind]:
+        raise fail(f'is not an IDX {kind} file (magic 0x{magic:08x}, expected '
+                   f'0x{MAGIC[kind]:08x})')
+    shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], 'big') for i in range(ndim))
+    if shape[1:] != (SIZE, SIZE)[:ndim - 1]:
+        raise fail(f'holds images of {shape[1]}x{shape[2]}, not {SIZE}x{SIZE}')
+    body = memoryview(raw)[4 + 4 * ndim:]
+    want = int(np.prod(shape))
+    if len(body) < want:
+        raise fail(f'is truncated: its header says {shape[0]} {kind} ({want} bytes) but '
+                   f'{len(body)} bytes follow')
+    if len(body) > want:
+        raise fail(f'does not end after its header\'s {shape[0]} {kind} '
+                   f'({len(body) - want} more bytes follow)')
+    return np.frombuffer(body, np.uint8).reshape(shape)
+
+
+@functools.lru_cache(maxsize=4)
+def _read(images_path: str, labels_path: str, _stamp) -> tuple[np.ndarray, np.ndarray]:
+    images, labels = read_idx(images_path, 'images'), read_idx(labels_path, 'labels')
+    if len(images) != len(labels):
+        raise DataError(f'fashion_mnist: {images_path} holds {len(images)} images but '
+                        f'{labels_path} holds {len(labels)} labels; {HOW_TO_GET}')
+    if len(labels) and labels.max() >= len(CLASS_NAMES):
+        raise DataError(f'fashion_mnist: {labels_path} has label {labels.max()} outside '
+                        f'0..{len(CLASS_NAMES) - 1}; {HOW_TO_GET}')
+    images, labels = images[..., None], labels.astype(np.int64)
+    labels.setflags(write=False)
+    return images, labels
+
+
+def arrays(split: str, root: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(images uint8 (N, 28, 28, 1), labels int64 (N,)) of the files' 'train' or 'test',
+    read-only, cached while the files are unchanged."""
+    if split not in FILES:
+        raise DataError(f'fashion_mnist files hold splits {tuple(FILES)}, got {split!r}')
+    paths = files(split, root)
+    stamp = tuple((s.st_mtime_ns, s.st_size) for s in map(os.stat, paths))
+    return _read(*paths, stamp)
+
+
+def fashion_mnist(split: str = 'train', *, root: str | None = None, classes=None,
+                  label_fraction: float = 1.0, validation_per_class: int = 0,
+                  subset_seed: int = 0, image_size: int = SIZE,
+                  resize_method: str = 'bilinear') -> ArraySource:
+    """Fashion-MNIST as uint8 (image_size, image_size, 1) images; mean/std of its train set.
+
+    Splits: 'train' (the labelled training images), 'validation' (`validation_per_class`
+    training images per class, never in 'train') and 'test' (every test image of
+    `classes`). `classes` (default all 10) are relabelled 0..k-1 in the order given;
+    `label_fraction` < 1 keeps round(fraction * images of the classes / k) per class,
+    chosen with `subset_seed` (`subsets`): the study protocol's downstream task is
+    `classes=(5, 6, 7, 8, 9), validation_per_class=200` at fractions 0.01 and 0.1
+    (300 and 3,000 images). `image_size` other than 28 resizes with PIL.
+    """
+    if split not in SPLITS:
+        raise DataError(f"fashion_mnist has splits {', '.join(map(repr, SPLITS))}, got {split!r}")
+    if (isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer))
+            or image_size < 1):
+        raise DataError(f'fashion_mnist: image_size must be a positive int, got {image_size!r}')
+    images, labels = arrays('test' if split == 'test' else 'train', root)
+    info = DataInfo(name='fashion_mnist', split=split, num_classes=len(CLASS_NAMES),
+                    image_shape=(SIZE, SIZE, 1), num_examples=len(labels), mean=MEAN, std=STD,
+                    class_names=CLASS_NAMES)
+    part = {'train': 'labelled', 'validation': 'validation', 'test': 'all'}[split]
+    src = subsets.subset(ArraySource(images, labels, info), part, classes=classes,
+                         label_fraction=label_fraction, validation_per_class=validation_per_class,
+                         seed=subset_seed)
+    if image_size != SIZE:
+        size = int(image_size)
+        small = np.stack([resize(im, size, resize_method) for im in src.images]
+                         or [np.zeros((size, size, 1), np.uint8)])[:len(src)]
+        small.setflags(write=False)
+        src = ArraySource(small, src.labels,
+                          dataclasses.replace(src.info, image_shape=(size, size, 1)))
+    return src
+
+
+__all__ = ['CLASS_NAMES', 'DEBIAN_DIR', 'ENV_VAR', 'FILES', 'SPLITS', 'arrays', 'fashion_mnist',
+           'files', 'find_dir', 'read_idx', 'search_dirs']

@@ -1,0 +1,330 @@
+"""A study's results as pure functions of its records (what `results.json` holds): each
+run's target and FLOPs to it, the summary per row, shape and budget, the break-even number of
+descendants and the verdicts on the paper claims; so a recorded study is re-derived without
+training (`study.render`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+from collections.abc import Sequence
+
+import numpy as np
+
+class ResultsError(ValueError):
+    """A results.json that is not a study's record; the message names the file and field."""
+
+
+# the pretrained source a method starts from: the papers leave its training out of their
+# counts, so every cost is reported both without and with it
+PRETRAINED = ('teacher', 'small')
+
+
+def shape_key(shape) -> str:
+    """A shape's key in results: 'w64_d6', or 'w64_d6_h16' for (width, depth, heads)."""
+    return f'w{shape[0]}_d{shape[1]}' + (f'_h{shape[2]}' if len(shape) == 3 else '')
+
+
+def parse_key(key: str) -> tuple[int, ...]:
+    """`shape_key`'s inverse: 'w64_d6_h16' -> (64, 6, 16)."""
+    return tuple(int(part[1:]) for part in key.split('_'))
+
+
+def shape_text(shape) -> str:
+    """A shape in tables: 'w64 L6', or 'w64 L6 H16' for (width, depth, heads)."""
+    return f'w{shape[0]} L{shape[1]}' + (f' H{shape[2]}' if len(shape) == 3 else '')
+
+
+
+# What a study's record holds (`study.run`): top-level fields, and the fields of each run.
+RECORD_FIELDS = {'config': dict, 'shapes': list, 'seeds': list, 'rows_spec': list, 'labels': dict,
+                 'cannot': dict, 'reference': dict, 'scratch': dict, 'upstream_flops': dict,
+                 'info': dict, 'rows': list}
+RUN_FIELDS = {'name': str, 'method': str, 'label': str, 'shape': list, 'seed': int,
+              'fraction': (int, float), 'steps': int, 'steps_taken': (int, float),
+              'acc': (int, float), 'curve': list, 'params': int, 'extra_flops': (int, float),
+              'step_flops': (int, float), 'finetune_flops': (int, float), 'upstream': list}
+CONFIG_FIELDS = {'experiment': str, 'target_gap': (int, float), 'amortise': (list, tuple),
+                 'batch_size': int, 'scratch': dict}
+
+
+def _accuracy(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0.0 <= x <= 1.0
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def validate(recorded: Any, where: str) -> None:
+    """ResultsError naming `where` (the file) and the first field of `recorded` that is not
+    what a study writes: a missing field or one of another type, an accuracy outside
+    [0, 1], a FLOP count that is not finite and ≥ 0."""
+    def bad(field: str, problem: str) -> ResultsError:
+        return ResultsError(f'{where}: {field}: {problem}')
+
+    def fields(obj: dict, spec: dict, prefix: str) -> None:
+        for key, kind in spec.items():
+            if key not in obj:
+                raise bad(f'{prefix}{key}', 'missing')
+            if not isinstance(obj[key], kind) or isinstance(obj[key], bool):
+                raise bad(f'{prefix}{key}', f'expected {getattr(kind, "__name__", "a number")}, '
+                                            f'got {type(obj[key]).__name__}')
+
+    if not isinstance(recorded, dict):
+        raise bad('the file', f'expected a JSON object, got {type(recorded).__name__}')
+    fields(recorded, RECORD_FIELDS, '')
+    fields(recorded['config'], CONFIG_FIELDS, 'config.')
+    for key, b in recorded['scratch'].items():
+        for f in ('acc', 'std', 'S', 'lr'):
+            if f not in b or not _finite(b[f]):
+                raise bad(f'scratch.{key}.{f}', f'expected a finite number, got {b.get(f)!r}')
+        if not _accuracy(b['acc']):
+            raise bad(f'scratch.{key}.acc', f'{b["acc"]!r} is not an accuracy in [0, 1]')
+    for seed, ups in recorded['upstream_flops'].items():
+        for k, v in (ups.items() if isinstance(ups, dict) else [('', ups)]):
+            if not _finite(v) or v < 0:
+                raise bad(f'upstream_flops.{seed}.{k}', f'expected FLOPs ≥ 0, got {v!r}')
+    for i, r in enumerate(recorded['rows']):
+        prefix = f'rows[{i}].'
+        if not isinstance(r, dict):
+            raise bad(f'rows[{i}]', f'expected an object, got {type(r).__name__}')
+        fields(r, RUN_FIELDS, prefix)
+        if not _accuracy(r['acc']):
+            raise bad(f'{prefix}acc', f'{r["acc"]!r} is not an accuracy in [0, 1]')
+        if r.get('acc_init') is not None and not _accuracy(r['acc_init']):
+            raise bad(f'{prefix}acc_init', f'{r["acc_init"]!r} is not an accuracy in [0, 1]')
+        for f in ('extra_flops', 'step_flops', 'finetune_flops'):
+            if not _finite(r[f]) or r[f] < 0:
+                raise bad(f'{prefix}{f}', f'expected FLOPs ≥ 0, got {r[f]!r}')
+        for j, point in enumerate(r['curve']):
+            if (not isinstance(point, list) or len(point) != 2 or not _finite(point[0])
+                    or not _accuracy(point[1])):
+                raise bad(f'{prefix}curve[{j}]', f'expected [step, accuracy in [0, 1]], got {point!r}')
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """One paper claim as a test on the rows.
+
+    kind 'reaches': `method` at `fraction` reaches the target (Scratch's converged mean − 0.5
+      pt) at every shape; with `flops_ratio`, also with at most that fraction of Scratch's
+      total training FLOPs (the sum over shapes of S·step; the method's upstream without the
+      teacher, as the papers count, plus its descendants' own FLOPs).
+    kind 'beats': `method` at `fraction` above `other` (at `other_fraction`, default the same)
+      at every shape, beyond twice the larger seed spread.
+    kind 'close': `method` at `fraction` no more than `tolerance` below `other` at every shape
+      (mean against mean; the spreads are reported).
+    kind 'cheaper': `method` at `fraction` reaches the target with fewer training FLOPs than
+      `other` (default Scratch's converged runs) at every shape: per seed, its own FLOPs to
+      the target plus its upstream without the pretrained source; beyond twice the larger
+      seed spread, and with `flops_ratio` at most that fraction of the other's mean.
+    `shapes` limits a claim to those shapes ((width, depth) or (width, depth, heads); default:
+    every shape).
+    """
+    text: str
+    kind: str
+    method: str
+    fraction: float
+    other: str = ''
+    other_fraction: float | None = None
+    flops_ratio: float | None = None
+    tolerance: float = 0.01
+    shapes: tuple[tuple[int, ...], ...] | None = None
+
+
+def reach(curve, start: float, per_step: float, target: float) -> float | None:
+    """FLOPs at which a curve [(step, accuracy)] first reaches `target`: `start` plus the
+    steps taken, linear between evaluations; None if it never does."""
+    pts = [(start + s * per_step, a) for s, a in curve]
+    for i, (x, y) in enumerate(pts):
+        if y >= target:
+            if i == 0:
+                return x
+            x0, y0 = pts[i - 1]
+            return x0 + (x - x0) * (target - y0) / (y - y0)
+    return None
+
+
+def finish(results: dict, claims: Sequence[Claim]) -> dict:
+    """`results` with what follows from its raw records computed: each record's target,
+    FLOPs to the target and upstream FLOPs (with and without the pretrained source), the
+    'summary' and the 'verdicts'."""
+    gap = float(results['config']['target_gap'])
+    for r in results['rows']:
+        r['target'] = results['scratch'][shape_key(r['shape'])]['acc'] - gap
+        r['reach_flops'] = reach(r['curve'], r['extra_flops'], r['step_flops'], r['target'])
+        ups = results['upstream_flops'].get(str(r['seed']), {})
+        r['upstream_flops'] = sum(ups.get(u, 0.0) for u in r['upstream'])
+        r['upstream_flops_without_source'] = sum(ups.get(u, 0.0) for u in r['upstream']
+                                                 if u not in PRETRAINED)
+    results['summary'] = summarise(results, [float(x) for x in results['config']['amortise']])
+    results['verdicts'] = [verdict(c, results) for c in claims]
+    return results
+
+
+def _mean_std(xs) -> tuple[float, float]:
+    return float(np.mean(xs)), float(np.std(xs))
+
+
+def summarise(results: dict, amortise: Sequence[float]) -> list[dict]:
+    """One record per (row name, shape, fraction): mean ± std of the final and initial
+    accuracy over seeds, seeds that reached the target, mean FLOPs to the target (own, and
+    with the upstream without the pretrained source amortised over N = amortise[0]), the own
+    FLOPs, the upstream with and without the pretrained source, and the amortised total per
+    descendant for each N (without the source, the papers' count, and with it)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in results['rows']:
+        groups.setdefault((r['name'], tuple(r['shape']), r['fraction']), []).append(r)
+    out = []
+    for (name, shape, fraction), rs in groups.items():
+        acc, std = _mean_std([r['acc'] for r in rs])
+        own = float(np.mean([r['extra_flops'] + r['finetune_flops'] for r in rs]))
+        up = float(np.mean([r['upstream_flops'] for r in rs]))
+        up_wo = float(np.mean([r['upstream_flops_without_source'] for r in rs]))
+        reached = [r['reach_flops'] for r in rs if r['reach_flops'] is not None]
+        s = dict(name=name, label=rs[0]['label'], shape=list(shape), fraction=fraction,
+                 seeds=len(rs), acc=acc, std=std, target=rs[0]['target'],
+                 acc_init=None if rs[0]['acc_init'] is None else _mean_std([r['acc_init'] for r in rs])[0],
+                 steps=int(round(np.mean([r['steps'] for r in rs]))),
+                 steps_taken=float(np.mean([r['steps_taken'] for r in rs])),
+                 reached=len(reached), own_flops=own, upstream_flops=up,
+                 upstream_flops_without_source=up_wo,
+                 reach_flops=float(np.mean(reached)) if len(reached) == len(rs) else None,
+                 amortised={f'{n:g}': dict(without_source=up_wo / n + own, with_source=up / n + own)
+                            for n in amortise})
+        if name == 'scratch':
+            s.update(lr=rs[0]['lr'], plateau_step=int(round(np.mean(
+                [r['plateau_step'] for r in rs]))), converged=all(r['converged'] for r in rs))
+        out.append(s)
+    scratch = {tuple(s['shape']): s for s in out if s['name'] == 'scratch'}
+    for s in out:
+        base = scratch.get(tuple(s['shape']))
+        if s['name'] == 'scratch' or base is None or s['reach_flops'] is None or base['reach_flops'] is None:
+            continue
+        own = s['reach_flops']
+        s['break_even'] = {k: break_even(s[u], own, base['reach_flops'])
+                           for k, u in (('without_source', 'upstream_flops_without_source'),
+                                        ('with_source', 'upstream_flops'))}
+    return out
+
+
+def break_even(upstream: float, per_descendant: float, scratch_per_descendant: float) -> int | None:
+    """The least number of descendants N ≥ 1 at which a method (upstream U, c per
+    descendant) costs less than Scratch (c_s per descendant): U + N·c < N·c_s; None when
+    c ≥ c_s (never)."""
+    saving = scratch_per_descendant - per_descendant
+    if saving <= 0:
+        return None
+    return max(1, math.floor(upstream / saving) + 1)
+
+
+def _runs(rows, name, shape, fraction) -> list[dict]:
+    """The records (one per seed) of a row at a shape and budget."""
+    return [r for r in rows if r['name'] == name and tuple(r['shape']) == tuple(shape)
+            and r['fraction'] == fraction]
+
+
+def _reached(rows, name, shape, fraction) -> tuple[int, int]:
+    """(seeds that reached the target, seeds) of a row at a shape."""
+    mine = _runs(rows, name, shape, fraction)
+    return sum(r['reach_flops'] is not None for r in mine), len(mine)
+
+
+def _to_target(rows, name, shape, fraction) -> list[float] | None:
+    """Per seed: own FLOPs to the target plus the upstream without the pretrained source;
+    None unless every seed reached it."""
+    mine = _runs(rows, name, shape, fraction)
+    if not mine or any(r['reach_flops'] is None for r in mine):
+        return None
+    return [r['reach_flops'] + r['upstream_flops_without_source'] for r in mine]
+
+
+def _find(summary, name, shape, fraction):
+    return next((s for s in summary if s['name'] == name and tuple(s['shape']) == tuple(shape)
+                 and s['fraction'] == fraction), None)
+
+
+def _not_run(results: dict, name: str, fraction: float, shapes) -> str:
+    """What was not run, in words: the row at that budget, or at those shapes."""
+    if not any(r['name'] == name and r['fraction'] == fraction for r in results['rows']):
+        return f'{name} was not run at {fraction:g}·S'
+    return f"{name} was not run at {', '.join(shape_text(s) for s in shapes)} at {fraction:g}·S"
+
+
+def verdict(claim: Claim, results: dict) -> dict:
+    """{'claim', 'verdict': 'reproduced' | 'not reproduced' | 'not testable here', 'detail'}:
+    the claim checked at every shape the method makes, in numbers."""
+    summary, shapes = results['summary'], [tuple(s) for s in results['shapes']]
+    if claim.shapes is not None:
+        shapes = [s for s in shapes if s in {tuple(x) for x in claim.shapes}]
+    mine = [(sh, _find(summary, claim.method, sh, claim.fraction)) for sh in shapes]
+    mine = [(sh, s) for sh, s in mine if s is not None]
+    if not mine:
+        return dict(claim=claim.text, verdict='not testable here',
+                    detail=_not_run(results, claim.method, claim.fraction, shapes))
+    parts, ok = [], True
+    if claim.kind == 'reaches':
+        for sh, s in mine:
+            good = s['acc'] >= s['target']
+            ok &= good
+            parts.append(f"{shape_text(sh)}: {s['acc']:.3f} ± {s['std']:.3f} vs target "
+                         f"{s['target']:.3f} ({'met' if good else 'missed'})")
+        if claim.flops_ratio is not None:
+            scratch_total = sum(_find(summary, 'scratch', sh, 1.0)['own_flops'] for sh, _ in mine)
+            total = mine[0][1]['upstream_flops_without_source'] + sum(s['own_flops'] for _, s in mine)
+            with_source = mine[0][1]['upstream_flops'] + sum(s['own_flops'] for _, s in mine)
+            ratio = total / scratch_total
+            ok &= ratio <= claim.flops_ratio
+            parts.append(f'total FLOPs {ratio:.2f}× Scratch\'s converged runs without the pretrained source '
+                         f'({with_source / scratch_total:.2f}× with it; claim ≤ {claim.flops_ratio:g}×)')
+    elif claim.kind in ('beats', 'close'):
+        other_f = claim.fraction if claim.other_fraction is None else claim.other_fraction
+        for sh, s in mine:
+            o = _find(summary, claim.other, sh, other_f)
+            if o is None:
+                continue
+            diff, noise = s['acc'] - o['acc'], 2 * max(s['std'], o['std'])
+            good = diff > noise if claim.kind == 'beats' else diff >= -claim.tolerance
+            ok &= good
+            parts.append(f"{shape_text(sh)}: {s['acc']:.3f} ± {s['std']:.3f} vs {o['acc']:.3f} ± "
+                         f"{o['std']:.3f} (Δ {diff:+.3f}, 2σ {noise:.3f})")
+        if not parts:
+            return dict(claim=claim.text, verdict='not testable here',
+                        detail=_not_run(results, claim.other, other_f, [sh for sh, _ in mine]))
+    elif claim.kind == 'cheaper':
+        other = claim.other or 'scratch'
+        other_f = 1.0 if other == 'scratch' else (
+            claim.fraction if claim.other_fraction is None else claim.other_fraction)
+        untestable = []
+        for sh, _ in mine:
+            a = _to_target(results['rows'], claim.method, sh, claim.fraction)
+            b = _to_target(results['rows'], other, sh, other_f)
+            if b is None:      # no baseline cost to compare with, unless the method does worse
+                na, nb = (_reached(results['rows'], n, sh, f) for n, f in
+                          ((claim.method, claim.fraction), (other, other_f)))
+                text = (f'{shape_text(sh)}: {claim.method} reached the target in {na[0]}/{na[1]} '
+                        f'seeds, {other} in {nb[0]}/{nb[1]}')
+                if na[0] < nb[0]:
+                    ok = False
+                    parts.append(text)
+                else:
+                    untestable.append(text + ': not every seed of either')
+                continue
+            if a is None:
+                ok = False
+                parts.append(f'{shape_text(sh)}: not every {claim.method} seed reached the target')
+                continue
+            (ma, sa), (mb, sb) = _mean_std(a), _mean_std(b)
+            good = mb - ma > 2 * max(sa, sb) and (claim.flops_ratio is None or ma / mb <= claim.flops_ratio)
+            ok &= good
+            parts.append(f"{shape_text(sh)}: {ma / 1e9:.3g} ± {sa / 1e9:.2g} vs {mb / 1e9:.3g} ± "
+                         f"{sb / 1e9:.2g} GFLOPs to the target ({ma / mb:.2f}×)")
+        if untestable and not parts:
+            return dict(claim=claim.text, verdict='not testable here', detail='; '.join(untestable))
+        parts += untestable
+    else:
+        raise ValueError(f'claim kind {claim.kind!r}; expected reaches, beats, close or cheaper')
+    return dict(claim=claim.text, verdict='reproduced' if ok else 'not reproduced',
+                detail='; '.join(parts))

@@ -1,0 +1,155 @@
+"""Writing artefacts so that a full disk or a kill never loses the old one.
+
+Everything is written under a temporary sibling name, `.partial-<pid>.<name>` (hidden, in
+the same directory, keeping the name's suffix for writers that go by it), and renamed into
+place only once complete: `write_file` for a file (`write_text` for text), `replace_dir`
+for a directory that is complete under its temporary name. A failed write removes its
+temporary and raises an OSError that names the final path; what a killed process left
+(its pid no longer runs) is removed by the next write of the same path (`remove_stale`).
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import glob
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PARTIAL = '.partial-'
+_OLD = '.old-'
+
+
+def partial_path(path: str, tag: str | None = None) -> str:
+    """The temporary sibling of `path` that a write fills before it is renamed into place;
+    `tag` names the writer (default this process's pid; a multi-process write, whose
+    processes must agree on the name, passes one)."""
+    path = os.path.abspath(os.fspath(path))
+    folder, name = os.path.split(path)
+    return os.path.join(folder, f'{PARTIAL}{tag or os.getpid()}.{name}')
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` runs on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # it runs, as another user
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+
+
+def remove_partial(tmp: str) -> None:
+    """Remove a temporary that a write filled, with anything a library put beside it
+    (orbax's `<tmp>.orbax-checkpoint-tmp...`)."""
+    for p in [tmp, *glob.glob(glob.escape(tmp) + '.*')]:
+        _remove(p)
+
+
+def remove_stale(path: str) -> list[str]:
+    """Remove the temporaries of `path` that a killed process left (their pid no longer
+    runs on this host); an old copy set aside by an interrupted `replace_dir` goes back to
+    `path` when `path` is missing. Returns what was removed."""
+    path = os.path.abspath(os.fspath(path))
+    folder, name = os.path.split(path)
+    removed = []
+    for kind in (_OLD, PARTIAL):
+        for p in sorted(glob.glob(os.path.join(glob.escape(folder), f'{kind}*.{glob.escape(name)}*'))):
+            tag, _, rest = os.path.basename(p)[len(kind):].partition('.')
+            mine = rest == name or rest.startswith(name + '.')
+            if not tag.isdigit() or not mine or pid_alive(int(tag)):
+                continue
+            if kind == _OLD and rest == name and not os.path.exists(path):
+                os.rename(p, path)   # the swap was killed between its two renames
+                log.warning('%s: restored from %s, which an interrupted write left', path, p)
+                continue
+            _remove(p)
+            removed.append(p)
+    return removed
+
+
+def named_error(e: OSError, path: str) -> OSError:
+    """`e` as an OSError of the same errno whose message names `path` (the library's message
+    names a temporary, or nothing: '[Errno 28] No space left on device')."""
+    why = e.strerror or str(e) or type(e).__name__
+    return OSError(e.errno, f'cannot write {path!r}: {why}')
+
+
+def write_file(path: str, write: Callable[[str], Any]) -> str:
+    """`write(tmp)` writes the file's complete contents to `tmp` (a temporary sibling that
+    keeps `path`'s suffix), which then replaces `path`; returns `path`. A failed write
+    leaves `path` as it was and raises an OSError naming `path`."""
+    path = os.fspath(path)
+    tmp = partial_path(path)
+    remove_stale(path)
+    try:
+        write(tmp)
+        with open(tmp, 'rb') as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        remove_partial(tmp)
+        if isinstance(e, OSError):
+            raise named_error(e, path) from None
+        raise
+    return path
+
+
+def write_text(path: str, text: str) -> str:
+    """Write `text` (UTF-8) to `path` through `write_file`."""
+    def write(tmp):
+        with open(tmp, 'w', encoding='utf-8') as f:
+            f.write(text)
+    return write_file(path, write)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths in one step (Linux renameat2 RENAME_EXCHANGE); False where the
+    system or file system has no such call."""
+    try:
+        fn = getattr(ctypes.CDLL(None, use_errno=True), 'renameat2', None)
+    except OSError:
+        return False
+    if fn is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(err, f'cannot move {a!r} to {b!r}: {os.strerror(err)}')
+
+
+def replace_dir(new: str, path: str) -> str:
+    """Move the complete directory `new` to `path`, replacing what is there: swapped in one
+    step where the system can, else set aside, renamed and deleted, so that `path` holds
+    the old directory or the new one at every moment (an interruption between the two
+    renames is undone by the next `remove_stale`). Returns `path`."""
+    if not os.path.lexists(path):
+        os.rename(new, path)
+    elif _exchange(new, path):
+        _remove(new)   # now the old one
+    else:
+        old = partial_path(path).replace(PARTIAL, _OLD, 1)
+        os.rename(path, old)
+        os.rename(new, path)
+        _remove(old)
+    return path
