@@ -201,3 +201,14 @@ def test_layer_matrix_errors_name_the_kinds(model):
     ragged = {'blocks': [blocks[0], {**blocks[1], 'mlp': {'fc1': {'kernel': jnp.zeros((16, 8))}}}]}
     with pytest.raises(ValueError, match='block 1'):
         dg.layer_matrix(ragged, 'mlp/fc1/kernel')
+
+
+def test_mean_attention_distance_on_grey_images_names_the_default_normalisation():
+    cfg = vit_config('Ti', width=16, num_heads=2, mlp_dim=32, depth=1, image_size=8, patch_size=4,
+                     channels=1, num_classes=3)
+    params = init(cfg, jax.random.key(0))
+    grey = np.zeros((2, 8, 8, 1), np.float32)
+    with pytest.raises(ValueError, match=r"1 channel\(s\) but mean/std give 3 \(the default is "
+                                         r"ImageNet's 3-channel normalisation\); pass your data's mean"):
+        dg.mean_attention_distance(params, cfg, [grey])
+    assert dg.mean_attention_distance(params, cfg, [grey], mean=(0.5,), std=(0.25,)).shape == (1, 2)

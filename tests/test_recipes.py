@@ -104,3 +104,13 @@ def test_a_toy_method_runs_in_a_study_and_matches_its_twin(toy_method, tmp_path)
         assert toy['acc'] == twin['acc'] and toy['curve'] == twin['curve']
     assert (tmp_path / 'genes' / 'toy_aux' / 'seed_0').is_dir()
     assert results['upstream_flops']['0']['aux_toy_aux'] == results['upstream_flops']['0']['aux_tleg']
+
+
+def test_a_row_that_makes_no_shape_is_refused_before_anything_runs(tmp_path):
+    """LeTra in the TLEG study: its family's section (aux) is there, so it is planned, but its
+    default learngene (half the Aux-Net's 2 layers) cannot be made: one line naming why."""
+    config = configs.load('tleg:smoke', {'methods': ('tleg', 'letra')})
+    study.check(config)
+    with pytest.raises(ValueError, match=r'letra makes none of the shapes .*learngene depth=1 must be even'):
+        study.run_experiment(config, str(tmp_path / 'w'), quiet=True)
+    assert not (tmp_path / 'w').exists()

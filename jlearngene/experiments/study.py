@@ -268,20 +268,24 @@ def run(config: Config, workdir: str, study: Study, *, quiet: bool = False) -> d
     rows = make_rows(config)            # unknown methods fail before anything is written
     ctx = harness.Context(config, workdir, quiet=quiet, adjust=study.descendant_config)
     ctx.rows = rows
-    t_start = harness.prepare(config, workdir)
-    with workdir_lock.hold_workdir(workdir):        # one process per workdir
-        harness.claim_workdir(workdir, config)
-        return _run(config, workdir, study, ctx, rows, t_start)
-
-
-def _run(config: Config, workdir: str, study: Study, ctx: harness.Context, rows: list[Row],
-         t_start: float) -> dict:
     used = [r for r in recipes.REGISTRY.values() if any(row.recipe is r for row in rows)]
     rows_of = {r.family: [row for row in rows if row.recipe is r] for r in used}
     for recipe in used:
         recipe.check(ctx, rows_of[recipe.family])
-    seeds = [int(s) for s in config['seeds']]
     ctx.plan, ctx.shapes = _plan(ctx, rows), study_shapes(config)
+    for row in rows:                    # a row that makes nothing is no comparison
+        reasons = list(ctx.plan[row.name].values())
+        if all(isinstance(r, str) for r in reasons):
+            raise ValueError(f'study: {row.name} makes none of the shapes {ctx.shapes}: {reasons[0]}')
+    t_start = harness.prepare(config, workdir)
+    with workdir_lock.hold_workdir(workdir):        # one process per workdir
+        harness.claim_workdir(workdir, config)
+        return _run(config, workdir, study, ctx, rows, used, rows_of, t_start)
+
+
+def _run(config: Config, workdir: str, study: Study, ctx: harness.Context, rows: list[Row],
+         used: list, rows_of: dict, t_start: float) -> dict:
+    seeds = [int(s) for s in config['seeds']]
     ref = ctx.ref
     ref_shape = (ref.width, ref.depth)
     own_task = not ctx.two_tasks
