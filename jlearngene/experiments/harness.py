@@ -93,8 +93,7 @@ def claim_workdir(workdir: str, config: Config) -> None:
     and a digest of its config), or a one-line ValueError if it belongs to another study or
     to this one with another config: a workdir holds one study's runs, results and plot."""
     path = os.path.join(workdir, OWNER)
-    mine = dict(experiment=config['experiment'], config_sha256=hashlib.sha256(json.dumps(
-        checkpoint.to_json(plain(config)), sort_keys=True, default=repr).encode()).hexdigest())
+    mine = dict(experiment=config['experiment'], config_sha256=_fingerprint(config=plain(config)))
     try:
         with open(path, encoding='utf-8') as f:
             owner = json.load(f)
