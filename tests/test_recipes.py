@@ -38,8 +38,9 @@ def test_every_studiable_method_has_a_family_and_its_recipe():
         assert (m.slimmable is not None) == (m.family == 'slimmable')
         assert (m.clustering is not None) == (m.family == 'cluster')
     assert recipes.for_method('separate').family == 'separate'
+    assert recipes.for_method('ceiling').family == 'ceiling'
     assert list(recipes.REGISTRY) == ['teacher', 'aux', 'slimmable', 'separate', 'cluster', 'grown',
-                                      'operator']
+                                      'operator', 'ceiling']
 
 
 def test_each_recipe_bills_its_upstream_and_reads_one_section():

@@ -9,6 +9,7 @@ table and plots).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib
@@ -117,21 +118,26 @@ def claim_workdir(workdir: str, config: Config) -> None:
 # Data and training runs.
 
 class Data:
-    """Train iterators and a reusable test pass for the config's dataset; with `classes`,
-    only those of its classes, relabelled 0..k−1 in the order given (a study's two tasks:
-    an ancestor trained on some classes, descendants on others)."""
+    """Train iterators and a reusable test pass for the config's dataset, or a part of it
+    (`data.subset`): `classes`, relabelled 0..k−1 in the order given (a study's two tasks:
+    an ancestor trained on some classes, descendants on others); or a `task` mapping with
+    `classes`, `label_fraction` (a seeded labelled part of the training split) and
+    `validation_per_class` (that many training images per class held out of every labelled
+    part: `validation()`, what a transfer study chooses its settings on), chosen by
+    `subset_seed`."""
 
-    def __init__(self, config: Config, classes: Sequence[int] | None = None):
+    def __init__(self, config: Config, classes: Sequence[int] | None = None, *,
+                 task: Mapping[str, Any] | None = None):
         self.config = config
         dc = plain(config['data'])
         if dc.get('name') == 'tfds' and not dc.get('data_dir'):
             raise ValueError('a tfds dataset needs the prepared data: set --config.data.data_dir '
                              '(and --config.data.tfds_name); nothing is downloaded')
         self.data_config = dc
-        self.classes = None if classes is None else tuple(int(c) for c in classes)
-        self.sources = ({} if classes is None else
-                        {split: self._subset(data.source_from_config(dc, split), split)
-                         for split in ('train', 'test')})
+        task = dict(task or {}) if classes is None else {**(task or {}), 'classes': classes}
+        self.task = task
+        self.classes = None if task.get('classes') is None else tuple(int(c) for c in task['classes'])
+        self.sources = self._sources(dc, task) if task else {}
         _, info = data.from_config(dc, 'train', batch_size=config['batch_size'],
                                    seed=config['seed'], train=True, source=self.sources.get('train'))
         self.info = info
@@ -139,32 +145,46 @@ class Data:
         self.mean = tuple(dc['mean']) if dc.get('mean') is not None else info.mean
         self.std = tuple(dc['std']) if dc.get('std') is not None else info.std
 
-    def _subset(self, source, split: str):
-        if len(set(self.classes)) != len(self.classes):
-            raise ValueError(f'task classes {self.classes} repeat a class')
-        bad = [c for c in self.classes if not 0 <= c < source.info.num_classes]
-        if bad:
-            raise ValueError(f'task classes {bad} are not classes of {source.info.name} '
-                             f'(0..{source.info.num_classes - 1})')
-        rows = [source[i] for i in range(len(source))]
-        relabel = {c: i for i, c in enumerate(self.classes)}
-        keep = [r for r in rows if r['label'] in relabel]
-        return data.array_source(np.stack([r['image'] for r in keep]),
-                                 np.array([relabel[r['label']] for r in keep]),
-                                 num_classes=len(self.classes), split=split,
-                                 name=f'{source.info.name}{list(self.classes)}')
+    def _sources(self, dc: dict, task: dict) -> dict:
+        opts = dict(classes=self.classes, label_fraction=float(task.get('label_fraction', 1.0)),
+                    validation_per_class=int(task.get('validation_per_class', 0)),
+                    seed=int(task.get('subset_seed', 0)))
+        train, test = (data.source_from_config(dc, split) for split in ('train', 'test'))
+        name = train.info.name + ('' if self.classes is None else f'{list(self.classes)}')
+        parts = {'train': (train, 'labelled'), 'test': (test, 'all')}
+        if opts['validation_per_class']:
+            parts['validation'] = (train, 'validation')
+        try:
+            return {split: data.subset(source, part, split=split, name=name, **opts)
+                    for split, (source, part) in parts.items()}
+        except data.DataError as e:
+            raise ValueError(f'study task {task}: {e}') from None
+
+    @property
+    def has_validation(self) -> bool:
+        return 'validation' in self.sources
 
     def train(self, seed: int):
         return data.from_config(self.data_config, 'train', batch_size=self.config['batch_size'],
                                 seed=seed, train=True, source=self.sources.get('train'))[0]
 
+    def _eval(self, split: str):
+        return data.from_config(self.data_config, split, batch_size=self.config['eval_batch_size'],
+                                seed=0, train=False, source=self.sources.get(split))[0]
+
     def test(self):
-        return data.from_config(self.data_config, 'test', batch_size=self.config['eval_batch_size'],
-                                seed=0, train=False, source=self.sources.get('test'))[0]
+        return self._eval('test')
+
+    def validation(self):
+        """The held-out validation images (a task with `validation_per_class`)."""
+        if not self.has_validation:
+            raise ValueError('this task holds out no validation images (validation_per_class)')
+        return self._eval('validation')
 
     def identity(self) -> list:
         """What names this data for a finished run's fingerprint (`fit`)."""
-        return [self.info.name, self.classes, self.num_examples, self.data_config]
+        extra = {k: v for k, v in self.task.items() if k != 'classes'}
+        return [self.info.name, self.classes, self.num_examples, self.data_config] + ([extra] if extra else [])
 
     def raw_batches(self, n: int, batch: int):
         """The first `n` training images in [0, 1], unaugmented, `batch` at a time."""
@@ -214,7 +234,8 @@ def _fingerprint(**parts) -> str:
 
 
 def _reuse(run_dir: str, fingerprint: str, like):
-    """(params, curve, seconds) of the finished run in `run_dir` with this fingerprint: its
+    """(params, curve, seconds, validation curve or None) of the finished run in `run_dir`
+    with this fingerprint: its
     final run checkpoint read into `like`'s structure; None for a missing, other or
     unreadable record or checkpoint (the run trains again)."""
     try:
@@ -226,12 +247,15 @@ def _reuse(run_dir: str, fingerprint: str, like):
             params, _ = ckpt.restore_params(like, int(meta['step']))
     except (OSError, ValueError, KeyError, TypeError, integrity.CheckpointError):
         return None
-    return params, [(int(s), float(a)) for s, a in meta['curve']], float(meta['seconds'])
+    val = meta.get('val_curve')
+    return (params, [(int(s), float(a)) for s, a in meta['curve']], float(meta['seconds']),
+            None if val is None else [(int(s), float(a)) for s, a in val])
 
 
 def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: float,
         optim: Mapping[str, Any], workdir: str, seed: int, eval_every: int | None,
-        stop_at: float | None = None, identity: Any = None, reused: list | None = None):
+        stop_at: float | None = None, identity: Any = None, reused: list | None = None,
+        val_curves: dict | None = None):
     """Train `trainable` on `loss_fn` for `steps` with the optimiser settings `optim` (an
     `optim` config section) at learning rate `lr`
     (warm-up at most a fifth of the run), evaluating with `eval_fn` every `eval_every` steps
@@ -245,7 +269,10 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     whole study config), data, initial `trainable`, jlearngene sources, library versions and
     devices, it is read back instead of trained (its name appended to `reused`), so an
     interrupted study picks up after its last finished run. Anything different, several processes or data other than a
-    `Data` trains again; a new workdir reruns everything."""
+    `Data` trains again; a new workdir reruns everything.
+
+    A `Data` with validation images (`Data.has_validation`) is evaluated on them too, at
+    the same steps: that curve [(step, validation accuracy)] goes to `val_curves[name]`."""
     opt_cfg = dict(plain(optim), lr=lr)
     opt_cfg['warmup_steps'] = min(int(opt_cfg.get('warmup_steps', 0)), max(steps // 5, 0))
     run_dir = os.path.join(workdir, 'runs', name)
@@ -256,11 +283,14 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
         name=name, steps=steps, opt=opt_cfg, seed=seed, eval_every=eval_every, stop_at=stop_at,
         identity=identity, data=dset.identity(), trainable=tree_digest(trainable),
         source=source_digest(), software=software_and_devices()) if reusable else None
+    validation = eval_fn is not None and getattr(dset, 'has_validation', False)
     done = _reuse(run_dir, fingerprint, trainable) if reusable else None
     if done is not None:
         if reused is not None:
             reused.append(name)
-        return done
+        if validation and val_curves is not None:
+            val_curves[name] = done[3]
+        return done[:3]
     optimizer = optimisers.make_optimizer(opt_cfg, trainable, total_steps=steps)
     loss_key = getattr(loss_fn, 'key', None)   # runs of one loss and shape compile once
     run = trainer.FitConfig(
@@ -269,7 +299,8 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
         handle_sigterm=False, keep_checkpoints=1,
         compile_key=None if loss_key is None else
         (loss_key, optimisers.cache_key(opt_cfg, trainable, total_steps=steps)))
-    hooks = [] if eval_fn is None else [Evaluation(eval_fn, dset.test, every=eval_every or None)]
+    also = {'val': dset.validation} if validation else None
+    hooks = [] if eval_fn is None else [Evaluation(eval_fn, dset.test, every=eval_every or None, also=also)]
     if stop_at is not None:
         hooks.append(StopWhen(lambda rec: rec['eval/accuracy'] >= stop_at,
                               f'test accuracy >= {stop_at:g}'))
@@ -278,13 +309,17 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     t0 = time.perf_counter()
     params, history = trainer.fit(loss_fn, trainable, dset.train(seed), optimizer, run, hooks)
     curve = [(int(r['step']), float(r['eval/accuracy'])) for r in history['eval']]
+    val_curve = ([(int(r['step']), float(r['eval/val_accuracy'])) for r in history['eval']]
+                 if validation else None)
+    if validation and val_curves is not None:
+        val_curves[name] = val_curve
     secs = time.perf_counter() - t0
     if reusable:   # the final checkpoint holds the params; this marks the run finished
-        tmp = finished + '.tmp'
-        with open(tmp, 'w', encoding='utf-8') as f:
-            json.dump(dict(fingerprint=fingerprint, curve=curve, seconds=secs,
-                           step=curve[-1][0] if curve else steps), f)
-        os.replace(tmp, finished)
+        record = dict(fingerprint=fingerprint, curve=curve, seconds=secs,
+                      step=curve[-1][0] if curve else steps)
+        if validation:
+            record['val_curve'] = val_curve
+        files.write_text(finished, json.dumps(record))
     return params, curve, secs
 
 
@@ -307,6 +342,45 @@ def say(msg: str, quiet: bool) -> None:
 
 # ----------------------------------------------------------------------------------------
 # A study's context: what every recipe and the protocol share.
+
+@dataclasses.dataclass(frozen=True)
+class LabelBudget:
+    """One label budget of a transfer study: the `fraction` of the descendants' training
+    images that is labelled, the descendants' `seeds` at it, Scratch's `steps` before its
+    plateau check, and its `key` in results ('0.01')."""
+    fraction: float
+    seeds: tuple[int, ...]
+    steps: int
+
+    @property
+    def key(self) -> str:
+        return f'{self.fraction:g}'
+
+
+def label_budgets(config: Config) -> list[LabelBudget]:
+    """The transfer study's label budgets (`labels` section: `fractions`, `seeds` per
+    fraction, `scratch_steps` per fraction), or [] for a study without one; a one-line
+    ValueError for a section that does not line up."""
+    lc = get(config, 'labels', None)
+    if not lc:
+        return []
+    if not get(config, 'tasks', None):
+        raise ValueError('study: labels (label budgets) needs tasks (ancestor and descendant classes)')
+    fractions, seeds, steps = (tuple(lc[k]) for k in ('fractions', 'seeds', 'scratch_steps'))
+    if not fractions or len(seeds) != len(fractions) or len(steps) != len(fractions):
+        raise ValueError(f'study: labels.fractions {fractions}, labels.seeds and labels.scratch_steps '
+                         'need one entry per label budget')
+    if not int(get(lc, 'validation_per_class', 0)):
+        raise ValueError('study: labels.validation_per_class must be > 0: every choice reads the '
+                         'validation images, never the test images')
+    out = []
+    for f, s, n in zip(fractions, seeds, steps):
+        s = tuple(int(x) for x in s)
+        if not s or len(set(s)) != len(s):
+            raise ValueError(f'study: labels.seeds at {f:g} is {s}; give distinct seeds')
+        out.append(LabelBudget(float(f), s, int(n)))
+    return out
+
 
 def fraction_steps(fraction: float, S: int) -> int:
     """Steps of a stage budgeted at `fraction` of S (at least 1 for a positive fraction)."""
@@ -370,7 +444,9 @@ class Context:
         self.K = num_classes
         if num_classes is None:
             tasks_ = get(config, 'tasks', None)
-            self.dset = Data(config, tasks_['descendant'] if tasks_ else None)
+            budgets = label_budgets(config)
+            self.dset = (self.downstream(budgets[0]) if budgets else
+                         Data(config, tasks_['descendant'] if tasks_ else None))
             self.ancestor_dset = Data(config, tasks_['ancestor']) if tasks_ else self.dset
             self.K = self.dset.num_classes
         self.bs = config['batch_size']
@@ -388,6 +464,18 @@ class Context:
         self.scratch_cfgs: dict = {}   # Scratch's config by shape
         self.S_ref = 0                 # the reference (teacher) shape's S
         self.teachers: dict = {}       # the teacher's params by seed
+        self.val_curves: dict = {}     # validation curves by run name (tasks with validation)
+        self.source: dict = {}         # the teacher's Scratch record (lr, S, runs per seed)
+        self.descend_sweeps: dict = {}  # a label budget's descendant lr sweeps (validation accuracy)
+
+    def downstream(self, budget: LabelBudget) -> Data:
+        """The descendants' task at a label budget (`label_budgets`): its labelled images,
+        its validation images and all of its test images."""
+        lc = self.config['labels']
+        return Data(self.config, task=dict(classes=self.config['tasks']['descendant'],
+                                      label_fraction=budget.fraction,
+                                      validation_per_class=int(lc['validation_per_class']),
+                                      subset_seed=int(get(lc, 'subset_seed', 0))))
 
     def teacher(self, seed: int):
         """The teacher (the reference shape's Scratch run, or the ancestor) of `seed`."""
@@ -416,7 +504,8 @@ class Context:
         params, curve, secs = fit(name, loss_fn, params, eval_fn, dset or self.dset, steps=steps,
                                   lr=lr, optim=self.config['optim'] if optim is None else optim,
                                   workdir=self.workdir, seed=seed, eval_every=eval_every,
-                                  stop_at=stop_at, identity=self.identity, reused=self.reused)
+                                  stop_at=stop_at, identity=self.identity, reused=self.reused,
+                                  val_curves=self.val_curves)
         self.timings[name] = secs
         return params, curve
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from jlearngene.experiments import recipes
 from jlearngene.train import files
-from jlearngene.experiments.results import parse_key, shape_text
+from jlearngene.experiments.results import ALPHA, MIN_GAP, _mean_std, parse_key, shape_text, welch
 
 
 def _g(x) -> str:
@@ -41,17 +41,22 @@ def _budget(s: dict) -> str:
 
 def markdown(results: dict) -> str:
     """Scratch's baseline, the upstream runs, one row per (method, shape, budget) with mean ±
-    std over the seeds and every FLOPs count, what cannot be made, and the verdicts."""
+    std over the seeds and every FLOPs count, what cannot be made, and the verdicts (a
+    transfer study: `transfer_markdown`)."""
+    if 'budgets' in results:
+        return transfer_markdown(results)
     cfg, ref = results['config'], results['reference']
     seeds = results['seeds']
     amortise = list(next(iter(results['summary']))['amortised']) if results['summary'] else []
+    on_validation = any(b.get('chosen_on') == 'validation' for b in results['scratch'].values())
+    sweep_head = 'lr × weight decay sweep (final validation acc.)' if on_validation else 'lr sweep (final acc.)'
     lines = [f"Seeds {seeds}; batch {cfg['batch_size']}; reference (teacher) shape "
              f"w{ref['width']} L{ref['depth']}, its Scratch plateau S = {ref['S']} steps. Target at "
              f"each shape: Scratch's mean final accuracy − {cfg['target_gap'] * 100:g} pt.", '',
              '**Scratch** (lr sweep on the first seed, every seed at the chosen lr; S: the plateau '
              f"step, first evaluation within {cfg['scratch']['plateau'] * 100:g} pt of the final "
              'accuracy):', '',
-             '| shape | lr sweep (final acc.) | chosen lr | steps | S | converged | acc. (mean ± std) | target |',
+             f'| shape | {sweep_head} | chosen lr | steps | S | converged | acc. (mean ± std) | target |',
              '|---|---|---|---|---|---|---|---|']
     for key, b in results['scratch'].items():
         sweep = ', '.join(f'{lr}: {a:.3f}' for lr, a in b['sweep'].items())
@@ -74,7 +79,7 @@ def markdown(results: dict) -> str:
                 accs.setdefault(k[:-len('_accuracy')], []).append(v)
     if accs:
         lines[-1] += ' Test accuracy: ' + ', '.join(
-            f'{k} {np.mean(v):.4f} ± {np.std(v):.4f}' for k, v in accs.items()) + '.'
+            '{} {:.4f} ± {:.4f}'.format(k, *_mean_std(v)) for k, v in accs.items()) + '.'
     head = ['shape', 'method', 'budget', 'acc. at init', 'acc. (mean ± std)', 'target reached',
             'own GFLOPs', 'to target: own (GFLOPs)', 'upstream w/o / with source (GFLOPs)']
     head += [f'per descendant, N={n} (w/o / with source)' for n in amortise]
@@ -106,7 +111,9 @@ def markdown(results: dict) -> str:
               'Costs: 3× forward FLOPs per training image (`costs`); distillation adds a teacher '
               f"forward. Wall time {results['seconds']:.0f} s{_reused_text(results)}."]
     if results.get('verdicts'):
-        lines += ['', '**Verdicts** (a difference counts only beyond twice the seeds\' spread):', '']
+        lines += ['', f"**Verdicts** (mean ± sample std over the seeds; a difference counts only where "
+                      f"Welch's t-test gives p < {ALPHA:g} and, for accuracy, the gap is at least "
+                      f"{MIN_GAP * 100:g} pt; p n/a: fewer than 2 seeds on a side or both constant):", '']
         lines += [f"* {v['claim']}: **{v['verdict']}**. {v['detail']}." for v in results['verdicts']]
     return '\n'.join(lines)
 
@@ -179,10 +186,12 @@ def mean_curve(rows: list[dict], start_key: str = 'upstream_flops_without_source
     return pts
 
 
-def plot(results: dict, workdir: str) -> list[str]:
+def plot(results: dict, workdir: str, filename: str = 'accuracy_vs_flops.png') -> list[str]:
     """accuracy_vs_flops.png: a panel per shape, test accuracy (mean over seeds) against total
     training FLOPs (upstream without the pretrained source for one descendant, plus its own), each
     method at its largest budget, Scratch's target dashed; returns its path."""
+    if 'budgets' in results:
+        return transfer_plot(results, workdir)
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -218,9 +227,86 @@ def plot(results: dict, workdir: str) -> list[str]:
                 handles.append(h), labels.append(lab)
     fig.legend(handles, labels, loc='lower center', ncol=min(6, max(1, len(labels))), fontsize=7)
     fig.tight_layout(rect=(0, 0.12 + 0.03 * (len(labels) // 7), 1, 1))
-    path = os.path.join(workdir, 'accuracy_vs_flops.png')
+    path = os.path.join(workdir, filename)
     try:
         files.write_file(path, lambda tmp: fig.savefig(tmp, dpi=90))   # renamed into place whole
     finally:
         plt.close(fig)
     return [path]
+
+
+# ----------------------------------------------------------------------------------------
+# A transfer study: the source task, then one section per label budget.
+
+def budget_title(sub: dict) -> str:
+    """'1 % of the labels (300 images)' for a label budget's record."""
+    return f"{sub['label_fraction'] * 100:g} % of the labels ({sub['labelled']} images)"
+
+
+def transfer_markdown(results: dict) -> str:
+    """The source task's baseline, then per label budget: the headline (each method against
+    Scratch and the ceiling), the descendants' lr sweeps and the whole table of `markdown`."""
+    first = next(iter(results['budgets'].values()))
+    lines = ['## Source task', ''] + ancestor_lines(first)[1:]
+    for sub in results['budgets'].values():
+        borrowed = {k: v for k, v in sub['upstream_seed'].items() if str(v) != k}
+        lines += ['', f'## {budget_title(sub)}', '',
+                  f"Seeds {sub['seeds']}, each descending from the upstream of its own source seed"
+                  + ''.join(f'; seed {k} from that of source seed {v}' for k, v in borrowed.items())
+                  + '. Every lr, weight decay and plateau is chosen on the validation images '
+                  '(held out of every labelled part); the test images give the numbers below. '
+                  'Welch p: the method against converged Scratch; ceiling share: (method − '
+                  'Scratch) / (ceiling − Scratch), where the ceiling is above Scratch.', '']
+        lines += headline(sub) + ['']
+        if sub.get('descend_sweeps'):
+            lines += ['Descendant lr sweeps (first seed, final validation accuracy): '
+                      + '; '.join(f"{k}: " + ', '.join(f'{lr} {a:.3f}' for lr, a in v.items())
+                                  for k, v in sub['descend_sweeps'].items()) + '.', '']
+        lines.append(markdown({**sub, 'ancestor': None}))
+    return '\n'.join(lines)
+
+
+def headline(sub: dict) -> list[str]:
+    """Per method and shape at its largest budget: final test accuracy against converged
+    Scratch (Δ, Welch's p) and the ceiling share (method − Scratch) / (ceiling − Scratch)."""
+    rows = sub['rows']
+
+    def accs(name, shape, fraction=None):
+        mine = [r for r in rows if r['name'] == name and tuple(r['shape']) == tuple(shape)]
+        if fraction is None and mine:
+            fraction = max(r['fraction'] for r in mine)
+        return [r['acc'] for r in mine if r['fraction'] == fraction]
+
+    def at_best_val(name, shape):
+        mine = [r for r in rows if r['name'] == name and tuple(r['shape']) == tuple(shape)]
+        top = max(r['fraction'] for r in mine)
+        best = [r['acc_at_best_val'] for r in mine if r['fraction'] == top and 'acc_at_best_val' in r]
+        return f'{np.mean(best):.4f}' if best else '–'
+
+    out = ['| shape | method | acc. (mean ± std) | at the best validation step | Δ vs Scratch | Welch p '
+           '| ceiling share |', '|---|---|---|---|---|---|---|']
+    for shape in sub['shapes']:
+        scratch = accs('scratch', shape, 1.0)
+        ceiling = accs('ceiling', shape)
+        for name in ['scratch'] + sub['rows_spec']:
+            a = accs(name, shape)
+            if not a:
+                continue
+            m, s = _mean_std(a)
+            at_best = at_best_val(name, shape)
+            if name == 'scratch':
+                out.append(f"| {shape_text(shape)} | Scratch (converged) | {m:.4f} ± {s:.4f} | {at_best} "
+                           "| – | – | 0 |")
+                continue
+            gain = np.mean(ceiling) - np.mean(scratch) if ceiling else None
+            share = '–' if not gain or gain <= 0 else f'{(m - np.mean(scratch)) / gain:+.2f}'
+            p = welch(a, scratch)
+            out.append(f"| {shape_text(shape)} | {sub['labels'][name]} | {m:.4f} ± {s:.4f} | {at_best} | "
+                       f"{m - np.mean(scratch):+.4f} | {'n/a' if p is None else f'{p:.3g}'} | {share} |")
+    return out
+
+
+def transfer_plot(results: dict, workdir: str) -> list[str]:
+    """One `plot` per label budget: accuracy_vs_flops_l<fraction>.png."""
+    return [path for key, sub in results['budgets'].items()
+            for path in plot(sub, workdir, filename=f'accuracy_vs_flops_l{key}.png')]

@@ -2,15 +2,27 @@
 run's target and FLOPs to it, the summary per row, shape and budget, the break-even number of
 descendants and the verdicts on the paper claims; so a recorded study is re-derived without
 training (`study.render`).
+
+Statistics: every mean ± std over seeds uses the sample std (ddof = 1; 0.0 for a single
+seed, where it is undefined). A difference between two rows counts as reproduced only where
+Welch's t-test (`welch`) gives p < `ALPHA` and, for accuracies, the gap is at least `MIN_GAP`;
+where p cannot be computed (fewer than 2 seeds on either side, or both samples constant) it
+does not count.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any
 from collections.abc import Sequence
 
 import numpy as np
+from scipy import stats
+
+# a difference counts where Welch's t-test gives p < ALPHA and (accuracies) the gap is ≥ MIN_GAP
+ALPHA = 0.05
+MIN_GAP = 0.005
 
 class ResultsError(ValueError):
     """A results.json that is not a study's record; the message names the file and field."""
@@ -19,6 +31,12 @@ class ResultsError(ValueError):
 # the pretrained source a method starts from: the papers leave its training out of their
 # counts, so every cost is reported both without and with it
 PRETRAINED = ('teacher', 'small')
+
+
+def pretrained(run: str) -> bool:
+    """Whether the upstream run `run` is the pretrained source: the teacher, the small model,
+    or a transfer study's source model at a descendant shape ('source_w64_d3')."""
+    return run in PRETRAINED or run.startswith('source_')
 
 
 def shape_key(shape) -> str:
@@ -113,13 +131,16 @@ class Claim:
       total training FLOPs (the sum over shapes of S·step; the method's upstream without the
       teacher, as the papers count, plus its descendants' own FLOPs).
     kind 'beats': `method` at `fraction` above `other` (at `other_fraction`, default the same)
-      at every shape, beyond twice the larger seed spread.
+      at every shape: the mean accuracy at least `MIN_GAP` (0.5 pt) higher and Welch's t-test
+      on the seeds' accuracies p < `ALPHA` (`welch`; with fewer than 2 seeds on either side,
+      or both sides constant, p is n/a and the shape does not count).
     kind 'close': `method` at `fraction` no more than `tolerance` below `other` at every shape
-      (mean against mean; the spreads are reported).
+      (mean against mean; the sample stds are reported).
     kind 'cheaper': `method` at `fraction` reaches the target with fewer training FLOPs than
       `other` (default Scratch's converged runs) at every shape: per seed, its own FLOPs to
-      the target plus its upstream without the pretrained source; beyond twice the larger
-      seed spread, and with `flops_ratio` at most that fraction of the other's mean.
+      the target plus its upstream without the pretrained source; the method's mean lower
+      with Welch's p < `ALPHA` on the per-seed FLOPs (no minimum gap), and with `flops_ratio`
+      at most that fraction of the other's mean.
     `shapes` limits a claim to those shapes ((width, depth) or (width, depth, heads); default:
     every shape).
     """
@@ -152,28 +173,53 @@ def finish(results: dict, claims: Sequence[Claim]) -> dict:
     FLOPs to the target and upstream FLOPs (with and without the pretrained source), the
     'summary' and the 'verdicts'."""
     gap = float(results['config']['target_gap'])
+    for key, base in results['scratch'].items():    # Scratch's spread from its own records
+        accs = [r['acc'] for r in results['rows'] if r['name'] == 'scratch' and shape_key(r['shape']) == key]
+        if accs:
+            base['std'] = _mean_std(accs)[1]
     for r in results['rows']:
         r['target'] = results['scratch'][shape_key(r['shape'])]['acc'] - gap
         r['reach_flops'] = reach(r['curve'], r['extra_flops'], r['step_flops'], r['target'])
         ups = results['upstream_flops'].get(str(r['seed']), {})
         r['upstream_flops'] = sum(ups.get(u, 0.0) for u in r['upstream'])
         r['upstream_flops_without_source'] = sum(ups.get(u, 0.0) for u in r['upstream']
-                                                 if u not in PRETRAINED)
+                                                 if not pretrained(u))
     results['summary'] = summarise(results, [float(x) for x in results['config']['amortise']])
     results['verdicts'] = [verdict(c, results) for c in claims]
     return results
 
 
 def _mean_std(xs) -> tuple[float, float]:
-    return float(np.mean(xs)), float(np.std(xs))
+    """Mean and sample std (ddof = 1) over seeds; std 0.0 for a single seed (undefined there,
+    and JSON has no NaN: `welch` keeps such a comparison from counting)."""
+    xs = np.asarray(xs, dtype=float)
+    return float(np.mean(xs)), (float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0)
+
+
+def welch(a, b) -> float | None:
+    """The two-sided p-value of Welch's t-test of samples `a` against `b`
+    (`scipy.stats.ttest_ind(a, b, equal_var=False)`); None where it cannot be computed:
+    fewer than 2 values on either side, or both samples constant."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(a) < 2 or len(b) < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0):
+        return None
+    with warnings.catch_warnings():     # scipy's precision note on a constant side: its variance is 0
+        warnings.simplefilter('ignore', RuntimeWarning)
+        p = float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    return p if math.isfinite(p) else None
+
+
+def _p_text(p: float | None) -> str:
+    return 'p n/a' if p is None else f'p {p:.3g}'
 
 
 def summarise(results: dict, amortise: Sequence[float]) -> list[dict]:
-    """One record per (row name, shape, fraction): mean ± std of the final and initial
-    accuracy over seeds, seeds that reached the target, mean FLOPs to the target (own, and
-    with the upstream without the pretrained source amortised over N = amortise[0]), the own
-    FLOPs, the upstream with and without the pretrained source, and the amortised total per
-    descendant for each N (without the source, the papers' count, and with it)."""
+    """One record per (row name, shape, fraction): mean ± sample std (ddof = 1, 0.0 for one
+    seed) of the final accuracy over seeds, the mean initial accuracy, seeds that reached the
+    target, mean FLOPs to the target (own, and with the upstream without the pretrained source
+    amortised over N = amortise[0]), the own FLOPs, the upstream with and without the
+    pretrained source, and the amortised total per descendant for each N (without the source,
+    the papers' count, and with it)."""
     groups: dict[tuple, list[dict]] = {}
     for r in results['rows']:
         groups.setdefault((r['name'], tuple(r['shape']), r['fraction']), []).append(r)
@@ -250,6 +296,8 @@ def _not_run(results: dict, name: str, fraction: float, shapes) -> str:
     """What was not run, in words: the row at that budget, or at those shapes."""
     if not any(r['name'] == name and r['fraction'] == fraction for r in results['rows']):
         return f'{name} was not run at {fraction:g}·S'
+    if not shapes:
+        return "the claim's shapes are none of the study's"
     return f"{name} was not run at {', '.join(shape_text(s) for s in shapes)} at {fraction:g}·S"
 
 
@@ -285,11 +333,18 @@ def verdict(claim: Claim, results: dict) -> dict:
             o = _find(summary, claim.other, sh, other_f)
             if o is None:
                 continue
-            diff, noise = s['acc'] - o['acc'], 2 * max(s['std'], o['std'])
-            good = diff > noise if claim.kind == 'beats' else diff >= -claim.tolerance
+            diff = s['acc'] - o['acc']
+            if claim.kind == 'beats':
+                p = welch([r['acc'] for r in _runs(results['rows'], claim.method, sh, claim.fraction)],
+                          [r['acc'] for r in _runs(results['rows'], claim.other, sh, other_f)])
+                good = diff >= MIN_GAP and p is not None and p < ALPHA
+                test = _p_text(p)
+            else:
+                good = diff >= -claim.tolerance
+                test = f'tolerance {claim.tolerance:.3f}'
             ok &= good
             parts.append(f"{shape_text(sh)}: {s['acc']:.3f} ± {s['std']:.3f} vs {o['acc']:.3f} ± "
-                         f"{o['std']:.3f} (Δ {diff:+.3f}, 2σ {noise:.3f})")
+                         f"{o['std']:.3f} (Δ {diff:+.3f}, {test})")
         if not parts:
             return dict(claim=claim.text, verdict='not testable here',
                         detail=_not_run(results, claim.other, other_f, [sh for sh, _ in mine]))
@@ -316,11 +371,12 @@ def verdict(claim: Claim, results: dict) -> dict:
                 ok = False
                 parts.append(f'{shape_text(sh)}: not every {claim.method} seed reached the target')
                 continue
-            (ma, sa), (mb, sb) = _mean_std(a), _mean_std(b)
-            good = mb - ma > 2 * max(sa, sb) and (claim.flops_ratio is None or ma / mb <= claim.flops_ratio)
+            (ma, sa), (mb, sb), p = _mean_std(a), _mean_std(b), welch(a, b)
+            good = (ma < mb and p is not None and p < ALPHA
+                    and (claim.flops_ratio is None or ma / mb <= claim.flops_ratio))
             ok &= good
             parts.append(f"{shape_text(sh)}: {ma / 1e9:.3g} ± {sa / 1e9:.2g} vs {mb / 1e9:.3g} ± "
-                         f"{sb / 1e9:.2g} GFLOPs to the target ({ma / mb:.2f}×)")
+                         f"{sb / 1e9:.2g} GFLOPs to the target ({ma / mb:.2f}×, {_p_text(p)})")
         if untestable and not parts:
             return dict(claim=claim.text, verdict='not testable here', detail='; '.join(untestable))
         parts += untestable

@@ -32,6 +32,19 @@ its genes upstream, its descendants and its budgets. The protocol
    amortised cost per descendant for N = `amortise`, the break-even N, the claims' verdicts;
    `results.json` (one record per run, written first), `results.md`,
    `accuracy_vs_flops.png`. `render(workdir)` redoes step 4 from results.json.
+
+**The transfer setting** (a config with `tasks` and `labels`; fair_studies.md, "Transfer
+setting"): the teacher and every upstream run train on the ancestor's classes, once per
+source seed (`seeds`), before any descendant. Then, per label budget (`labels.fractions`,
+each with its own seeds and Scratch steps), the descendants' task holds that fraction of its
+training images labelled and `labels.validation_per_class` images per class held out of
+every budget: Scratch sweeps lr × `scratch.weight_decays` and reads its plateau on the
+validation accuracy; every (row, shape, budget) sweeps `descend.lrs` on the budget's first
+seed and keeps the lr of the best final validation accuracy; the test images give the
+reported numbers only. A budget seed the source was not trained with descends from the
+source seeds in turn (`upstream_seeds`). The 'ceiling' row fine-tunes a whole source-task
+model of each descendant shape. The record holds one study record per budget under
+`budgets`, rendered as one section each (`report.transfer_markdown`).
 """
 from __future__ import annotations
 
@@ -208,12 +221,31 @@ def check(config: Config) -> None:
     if min(fractions) < 0:
         raise ValueError(f'study: descend.fractions={fractions} has a negative budget; give '
                          'fractions of S ≥ 0 (0: the initialisation alone)')
+    if harness.label_budgets(config):
+        _check_transfer(config)
     for method in config['methods']:
         recipe = recipes.for_method(method)
         if recipe.section and recipe.section not in config:
             raise ValueError(f"study: {method} ({recipe.family} family) reads the config section "
                              f"'{recipe.section}', which the {config['experiment']} study lacks; "
                              f'{_studies_with(recipe.section, method)}')
+
+
+def _check_transfer(config: Config) -> None:
+    """A transfer study's own rules (fair_studies.md, "Transfer setting"): Scratch sweeps
+    ≥ 2 weight decays, the descendants ≥ 3 learning rates, and nothing stops at the target
+    (the target is read on test images; every choice reads the validation images)."""
+    wds = tuple(harness.get(config['scratch'], 'weight_decays', ()) or ())
+    if len(wds) < 2:
+        raise ValueError(f'study: scratch.weight_decays={wds}: with label budgets Scratch sweeps at '
+                         'least 2 weight decays')
+    lrs = tuple(harness.get(config['descend'], 'lrs', ()) or ())
+    if len(lrs) < MIN_SWEEP:
+        raise ValueError(f'study: descend.lrs={lrs}: with label budgets every method sweeps at '
+                         f'least {MIN_SWEEP} learning rates on the first seed')
+    if harness.get(config['descend'], 'stop_at_target', False):
+        raise ValueError('study: descend.stop_at_target reads the test images; with label budgets '
+                         'every choice reads the validation images: set it False')
 
 
 def _studies_with(section: str, method: str) -> str:
@@ -256,7 +288,8 @@ def _scratch_records(base: dict, shapes, ctx: harness.Context) -> list[dict]:
                             acc_init=None, acc=r['acc'], curve=r['curve'],
                             params=costs.param_count(cfg), extra_flops=0.0,
                             step_flops=ctx.step_flops(cfg),
-                            finetune_flops=r['steps'] * ctx.step_flops(cfg), upstream=[]))
+                            finetune_flops=r['steps'] * ctx.step_flops(cfg), upstream=[],
+                            **{k: r[k] for k in ('val', 'val_curve', 'acc_at_best_val') if k in r}))
     return out
 
 
@@ -286,6 +319,7 @@ def run(config: Config, workdir: str, study: Study, *, quiet: bool = False) -> d
 def _run(config: Config, workdir: str, study: Study, ctx: harness.Context, rows: list[Row],
          used: list, rows_of: dict, t_start: float) -> dict:
     seeds = [int(s) for s in config['seeds']]
+    budgets = harness.label_budgets(config)
     ref = ctx.ref
     ref_shape = (ref.width, ref.depth)
     own_task = not ctx.two_tasks
@@ -298,76 +332,184 @@ def _run(config: Config, workdir: str, study: Study, ctx: harness.Context, rows:
     ctx.scratch_cfgs = scratch_cfgs
     # 1. Scratch, the target and S; the teacher (ancestor) is the reference shape's Scratch
     # run, on the ancestor's task where the study has two
-    base = ctx.base = scratch.baseline(ctx, scratch_cfgs, seeds)
+    if not budgets:
+        ctx.base = scratch.baseline(ctx, scratch_cfgs, seeds)
     if own_task:
-        t_cfg, source = scratch_cfgs[ref_shape], base[ref_shape]
+        t_cfg, source = scratch_cfgs[ref_shape], ctx.base[ref_shape]
     else:
         t_cfg = harness.shape_configs(config, ref_shape, ctx.ancestor_dset.num_classes,
                                       study.descendant_config)[0]
         source = scratch.baseline(ctx, {ref_shape: t_cfg}, seeds, dset=ctx.ancestor_dset,
                                   tag='ancestor')[ref_shape]
-    ctx.t_cfg, ctx.S_ref, ctx.teachers = t_cfg, source['S'], source['params']
+    ctx.t_cfg, ctx.S_ref, ctx.teachers, ctx.source = t_cfg, source['S'], source['params'], source
+    # 2. Upstream, per seed (before any descendant where the study has label budgets: every
+    # budget's descendants share it)
+    ups, upstream_flops = {}, {}
+    for seed in (seeds if budgets else ()):
+        ups[seed], upstream_flops[seed] = _upstream(ctx, workdir, used, rows_of, seed)
+    # 3. Descendants, per seed
+    if not budgets:
+        records = _scratch_records(ctx.base, ctx.shapes, ctx)
+        for seed in seeds:
+            ups[seed], upstream_flops[seed] = _upstream(ctx, workdir, used, rows_of, seed)
+            _descendants(ctx, rows, seed, ups[seed], records)
+        out = _record(ctx, rows, seeds, records, upstream_flops, {s: u.info for s, u in ups.items()})
+    else:
+        out = dict(config=config, budgets={}, ancestor=_ancestor(ctx))
+        for budget in budgets:
+            ctx.dset = ctx.downstream(budget)
+            ctx.base = scratch.baseline(ctx, scratch_cfgs, budget.seeds, steps=budget.steps,
+                                        tag=f'scratch_l{budget.key}')
+            records, ctx.descend_sweeps = _scratch_records(ctx.base, ctx.shapes, ctx), {}
+            pairs = upstream_seeds(seeds, budget.seeds)
+            for seed in budget.seeds:
+                _descendants(ctx, rows, seed, ups[pairs[seed]], records, label_key=budget.key)
+            sub = _record(ctx, rows, list(budget.seeds), records,
+                          {s: upstream_flops[pairs[s]] for s in budget.seeds},
+                          {s: ups[pairs[s]].info for s in budget.seeds})
+            sub.update(label_fraction=budget.fraction, labelled=ctx.dset.num_examples,
+                       upstream_seed={str(s): pairs[s] for s in budget.seeds},
+                       descend_sweeps=ctx.descend_sweeps)
+            out['budgets'][budget.key] = sub
+        out.update(timings=ctx.timings, reused=sorted(ctx.reused))
+    out['seconds'] = time.perf_counter() - t_start
+    for sub in out.get('budgets', {}).values():
+        sub['seconds'] = out['seconds']       # the whole study's wall time, upstream included
+    return harness.write_results(finish(out, study.claims), workdir, report.markdown, report.plot)
+
+
+def upstream_seeds(source_seeds, seeds) -> dict[int, int]:
+    """{descendant seed: the source seed whose upstream it descends from}: the same seed where
+    the source was trained with it, else the source seeds in turn (a label budget may run
+    more seeds than the source task: its spread is then initialisation and data order)."""
+    source_seeds = list(source_seeds)
+    extra = [s for s in seeds if s not in source_seeds]
+    return {s: s if s in source_seeds else source_seeds[extra.index(s) % len(source_seeds)] for s in seeds}
+
+
+def _upstream(ctx: harness.Context, workdir: str, used: list, rows_of: dict, seed: int):
+    """(Upstream, its training FLOPs by run) of one seed: the teacher, saved, then every
+    recipe's upstream runs."""
+    teacher, t_cfg = ctx.teacher(seed), ctx.t_cfg
+    checkpoint.save_model(os.path.join(workdir, 'teacher', f'seed_{seed}'), teacher, t_cfg,
+                          overwrite=True, extra={'kind': 'teacher', 'seed': seed})
+    up = Upstream(genes={'teacher': teacher})
+    for recipe in used:
+        up.update(recipe.upstream(ctx, rows_of[recipe.family], seed))
+    return up, dict(up.flops, teacher=ctx.source['runs'][seed]['steps'] * ctx.step_flops(t_cfg))
+
+
+def _descendants(ctx: harness.Context, rows: list[Row], seed: int, up: Upstream, records: list,
+                 *, label_key: str | None = None) -> None:
+    """Every (row, shape) of the plan for one seed, at each of its budgets, appended to
+    `records`. With a label budget (`label_key`) the descendants' task holds validation
+    images: on the budget's first seed each (row, shape, budget) sweeps `descend.lrs` and
+    keeps the lr of the best final validation accuracy (`ctx.descend_sweeps`), which the
+    later seeds use."""
+    config, base = ctx.config, ctx.base
     gap = float(config['target_gap'])
-    records, upstream_flops, infos = _scratch_records(base, ctx.shapes, ctx), {}, {}
-    # 2-3. Per seed: upstream, then every descendant at every budget.
     evals = int(config['descend']['evals'])
     stop = bool(harness.get(config['descend'], 'stop_at_target', False))
-    for seed in seeds:
-        teacher = ctx.teacher(seed)
-        checkpoint.save_model(os.path.join(workdir, 'teacher', f'seed_{seed}'), teacher, t_cfg,
-                              overwrite=True, extra={'kind': 'teacher', 'seed': seed})
-        up = Upstream(genes={'teacher': teacher})
-        for recipe in used:
-            up.update(recipe.upstream(ctx, rows_of[recipe.family], seed))
-        upstream_flops[seed] = dict(up.flops, teacher=source['runs'][seed]['steps'] * ctx.step_flops(t_cfg))
-        infos[seed] = up.info
-        for shape in ctx.shapes:
-            S = base[shape]['S']
-            key = jax.random.key(seed + 100 + 10 * shape[0] + shape[1]
-                                 + (1000 * shape[2] if len(shape) == 3 else 0))
-            for row in rows:
-                d_cfg = ctx.plan[row.name][shape]
-                if isinstance(d_cfg, str):
-                    continue
-                params0, extra = row.recipe.descendant(ctx, row, up, d_cfg, key, S, seed)
-                acc0 = harness.accuracy(params0, d_cfg, ctx.dset)
-                per_step = ctx.step_flops(d_cfg, params0)
-                target = base[shape]['acc'] - gap
-                for fraction, steps, lr in row.recipe.budgets(ctx, row, shape, S, up):
-                    curve = [(0, acc0)]
-                    if steps and not (stop and acc0 >= target):
-                        _, tuned = ctx.fit(
-                            f'{row.tag}_{shape_key(shape)}_f{fraction:g}_s{seed}',
-                            tasks.classification_loss(d_cfg), params0, harness.eval_fn(d_cfg),
-                            steps=steps, lr=lr, seed=seed + 7, eval_every=max(1, steps // evals),
-                            stop_at=target if stop else None)
-                        curve += tuned
-                    taken = curve[-1][0]
-                    records.append(dict(method=row.method, name=row.name, label=label(row),
-                                        shape=list(shape), seed=seed, fraction=fraction, steps=steps,
-                                        steps_taken=taken, lr=lr, acc_init=acc0, acc=curve[-1][1],
-                                        curve=curve, params=costs.param_count(params0),
-                                        extra_flops=extra, step_flops=per_step,
-                                        finetune_flops=taken * per_step,
-                                        upstream=list(row.recipe.billed(row))))
-                    ctx.say(f'des {shape_text(shape)} {label(row):<20} seed {seed} '
-                            f'{fraction:g}·S = {steps} steps: {acc0:.4f} -> {curve[-1][1]:.4f}')
-    out = dict(
-        config=config, shapes=[list(s) for s in ctx.shapes], seeds=seeds,
+    lrs = tuple(float(x) for x in harness.get(config['descend'], 'lrs', ()) or ())
+    validation = ctx.dset.has_validation
+    for shape in ctx.shapes:
+        S = base[shape]['S']
+        key = jax.random.key(seed + 100 + 10 * shape[0] + shape[1]
+                             + (1000 * shape[2] if len(shape) == 3 else 0))
+        for row in rows:
+            d_cfg = ctx.plan[row.name][shape]
+            if isinstance(d_cfg, str):
+                continue
+            params0, extra = row.recipe.descendant(ctx, row, up, d_cfg, key, S, seed)
+            acc0 = harness.accuracy(params0, d_cfg, ctx.dset)
+            per_step = ctx.step_flops(d_cfg, params0)
+            target = base[shape]['acc'] - gap
+            for fraction, steps, lr in row.recipe.budgets(ctx, row, shape, S, up):
+                name = f'{row.tag}_{shape_key(shape)}_f{fraction:g}_s{seed}'
+                if label_key is not None:
+                    name += f'_l{label_key}'
+
+                tune = functools.partial(_tune, ctx, d_cfg=d_cfg, params0=params0, acc0=acc0,
+                                         steps=steps, seed=seed, evals=evals,
+                                         stop_at=target if stop else None)
+                sweep_key = f'{row.name} {shape_key(shape)} {fraction:g}'
+                if lrs and steps:
+                    if sweep_key not in ctx.descend_sweeps:
+                        tried = {x: tune(f'{name}_lr{x:g}', lr=x) for x in lrs}
+                        ctx.descend_sweeps[sweep_key] = {f'{x:g}': _final(v or c) for x, (c, v) in tried.items()}
+                        lr = max(lrs, key=lambda x: _final(tried[x][1] or tried[x][0]))
+                        curve, val = tried[lr]
+                    else:
+                        sweep = ctx.descend_sweeps[sweep_key]
+                        lr = float(max(sweep, key=sweep.get))
+                        curve, val = tune(f'{name}_lr{lr:g}', lr=lr)
+                else:
+                    curve, val = tune(name, lr=lr)
+                taken = curve[-1][0]
+                rec = dict(method=row.method, name=row.name, label=label(row), shape=list(shape),
+                           seed=seed, fraction=fraction, steps=steps, steps_taken=taken, lr=lr,
+                           acc_init=acc0, acc=curve[-1][1], curve=curve,
+                           params=costs.param_count(params0), extra_flops=extra, step_flops=per_step,
+                           finetune_flops=taken * per_step,
+                           upstream=list(row.recipe.billed_at(row, shape)))
+                if validation and val:
+                    best = max(range(len(val)), key=lambda i: val[i][1])
+                    rec.update(val=val[-1][1], val_curve=val, acc_at_best_val=curve[1:][best][1])
+                records.append(rec)
+                ctx.say(f'des {shape_text(shape)} {label(row):<20} seed {seed} '
+                        f'{fraction:g}·S = {steps} steps (lr {lr:g}): {acc0:.4f} -> {curve[-1][1]:.4f}')
+
+
+def _tune(ctx: harness.Context, name: str, *, d_cfg: ViTConfig, params0, acc0: float, steps: int,
+          lr: float, seed: int, evals: int, stop_at: float | None):
+    """(test curve from the initialisation on, validation curve or None) of one fine-tuning
+    run; none where the budget is 0 or the initialisation is at the target already."""
+    curve, val = [(0, acc0)], None
+    if steps and not (stop_at is not None and acc0 >= stop_at):
+        _, tuned = ctx.fit(name, tasks.classification_loss(d_cfg), params0, harness.eval_fn(d_cfg),
+                           steps=steps, lr=lr, seed=seed + 7, eval_every=max(1, steps // evals),
+                           stop_at=stop_at)
+        curve += tuned
+        val = ctx.val_curves.get(name)
+    return curve, val
+
+
+def _final(curve) -> float:
+    return curve[-1][1]
+
+
+def _ancestor(ctx: harness.Context) -> dict | None:
+    if not ctx.two_tasks:
+        return None
+    return dict(classes=list(ctx.ancestor_dset.classes), descendant_classes=list(ctx.dset.classes),
+                **{k: v for k, v in ctx.source.items() if k not in ('params', 'runs')})
+
+
+def _record(ctx: harness.Context, rows: list[Row], seeds: list[int], records: list,
+            upstream_flops: dict, infos: dict) -> dict:
+    """One study's (or one label budget's) record, as results.json holds it."""
+    ref, base = ctx.ref, ctx.base
+    return dict(
+        config=ctx.config, shapes=[list(s) for s in ctx.shapes], seeds=seeds,
         rows_spec=[r.name for r in rows], labels={r.name: label(r) for r in rows},
         cannot={r.name: {shape_key(s): v for s, v in ctx.plan[r.name].items() if isinstance(v, str)}
                 for r in rows},
         reference=dict(width=ref.width, depth=ref.depth, S=ctx.S_ref),
         scratch={shape_key(s): {k: v for k, v in base[s].items() if k not in ('params', 'runs')}
                  for s in base},
-        ancestor=None if own_task else dict(
-            classes=list(ctx.ancestor_dset.classes), descendant_classes=list(ctx.dset.classes),
-            **{k: v for k, v in source.items() if k not in ('params', 'runs')}),
+        ancestor=_ancestor(ctx),
         upstream_flops={str(k): v for k, v in upstream_flops.items()},
         info={str(k): v for k, v in infos.items()},
-        rows=records, timings=ctx.timings, reused=sorted(ctx.reused),
-        seconds=time.perf_counter() - t_start)
-    return harness.write_results(results.finish(out, study.claims), workdir, report.markdown, report.plot)
+        rows=records, timings=ctx.timings, reused=sorted(ctx.reused))
+
+
+def finish(recorded: dict, claims) -> dict:
+    """`results.finish` of a record, or of each label budget's record in a transfer study."""
+    if 'budgets' not in recorded:
+        return results.finish(recorded, claims)
+    for sub in recorded['budgets'].values():
+        results.finish(sub, claims)
+    return recorded
 
 
 def render(workdir: str, out: str | None = None) -> dict:
@@ -381,10 +523,11 @@ def render(workdir: str, out: str | None = None) -> dict:
             recorded = json.load(f)
         except json.JSONDecodeError as e:
             raise results.ResultsError(f'{path}: not JSON ({e.msg} at line {e.lineno})') from None
-    results.validate(recorded, path)
+    for sub in recorded['budgets'].values() if isinstance(recorded.get('budgets'), dict) else [recorded]:
+        results.validate(sub, path)
     recorded.pop('table', None)
     mod = harness.module(recorded['config']['experiment'])
     if out is not None:
         os.makedirs(out, exist_ok=True)
-    return harness.write_results(results.finish(recorded, mod.STUDY.claims), out or workdir,
+    return harness.write_results(finish(recorded, mod.STUDY.claims), out or workdir,
                                  report.markdown, report.plot)

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import jax
 import numpy as np
@@ -188,16 +188,20 @@ class Evaluation(Hook):
     `eval_data` is a zero-argument callable returning an iterator of eval batches, or a
     re-iterable (a one-shot iterator is cached in host memory after its first pass).
     `key` (default: `eval_fn.key` where the factory declares one) names what `eval_fn`
-    computes: runs of equal keys and shardings share its compiled program (`PROGRAMS`)."""
+    computes: runs of equal keys and shardings share its compiled program (`PROGRAMS`).
+    `also` = {split: eval data} evaluates further splits at the same steps, recorded as
+    'eval/<split>_<name>' (a transfer study's 'val' split beside its test split)."""
 
     def __init__(self, eval_fn: Callable, eval_data, *, every: int | None = None,
-                 key: CacheKey | None = None):
-        if eval_data is None:
+                 key: CacheKey | None = None, also: Mapping[str, Any] | None = None):
+        if eval_data is None or any(d is None for d in (also or {}).values()):
             raise ValueError('Evaluation needs eval_data')
         check_int('eval_every', every, 0, optional=True)
         self.eval_fn, self.eval_data, self.every = eval_fn, eval_data, every or None
+        self.also = dict(also or {})
         self.key = getattr(eval_fn, 'key', None) if key is None else key
         self._cache: list = []
+        self._also_cache: dict[str, list] = {name: [] for name in self.also}
         self.run: Run | None = None
         self.jitted = None
 
@@ -222,9 +226,13 @@ class Evaluation(Hook):
             run.eval_record = self(step, state['params'])
 
     def __call__(self, step: int, params) -> dict:
-        result = evaluate(self.eval_fn, params, _eval_iter(self.eval_data, self._cache),
-                          mesh=self.run.mesh, jitted=self.jitted)
-        rec = {f'eval/{k}': v for k, v in result.items()}
+        def run(data, cache):
+            return evaluate(self.eval_fn, params, _eval_iter(data, cache), mesh=self.run.mesh,
+                            jitted=self.jitted)
+
+        rec = {f'eval/{k}': v for k, v in run(self.eval_data, self._cache).items()}
+        for name, data in self.also.items():
+            rec |= {f'eval/{name}_{k}': v for k, v in run(data, self._also_cache[name]).items()}
         self.run.writer.write(step, rec, 'eval')
         self.run.history['eval'].append({'step': step, **rec})
         return rec

@@ -348,6 +348,36 @@ def study_base(experiment: str, scale: str) -> ml_collections.ConfigDict:
     return c
 
 
+def fashion_transfer(c: ml_collections.ConfigDict, *, patch_size: int = 7) -> ml_collections.ConfigDict:
+    """`c` in the transfer setting of specs/fair_studies.md: Fashion-MNIST at 28 px from its
+    local IDX files (`data.root`, $JLEARNGENE_DATA/fashion_mnist or Debian's
+    dataset-fashion-mnist; nothing is downloaded), patches of `patch_size`; every upstream
+    model on the source task (classes 0–4, all 30,000 training images, 3 seeds), descendants
+    on classes 5–9 at 1 % and 10 % of their labels (300 and 3,000 images; 5 and 3 seeds),
+    1,000 validation images held out of both, all 5,000 of their test images for the
+    numbers. Scratch sweeps lr × weight decay (0.05, 0.3) on the validation images, the
+    descendants three learning rates (3e-4, 1e-3, 3e-3); nothing stops at the target."""
+    c.data = section(name='fashion_mnist', root='', image_size=28, augment=section(crop_padding=2))
+    c.model.update(image_size=28, patch_size=patch_size, channels=1)
+    c.tasks = section(ancestor=(0, 1, 2, 3, 4), descendant=(5, 6, 7, 8, 9))
+    c.labels = section(fractions=(0.01, 0.1), seeds=((0, 1, 2, 3, 4), (0, 1, 2)),
+                       scratch_steps=(600, 1500), validation_per_class=200, subset_seed=0)
+    c.seeds = (0, 1, 2)              # the source task's
+    c.scratch.update(steps=1500, weight_decays=(0.05, 0.3), max_steps=6000)
+    c.descend.update(lrs=(3e-4, 1e-3, 3e-3), stop_at_target=False)
+    return c
+
+
+def source_task(c: ml_collections.ConfigDict, *, patch_size: int = 7) -> ml_collections.ConfigDict:
+    """`c` on the transfer setting's source task alone (classes 0–4 of Fashion-MNIST at 28
+    px, all 30,000 training images, evaluated on their 5,000 test images): the same-task
+    studies (Scala, Mango) train and evaluate there, as their papers do on ImageNet."""
+    c.data = section(name='fashion_mnist', root='', image_size=28, classes=(0, 1, 2, 3, 4),
+                     augment=section(crop_padding=2))
+    c.model.update(image_size=28, patch_size=patch_size, channels=1)
+    return c
+
+
 def imagenet_data(**augment) -> ml_collections.ConfigDict:
     """The `paper` configs' data section: ImageNet-1k from a prepared tfds directory (set
     `data.data_dir`; nothing is downloaded) at 224 px, ImageNet mean/std, DeiT's augmentation

@@ -22,9 +22,9 @@ fair protocol (`jlearngene.experiments.study`; recorded result: experiments/clus
    and embeddings), Auto-LG (its first 3 layers and embeddings) at ω = 1.
 """
 
-from jlearngene.experiments.configs import parse_arg, section as _d, study_base
+from jlearngene.experiments.configs import fashion_transfer, parse_arg, section as _d, study_base
 
-ARGS = ('digits', 'smoke')
+ARGS = ('digits', 'smoke', 'fashion')
 
 
 def get_config(arg=None):
@@ -59,6 +59,10 @@ def get_config(arg=None):
         c.descend.update(evals=2)
         c.optim.warmup_steps = 0
         c.method_options = _d(he_lg=_d(gene=_d(k=1)), auto_lg=_d(gene=_d(k=1)))
+    elif scale == 'fashion':
+        # patches of 4: a 7×7 grid, where attention distances spread
+        fashion_transfer(c, patch_size=4)
+        c.methods = ('cluster', 'pre_fin', 'he_lg', 'auto_lg', 'ceiling')
 
     if 'quick' in flags:
         c.seeds = c.seeds[:1]

@@ -22,9 +22,10 @@ at 0 and 5 epochs = 0.05·S at lr 1e-5; official fc_norm pooling) on a tfds data
 `data.data_dir` (nothing is downloaded): for accelerators.
 """
 
-from jlearngene.experiments.configs import imagenet_data, parse_arg, section as _d, study_base
+from jlearngene.experiments.configs import (fashion_transfer, imagenet_data, parse_arg, section as _d,
+                                            study_base)
 
-ARGS = ('digits', 'smoke', 'paper')
+ARGS = ('digits', 'smoke', 'paper', 'fashion')
 
 
 def get_config(arg=None):
@@ -72,6 +73,11 @@ def get_config(arg=None):
         # Des-Nets' fine-tuning lr 1e-5
         c.scratch.update(lrs=(5e-4,), steps=0, epochs=100.0, eval_every=0, patience=0)
         c.descend.update(lr=1e-5, evals=1)
+    elif scale == 'fashion':
+        fashion_transfer(c)
+        c.shapes = ((32, 4), (48, 4), (48, 8), (64, 8))
+        c.methods = ('letra', 'imwlm', 'ceiling')
+        c.variants.letra.descend.selection = ('continuous', 'step', 'random')
 
     if 'quick' in flags:
         c.seeds = c.seeds[:1]

@@ -18,9 +18,9 @@ reaches the target, against a converged Scratch, under the fair protocol
    FLOPs until then, the operator's included.
 """
 
-from jlearngene.experiments.configs import parse_arg, section as _d, study_base
+from jlearngene.experiments.configs import parse_arg, section as _d, source_task, study_base
 
-ARGS = ('digits', 'smoke')
+ARGS = ('digits', 'smoke', 'fashion')
 
 
 def get_config(arg=None):
@@ -54,6 +54,8 @@ def get_config(arg=None):
         c.methods = ('mango', 'bert2bert')
         c.variants.mango.gene.rank = (2,)
         c.optim.warmup_steps = 0
+    elif scale == 'fashion':
+        source_task(c)       # same-task, as in the paper: Fashion-MNIST's source classes
 
     if 'quick' in flags:
         c.seeds = c.seeds[:1]

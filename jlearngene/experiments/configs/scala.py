@@ -21,9 +21,9 @@ the fair protocol (`jlearngene.experiments.study`).
    widths are compared with Scratch.
 """
 
-from jlearngene.experiments.configs import parse_arg, section as _d, study_base
+from jlearngene.experiments.configs import parse_arg, section as _d, source_task, study_base
 
-ARGS = ('digits', 'smoke')
+ARGS = ('digits', 'smoke', 'fashion')
 
 
 def get_config(arg=None):
@@ -55,6 +55,8 @@ def get_config(arg=None):
         c.scratch.update(steps=8, eval_every=4, patience=1, max_steps=0)
         c.descend.evals = 2
         c.optim.warmup_steps = 0
+    elif scale == 'fashion':
+        source_task(c)       # same-task, as in the paper: Fashion-MNIST's source classes
 
     if 'quick' in flags:
         c.seeds = c.seeds[:1]

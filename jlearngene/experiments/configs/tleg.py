@@ -23,9 +23,10 @@ epochs at lr 5e-4, the Aux-Net 150 epochs = 1.5·S, descendants 35 epochs = 0.35
 fc_norm pooling) on a tfds dataset in `data.data_dir` (nothing is downloaded): for accelerators.
 """
 
-from jlearngene.experiments.configs import imagenet_data, parse_arg, section as _d, study_base
+from jlearngene.experiments.configs import (fashion_transfer, imagenet_data, parse_arg, section as _d,
+                                            study_base)
 
-ARGS = ('digits', 'smoke', 'paper')
+ARGS = ('digits', 'smoke', 'paper', 'fashion')
 
 
 def get_config(arg=None):
@@ -68,6 +69,11 @@ def get_config(arg=None):
         # TLEG Table 1: Scratch 100 epochs at the DeiT lr; Aux-Net 150, descendants 35 epochs
         c.scratch.update(lrs=(5e-4,), steps=0, epochs=100.0, eval_every=0, patience=0)
         c.descend.update(lr=5e-4, evals=1, official_pool_order=True)
+
+    elif scale == 'fashion':
+        fashion_transfer(c)
+        c.shapes = ((64, 3), (64, 6))
+        c.methods = ('tleg', 'share_init', 'mini_init', 'he_lg', 'pre_fin', 'ceiling')
 
     if 'quick' in flags:
         c.seeds = c.seeds[:1]

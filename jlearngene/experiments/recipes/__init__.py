@@ -11,6 +11,7 @@ order their upstream runs go; `for_method(name)` is a row's recipe.
 | cluster | `cluster.Cluster` | the teacher's attention distances, clustered | `cluster` |
 | grown | `grown.Grown` | the small model (converged Scratch of its shape, or trained) | `small` |
 | operator | `operator.Operator` | the small model; an operator trained per descendant | `operator` (+ `small`) |
+| ceiling | `ceiling.Ceiling` | a source-task model at every descendant shape (a transfer study's reference row) | – |
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def for_method(name: str) -> Recipe:
 
 
 from jlearngene.experiments.recipes import (  # noqa: E402  (registers the recipes, in order)
-    teacher, aux, slimmable, cluster, grown, operator)
+    teacher, aux, slimmable, cluster, grown, operator, ceiling)
 
 __all__ = ['REGISTRY', 'Recipe', 'Row', 'Upstream', 'for_method', 'own_methods', 'register',
-           'aux', 'cluster', 'grown', 'operator', 'slimmable', 'teacher']
+           'aux', 'ceiling', 'cluster', 'grown', 'operator', 'slimmable', 'teacher']

@@ -38,7 +38,7 @@ class Aux(Recipe):
             gene0 = m.init_gene(ref, jax.random.key(seed + 1), **self.gene_options(ctx, row, ref))
             gene, acc, secs = harness.distil(
                 f'aux_{method}_s{seed}', lambda g, m=m: m.materialize(g, None, ref), gene0, teacher,
-                t_cfg, ref, ctx.dset, steps=steps, tau=float(ac['tau']), alpha=float(ac['alpha']),
+                t_cfg, ref, ctx.ancestor_dset, steps=steps, tau=float(ac['tau']), alpha=float(ac['alpha']),
                 optim=ctx.config['optim'], seed=seed + 1, workdir=ctx.workdir, identity=ctx.identity,
                 decay=m.trainable_decay, reused=ctx.reused)
             up.genes.update({r.name: gene for r in rows if r.method == method})

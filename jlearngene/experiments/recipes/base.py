@@ -90,6 +90,11 @@ class Recipe:
         """The upstream runs whose training FLOPs count towards the row's cost."""
         return ()
 
+    def billed_at(self, row: Row, shape: Sequence[int]) -> tuple[str, ...]:
+        """`billed` for the row's descendant at `shape` (a recipe whose upstream differs by
+        shape names that shape's runs)."""
+        return self.billed(row)
+
     # -- shapes (nothing trained) --------------------------------------------------------
     def gene_options(self, ctx: harness.Context, row: Row, target: ViTConfig) -> dict:
         """The row's gene options for the descendant `target` (the method's

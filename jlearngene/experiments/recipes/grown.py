@@ -32,7 +32,8 @@ def small_model(ctx, seed: int):
         steps = harness.fraction_steps(float(ctx.config['small']['fraction']), ctx.S_ref)
         params, curve = ctx.fit(f'small_s{seed}', tasks.classification_loss(cfg),
                                 init(cfg, jax.random.key(seed + 2)), harness.eval_fn(cfg), steps=steps,
-                                lr=float(ctx.config['optim']['lr']), seed=seed + 2)
+                                lr=float(ctx.config['optim']['lr']), seed=seed + 2,
+                                dset=ctx.ancestor_dset)
         made = params, steps, curve[-1][1]
     ctx.say(f'small    seed {seed}: {made[1]} steps, test accuracy {made[2]:.4f}')
     ctx.memo['small', seed] = made

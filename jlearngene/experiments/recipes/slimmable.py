@@ -75,10 +75,11 @@ class Slimmable(Recipe):
         params, full_eval = init(ref, jax.random.key(seed + 3)), harness.eval_fn(ref)
         if warm:
             params, _ = ctx.fit(f'{row.tag}_warmup_s{seed}', slim.warmup_loss(ref, rule=rule), params,
-                                full_eval, steps=warm, lr=lr * float(sc['warmup_lr_factor']), seed=seed + 3)
+                                full_eval, steps=warm, lr=lr * float(sc['warmup_lr_factor']), seed=seed + 3,
+                                dset=ctx.ancestor_dset)
         loss = slim.loss(ref, grid, rule=rule, **{k: sc[k] for k in slim.loss_options})
         params, curve = ctx.fit(f'{row.tag}_s{seed}', loss, params, full_eval, steps=main, lr=lr,
-                                seed=seed + 3)
+                                seed=seed + 3, dset=ctx.ancestor_dset)
         ctx.say(f'{row.name:<8} seed {seed}: {warm} + {main} steps, full width {curve[-1][1]:.4f}')
         flops = sum(ctx.run_flops(slim.subnet_config(ref, r, rule=rule), s)
                     for r, s in slim.plan(grid, warm, main) if s)

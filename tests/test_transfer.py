@@ -1,0 +1,144 @@
+"""The transfer setting of the study protocol (specs/fair_studies.md, "Transfer setting"):
+upstream on the source classes, descendants at label budgets on the others, every choice on
+held-out validation images, the fine-tuned-source ceiling row. Default tier: the rules and
+the data parts on tiny IDX files written here; slow tier: a whole miniature study."""
+import json
+import os
+
+import numpy as np
+import pytest
+from helpers import write_fashion_files
+
+from jlearngene.data import fashion
+from jlearngene.experiments import configs, harness, study
+from jlearngene.experiments.configs import fashion_transfer
+
+
+@pytest.fixture()
+def fashion_dir(tmp_path, monkeypatch):
+    """Tiny Fashion-MNIST files (30 training and 10 test images per class) as the only ones."""
+    folder = write_fashion_files(tmp_path / 'fashion', per_class=30, test_per_class=10)
+    monkeypatch.delenv(fashion.ENV_VAR, raising=False)
+    monkeypatch.setattr(fashion, 'DEBIAN_DIR', str(tmp_path / 'no_debian'))
+    return folder
+
+
+def smoke_config(root, **overrides):
+    """tleg:smoke in the transfer setting, shrunk to seconds: 2 label budgets of the tiny
+    files (20 % and 40 %: 6 and 12 images per class), 4 validation images per class."""
+    c = configs.load('tleg:smoke')
+    c.unlock()
+    fashion_transfer(c, patch_size=14)
+    c.data.root = str(root)
+    c.model.update(width=32, num_heads=2, mlp_dim=64)
+    c.labels.update(fractions=(0.2, 0.4), seeds=((0, 1, 2), (0, 1)), scratch_steps=(8, 12),
+                    validation_per_class=4)
+    c.seeds = (0, 1)
+    c.scratch.update(steps=8, eval_every=4, patience=1, max_steps=0, lrs=(1e-3, 2e-3, 4e-3))
+    c.methods = ('tleg', 'pre_fin', 'ceiling')
+    for key, value in overrides.items():
+        node, *path = key.split('.')
+        target = c
+        for part in [node] + path[:-1]:
+            target = target[part]
+        target[(path or [node])[-1]] = value
+    return c
+
+
+def test_label_budgets_line_up_or_fail_in_one_line(fashion_dir):
+    c = smoke_config(fashion_dir)
+    budgets = harness.label_budgets(c)
+    assert [(b.fraction, b.seeds, b.steps, b.key) for b in budgets] == [
+        (0.2, (0, 1, 2), 8, '0.2'), (0.4, (0, 1), 12, '0.4')]
+    with pytest.raises(ValueError, match='one entry per label budget'):
+        harness.label_budgets(smoke_config(fashion_dir, **{'labels.scratch_steps': (8,)}))
+    with pytest.raises(ValueError, match='validation_per_class must be > 0'):
+        harness.label_budgets(smoke_config(fashion_dir, **{'labels.validation_per_class': 0}))
+    with pytest.raises(ValueError, match='distinct seeds'):
+        harness.label_budgets(smoke_config(fashion_dir, **{'labels.seeds': ((0, 0), (1,))}))
+
+
+@pytest.mark.parametrize('key, value, says', [
+    ('scratch.weight_decays', (0.05,), 'at least 2 weight decays'),
+    ('descend.lrs', (1e-3, 3e-3), 'at least 3 learning rates'),
+    ('descend.stop_at_target', True, 'reads the test images'),
+])
+def test_the_transfer_rules_are_checked_before_anything_runs(fashion_dir, tmp_path, key, value, says):
+    with pytest.raises(ValueError, match=says):
+        study.run_experiment(smoke_config(fashion_dir, **{key: value}), str(tmp_path / 'w'), quiet=True)
+    assert not os.path.exists(tmp_path / 'w' / 'runs')
+
+
+def test_ceiling_needs_two_tasks(tmp_path):
+    c = configs.load('tleg:smoke', {'methods': ('tleg', 'ceiling')})
+    with pytest.raises(ValueError, match="'ceiling' fine-tunes a source-task model"):
+        study.run_experiment(c, str(tmp_path), quiet=True)
+
+
+def test_more_budget_seeds_than_source_seeds_borrow_the_source_seeds_in_turn():
+    assert study.upstream_seeds([0, 1, 2], [0, 1, 2, 3, 4]) == {0: 0, 1: 1, 2: 2, 3: 0, 4: 1}
+    assert study.upstream_seeds([0, 1, 2], [1, 2]) == {1: 1, 2: 2}
+
+
+def test_the_downstream_task_has_disjoint_labelled_validation_and_test_parts(fashion_dir):
+    c = smoke_config(fashion_dir)
+    ctx = harness.Context(c, quiet=True)
+    low, high = (ctx.downstream(b) for b in harness.label_budgets(c))
+    assert (low.num_examples, high.num_examples) == (30, 60)       # 6 and 12 per class
+    assert ctx.ancestor_dset.num_examples == 150 and not ctx.ancestor_dset.has_validation
+
+    def ids(source):   # fixture images are noise: rows of pixels identify an image
+        return {img.tobytes() for img in np.asarray(source.images)}
+
+    train_low, train_high = ids(low.sources['train']), ids(high.sources['train'])
+    val = ids(low.sources['validation'])
+    assert train_low < train_high                 # 20 % lies inside 40 %
+    assert val == ids(high.sources['validation']) and len(val) == 20
+    assert not val & train_high
+    assert len(ids(low.sources['test'])) == 50     # every test image of classes 5..9
+    assert set(np.asarray(low.sources['validation'].labels)) == {0, 1, 2, 3, 4}
+    batches = list(low.validation())
+    assert sum(int(np.sum(b.get('mask', np.ones(len(b['label']))))) for b in batches) == 20
+
+
+@pytest.mark.slow
+def test_a_transfer_study_chooses_on_validation_and_resumes(fashion_dir, tmp_path):
+    """A miniature transfer study end to end: the source model trains on classes 0..4, each
+    label budget has its Scratch (lr × weight decay, chosen on validation), every row sweeps
+    its learning rates on the budget's first seed and later seeds use the chosen one, the
+    ceiling row is there at every shape, the record renders again unchanged, and a second
+    run reads every run back."""
+    workdir = str(tmp_path / 'study')
+    results = study.run_experiment(smoke_config(fashion_dir), workdir, quiet=True)
+    assert set(results['budgets']) == {'0.2', '0.4'}
+    assert results['ancestor']['classes'] == [0, 1, 2, 3, 4]
+    for key, sub in results['budgets'].items():
+        seeds = sub['seeds']
+        assert sub['upstream_seed'] == ({'0': 0, '1': 1, '2': 0} if key == '0.2' else {'0': 0, '1': 1})
+        for shape_key, base in sub['scratch'].items():
+            assert base['chosen_on'] == 'validation' and len(base['sweep']) == 6
+            assert base['sweep'][f"lr {base['lr']:g} wd {base['weight_decay']:g}"] == max(base['sweep'].values())
+            finished = json.load(open(os.path.join(
+                workdir, 'runs', f"scratch_l{key}_{shape_key}_lr{base['lr']:g}_s0_wd{base['weight_decay']:g}",
+                'finished.json')))
+            assert max(base['sweep'].values()) == finished['val_curve'][-1][1]   # validation, not test
+        names = {r['name'] for r in sub['rows']}
+        assert names == {'scratch', 'tleg', 'pre_fin', 'ceiling'}
+        for sweep_key, sweep in sub['descend_sweeps'].items():
+            name, shape, fraction = sweep_key.split()
+            chosen = max(sweep, key=sweep.get)
+            runs = [r for r in sub['rows'] if r['name'] == name and f"w{r['shape'][0]}_d{r['shape'][1]}" == shape]
+            assert sorted(r['seed'] for r in runs) == seeds
+            assert all(f"{r['lr']:g}" == chosen for r in runs)
+            assert all('val' in r and 'acc_at_best_val' in r for r in runs)
+        ceiling = [r for r in sub['rows'] if r['name'] == 'ceiling']
+        assert all(r['upstream'] == [f"source_w{r['shape'][0]}_d{r['shape'][1]}"] for r in ceiling)
+        assert all(r['upstream_flops_without_source'] == 0 for r in ceiling)
+        assert '| shape | method |' in results['table'] and 'ceiling share' in results['table']
+    for key in results['budgets']:
+        assert os.path.exists(os.path.join(workdir, f'accuracy_vs_flops_l{key}.png'))
+    rendered = study.render(workdir, str(tmp_path / 'rendered'))
+    assert rendered['table'] == results['table']
+    again = study.run_experiment(smoke_config(fashion_dir), workdir, quiet=True)
+    assert len(again['reused']) == len(again['timings']) > 0
+    assert again['table'].split('Wall time')[0] == results['table'].split('Wall time')[0]
