@@ -41,7 +41,7 @@ BANNED = (('jlearngene.genes', 'jlearngene.compiler'), ('jlearngene.genes', 'jle
 # The study protocol, its harness, report and recipes reach the methods through the registry
 # (`jlearngene.genes`) only, never a method module, so adding a method touches no study code.
 REGISTRY_ONLY = tuple(f'jlearngene.experiments.{m}' for m in (
-    'study', 'scratch', 'results', 'report', 'harness', 'recipes'))
+    'study', 'scratch', 'results', 'report', 'headline', 'harness', 'recipes'))
 
 
 def floor(module: str) -> str:

@@ -10,8 +10,9 @@ import pytest
 from helpers import write_fashion_files
 
 from jlearngene.data import fashion
-from jlearngene.experiments import configs, harness, study
+from jlearngene.experiments import configs, harness, headline, study
 from jlearngene.experiments.configs import fashion_transfer
+from jlearngene.experiments.recipes import ceiling
 
 
 @pytest.fixture()
@@ -31,11 +32,11 @@ def smoke_config(root, **overrides):
     fashion_transfer(c, patch_size=14)
     c.data.root = str(root)
     c.model.update(width=32, num_heads=2, mlp_dim=64)
-    c.labels.update(fractions=(0.2, 0.4), seeds=((0, 1, 2), (0, 1)), scratch_steps=(8, 12),
+    c.labels.update(fractions=(0.2, 0.4), seeds=((0, 1, 2), (1,)), scratch_steps=(8, 12),
                     validation_per_class=4)
     c.seeds = (0, 1)
     c.scratch.update(steps=8, eval_every=4, patience=1, max_steps=0, lrs=(1e-3, 2e-3, 4e-3))
-    c.methods = ('tleg', 'pre_fin', 'ceiling')
+    c.methods = ('tleg', 'ceiling')
     for key, value in overrides.items():
         node, *path = key.split('.')
         target = c
@@ -49,7 +50,7 @@ def test_label_budgets_line_up_or_fail_in_one_line(fashion_dir):
     c = smoke_config(fashion_dir)
     budgets = harness.label_budgets(c)
     assert [(b.fraction, b.seeds, b.steps, b.key) for b in budgets] == [
-        (0.2, (0, 1, 2), 8, '0.2'), (0.4, (0, 1), 12, '0.4')]
+        (0.2, (0, 1, 2), 8, '0.2'), (0.4, (1,), 12, '0.4')]
     with pytest.raises(ValueError, match='one entry per label budget'):
         harness.label_budgets(smoke_config(fashion_dir, **{'labels.scratch_steps': (8,)}))
     with pytest.raises(ValueError, match='validation_per_class must be > 0'):
@@ -114,16 +115,16 @@ def test_a_transfer_study_chooses_on_validation_and_resumes(fashion_dir, tmp_pat
     assert results['ancestor']['classes'] == [0, 1, 2, 3, 4]
     for key, sub in results['budgets'].items():
         seeds = sub['seeds']
-        assert sub['upstream_seed'] == ({'0': 0, '1': 1, '2': 0} if key == '0.2' else {'0': 0, '1': 1})
+        assert sub['upstream_seed'] == ({'0': 0, '1': 1, '2': 0} if key == '0.2' else {'1': 1})
         for shape_key, base in sub['scratch'].items():
             assert base['chosen_on'] == 'validation' and len(base['sweep']) == 6
             assert base['sweep'][f"lr {base['lr']:g} wd {base['weight_decay']:g}"] == max(base['sweep'].values())
             finished = json.load(open(os.path.join(
-                workdir, 'runs', f"scratch_l{key}_{shape_key}_lr{base['lr']:g}_s0_wd{base['weight_decay']:g}",
+                workdir, 'runs', f"scratch_l{key}_{shape_key}_lr{base['lr']:g}_s{seeds[0]}_wd{base['weight_decay']:g}",
                 'finished.json')))
             assert max(base['sweep'].values()) == finished['val_curve'][-1][1]   # validation, not test
         names = {r['name'] for r in sub['rows']}
-        assert names == {'scratch', 'tleg', 'pre_fin', 'ceiling'}
+        assert names == {'scratch', 'tleg', 'ceiling'}
         for sweep_key, sweep in sub['descend_sweeps'].items():
             name, shape, fraction = sweep_key.split()
             chosen = max(sweep, key=sweep.get)
@@ -137,8 +138,58 @@ def test_a_transfer_study_chooses_on_validation_and_resumes(fashion_dir, tmp_pat
         assert '| shape | method |' in results['table'] and 'ceiling share' in results['table']
     for key in results['budgets']:
         assert os.path.exists(os.path.join(workdir, f'accuracy_vs_flops_l{key}.png'))
+    table = headline.table([workdir]).splitlines()
+    ceiling_at_teacher = [line for line in table if '| w32 L2 | Ceiling' in line]
+    assert len(ceiling_at_teacher) == 2 and all('| 1.00 |' in line for line in ceiling_at_teacher)
+    assert sum(line.startswith('| tleg |') for line in table) == 2 * 2 * 2    # budgets × shapes × rows
+    assert table[-1].startswith('Verdicts') and 'tleg at 20 %' in table[-1]
     rendered = study.render(workdir, str(tmp_path / 'rendered'))
     assert rendered['table'] == results['table']
     again = study.run_experiment(smoke_config(fashion_dir), workdir, quiet=True)
     assert len(again['reused']) == len(again['timings']) > 0
     assert again['table'].split('Wall time')[0] == results['table'].split('Wall time')[0]
+
+
+def test_the_headline_reads_transfer_records_and_render_one_folder(capsys):
+    from jlearngene import cli
+    digits = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments', 'mango')
+    assert cli.main(['render', '--headline', digits]) == 1
+    err = capsys.readouterr().err
+    assert 'no label budgets' in err and err.count('\n') == 1
+    with pytest.raises(SystemExit) as e:
+        cli.main(['render', digits, digits])
+    assert e.value.code == 2 and 'several only with --headline' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('name', ['tleg', 'letra', 'cluster', 'compare', 'scala', 'mango'])
+def test_every_fashion_config_passes_the_protocol_and_plans_its_rows(name):
+    """The bundled `fashion` variants follow the transfer rules and every row makes at least
+    one shape, from the config alone (nothing is read)."""
+    c = configs.load(f'{name}:fashion')
+    study.check(c.to_dict())
+    transfer = 'labels' in c
+    assert transfer == (name not in ('scala', 'mango'))          # same-task studies: the source task
+    if transfer:
+        assert 'ceiling' in c.methods and tuple(c.tasks.ancestor) == (0, 1, 2, 3, 4)
+        assert [b.fraction for b in harness.label_budgets(c)] == [0.01, 0.1]
+    else:
+        assert tuple(c.data.classes) == (0, 1, 2, 3, 4)
+    assert c.model.image_size == 28 and c.model.patch_size == (4 if name in ('cluster', 'compare') else 7)
+    plan = study.plan(c, 5)
+    assert all(any(not isinstance(v, str) for v in shapes.values()) for shapes in plan.values())
+
+
+def test_the_ceiling_row_fine_tunes_a_source_model_of_each_shape():
+    """Its upstream run per shape is that shape's source model, billed to that shape only and
+    counted as the pretrained source; at the teacher's shape it is the teacher."""
+    from jlearngene.experiments import results
+    c = configs.load('tleg:fashion').to_dict()
+    ctx = harness.Context(c, num_classes=5)
+    ctx.rows = study.make_rows(c)
+    row = next(r for r in ctx.rows if r.name == 'ceiling')
+    assert row.recipe is ceiling.RECIPE and row.descend['head'] == 'new'
+    assert row.recipe.billed_at(row, (64, 3)) == ('source_w64_d3',)
+    assert results.pretrained('source_w64_d3') and not results.pretrained('aux_tleg')
+    source = row.recipe.source_config(ctx, ctx.shape_configs((64, 3))[0])
+    assert (source.depth, source.num_classes) == (3, 5)
+    assert row.recipe.source_config(ctx, ctx.shape_configs((64, 6))[0]) == ctx.ref

@@ -235,9 +235,8 @@ def _fingerprint(**parts) -> str:
 
 def _reuse(run_dir: str, fingerprint: str, like):
     """(params, curve, seconds, validation curve or None) of the finished run in `run_dir`
-    with this fingerprint: its
-    final run checkpoint read into `like`'s structure; None for a missing, other or
-    unreadable record or checkpoint (the run trains again)."""
+    with this fingerprint: its final run checkpoint read into `like`'s structure; None for a
+    missing, other or unreadable record or checkpoint (the run trains again)."""
     try:
         with open(os.path.join(run_dir, FINISHED), encoding='utf-8') as f:
             meta = json.load(f)

@@ -62,6 +62,7 @@ def get_config(arg=None):
     elif scale == 'fashion':
         # patches of 4: a 7×7 grid, where attention distances spread
         fashion_transfer(c, patch_size=4)
+        c.cluster.eps = 1.2          # the digits' 0.7 px scaled with the image, 28 / 16
         c.methods = ('cluster', 'pre_fin', 'he_lg', 'auto_lg', 'ceiling')
 
     if 'quick' in flags:

@@ -24,9 +24,10 @@ Arguments: 'digits' (default), 'smoke' or 'paper', optionally followed by ',quic
    N descendants, FLOPs to the target and the break-even N against Scratch.
 """
 
-from jlearngene.experiments.configs import imagenet_data, parse_arg, section as _d, study_base
+from jlearngene.experiments.configs import (fashion_transfer, imagenet_data, parse_arg, section as _d,
+                                            study_base)
 
-ARGS = ('digits', 'smoke', 'paper')
+ARGS = ('digits', 'smoke', 'paper', 'fashion')
 
 
 def get_config(arg=None):
@@ -98,6 +99,15 @@ def get_config(arg=None):
         c.small.update(width=384, num_heads=6, mlp_dim=1536, depth=12, fraction=3.0)
         c.operator.update(fraction=0.004, lr=1e-4)   # ~100 steps of 25,000 (Mango)
         c.descend.update(lr=5e-4, evals=1)
+    elif scale == 'fashion':
+        # patches of 4 (Cluster-Learngene is a row); half the width keeps a 7×7 grid affordable
+        fashion_transfer(c, patch_size=4)
+        c.model.update(width=32, num_heads=4, mlp_dim=64)
+        c.shapes = ((32, 6), (32, 4), (16, 6))
+        c.small.update(width=16, num_heads=2, mlp_dim=32, depth=3)
+        c.cluster.eps = 1.2          # the digits' 0.7 px scaled with the image, 28 / 16
+        # Scala and Mango are same-task methods: scala:fashion and mango:fashion
+        c.methods = ('tleg', 'letra', 'cluster', 'he_lg', 'imwlm', 'bert2bert', 'ceiling')
 
     if 'quick' in flags:
         c.seeds = c.seeds[:1]

@@ -3,7 +3,7 @@ of that shape is trained on the source task (the teacher itself at the teacher's
 then fine-tuned on the descendants' task with a new head, as Pre-Fin fine-tunes a model
 pretrained at the target shape. It is the most a gene can pass on: a method's ceiling share
 is (method − Scratch) / (ceiling − Scratch). Its source models are the pretrained source
-(results.PRETRAINED), so costs without the source leave them out. Reads no section; the
+(`results.pretrained`), so costs without the source leave them out. Reads no section; the
 source models train at the teacher's chosen lr for the teacher's steps of that seed."""
 from __future__ import annotations
 

@@ -1,0 +1,157 @@
+"""The headline table of the transfer studies (the top README's), from their records alone:
+per study, label budget, method and shape, the descendant's accuracy at the study's largest
+budget against converged Scratch (Δ and Welch's p), the share of the ceiling's gain it keeps,
+(method − Scratch) / (ceiling − Scratch), beside what it stores (its gene's parameters over
+the source model's, heads left out), the training FLOPs until it first reaches Scratch's
+converged accuracy − 0.5 pt (its own, plus its upstream amortised over N descendants, without
+and with the pretrained source), and each study's verdict counts.
+
+    jlearngene render --headline experiments/tleg/fashion experiments/letra/fashion ...
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from jlearngene import pytree
+from jlearngene.experiments import harness, results, study
+from jlearngene.models import init
+from jlearngene.experiments.results import shape_key, shape_text
+
+AMORTISE = (1, 4, 10)
+HEADS = ('head', 'pre_logits')    # a gene's size and the source's leave the task heads out
+
+
+def load(workdir: str) -> dict:
+    """A transfer study's finished record (results.json, summaries recomputed), or a one-line
+    `results.ResultsError` for a record without label budgets."""
+    path = os.path.join(workdir, 'results.json')
+    with open(path, encoding='utf-8') as f:
+        recorded = json.load(f)
+    if not isinstance(recorded, dict) or not isinstance(recorded.get('budgets'), dict):
+        raise results.ResultsError(f'{path}: no label budgets; the headline reads transfer studies '
+                                   '(their fashion records)')
+    for sub in recorded['budgets'].values():
+        results.validate(sub, path)
+    return study.finish(recorded, harness.module(recorded['config']['experiment']).STUDY.claims)
+
+
+@functools.cache
+def _stored(config_json: str, num_classes: int) -> dict:
+    """{(row name, shape key): gene parameters, heads left out} and the source model's
+    ('source', ''), from the config's shapes alone (`study.plan`)."""
+    config = json.loads(config_json)
+    ctx = harness.Context(config, num_classes=num_classes)
+    ctx.rows = study.make_rows(config)
+    plan = study._plan(ctx, ctx.rows)
+    out = {}
+    for row in ctx.rows:
+        m = row.recipe.method(row)
+        for shape, cfg in plan[row.name].items():
+            if isinstance(cfg, str) or m.gene_param_count is None:
+                continue
+            gene = row.recipe.gene_shapes(ctx, row, cfg)
+            if gene is not None:
+                out[row.name, shape_key(shape)] = int(m.gene_param_count(gene))
+    source = jax.eval_shape(functools.partial(init, ctx.ref), jax.random.key(0))
+    out['source', ''] = sum(int(np.prod(x.shape)) for path, x in pytree.flatten(source).items()
+                            if path.split('/')[0] not in HEADS)
+    return out
+
+
+def entries(recorded: dict, name: str) -> list[dict]:
+    """One entry per (label budget, row, shape) of a transfer study's record `recorded`."""
+    config = recorded['config']
+    stored = _stored(json.dumps(config, sort_keys=True), len(config['tasks']['descendant']))
+    out = []
+    for key, sub in recorded['budgets'].items():
+        summary = sub['summary']
+        for shape in sub['shapes']:
+            scratch = _runs(sub, 'scratch', shape, 1.0)
+            if not scratch:
+                continue
+            s_mean = float(np.mean(scratch))
+            ceiling = [s for s in summary if s['name'] == 'ceiling' and s['shape'] == shape]
+            ceiling = max(ceiling, key=lambda s: s['fraction']) if ceiling else None
+            for row in sub['rows_spec']:
+                mine = [s for s in summary if s['name'] == row and s['shape'] == shape]
+                if not mine:
+                    continue
+                s = max(mine, key=lambda x: x['fraction'])
+                accs = _runs(sub, row, shape, s['fraction'])
+                gain = None if ceiling is None else ceiling['acc'] - s_mean
+                genes_ = stored.get((row, shape_key(shape)))
+                reach = s['reach_flops']
+                out.append(dict(
+                    study=name, budget=key, labels=sub['label_fraction'], row=row, label=s['label'],
+                    shape=shape, fraction=s['fraction'], seeds=s['seeds'], acc=s['acc'], std=s['std'],
+                    scratch=s_mean, delta=s['acc'] - s_mean, p=results.welch(accs, scratch),
+                    ceiling_share=None if not gain or gain <= 0 else (s['acc'] - s_mean) / gain,
+                    stored=None if genes_ is None else genes_ / stored['source', ''],
+                    flops={n: None if reach is None else dict(
+                        without_source=reach + s['upstream_flops_without_source'] / n,
+                        with_source=reach + s['upstream_flops'] / n) for n in AMORTISE},
+                    scratch_flops=_scratch_reach(summary, shape)))
+    return out
+
+
+def _runs(sub: dict, name: str, shape, fraction) -> list[float]:
+    return [r['acc'] for r in sub['rows'] if r['name'] == name and r['shape'] == shape
+            and r['fraction'] == fraction]
+
+
+def _scratch_reach(summary, shape):
+    s = next((s for s in summary if s['name'] == 'scratch' and s['shape'] == shape), None)
+    return None if s is None else s['reach_flops']
+
+
+def verdict_counts(recorded: dict) -> dict[str, dict[str, int]]:
+    """{label budget: {verdict: count}} of a transfer study's claims."""
+    out = {}
+    for key, sub in recorded['budgets'].items():
+        counts = {}
+        for v in sub['verdicts']:
+            counts[v['verdict']] = counts.get(v['verdict'], 0) + 1
+        out[key] = counts
+    return out
+
+
+def _g(x) -> str:
+    return '–' if x is None else f'{x / 1e9:.3g}'
+
+
+def markdown(records: Sequence[tuple[str, dict]]) -> str:
+    """The headline table of `records` [(study name, record)], one row per (study, label
+    budget, method, shape), then each study's verdict counts."""
+    head = ('| study | labels | shape | method | acc. (mean ± std) | Δ vs Scratch | Welch p | ceiling share '
+            '| stores (of source) | GFLOPs to Scratch − 0.5 pt, N = 1 / 4 / 10: w/o source | with source |')
+    lines = [head, '|' + '---|' * (head.count('|') - 1)]
+    for name, recorded in records:
+        for e in entries(recorded, name):
+            share = '–' if e['ceiling_share'] is None else f"{e['ceiling_share']:+.2f}"
+            stored = '–' if e['stored'] is None else f"{e['stored']:.2f}"
+            p = 'n/a' if e['p'] is None else f"{e['p']:.3g}"
+            flops = [' / '.join(_g(None if e['flops'][n] is None else e['flops'][n][k]) for n in AMORTISE)
+                     for k in ('without_source', 'with_source')]
+            lines.append(f"| {name} | {e['labels'] * 100:g} % | {shape_text(e['shape'])} | {e['label']} | "
+                         f"{e['acc']:.4f} ± {e['std']:.4f} | {e['delta']:+.4f} | {p} | {share} | {stored} | "
+                         f"{flops[0]} | {flops[1]} |")
+    lines += ['', 'Verdicts (reproduced / not reproduced / not testable here): ' + '; '.join(
+        f"{name} at {float(key) * 100:g} %: {c.get('reproduced', 0)} / {c.get('not reproduced', 0)} / "
+        f"{c.get('not testable here', 0)}"
+        for name, recorded in records for key, c in verdict_counts(recorded).items()) + '.']
+    return '\n'.join(lines)
+
+
+def table(workdirs: Sequence[str]) -> str:
+    """`markdown` of the transfer records in `workdirs`, each named by its experiment."""
+    records = [load(w) for w in workdirs]
+    return markdown([(r['config']['experiment'], r) for r in records])
+
+
+__all__ = ['entries', 'load', 'markdown', 'table', 'verdict_counts']
