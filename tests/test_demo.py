@@ -1,10 +1,12 @@
 """`jlearngene demo` on a tiny budget (one shape, 2 steps): what it prints and writes. The
 full demo from an installed wheel is in tests/test_demo_wheel.py (slow tier)."""
+import json
 import os
 
 from jlearngene import cli
 from jlearngene.commands import demo
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG = b'\x89PNG\r\n\x1a\n'
 
 
@@ -19,7 +21,8 @@ def test_the_demo_prints_a_short_table_and_writes_its_curves(tmp_path, capsys, m
     row = next(line for line in lines if line.startswith('| 32 | 4 |'))
     cells = [c.strip() for c in row.strip('|').split('|')]
     assert cells[3] == '2'                               # K
-    assert cells[7].startswith('0.976 ± 0.002 (1200)')    # Scratch converged, from the record
+    scratch = json.load(open(os.path.join(ROOT, 'experiments', 'letra', 'results.json')))['scratch']['w32_d4']
+    assert cells[7].startswith(f"{scratch['acc']:.3f} ± {scratch['std']:.3f} ({scratch['steps']})")   # from the record
     text = ' '.join(out.split())
     assert 'experiments/letra/results.json' in text and 'no verdicts' in text
     assert 'jlearngene train --config letra:digits' in text
