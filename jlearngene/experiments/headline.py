@@ -65,49 +65,24 @@ def _stored(config_json: str, num_classes: int) -> dict:
 
 
 def entries(recorded: dict, name: str) -> list[dict]:
-    """One entry per (label budget, row, shape) of a transfer study's record `recorded`."""
+    """One entry per (label budget, row, shape) of a transfer study's record `recorded`:
+    `results.versus_scratch`'s, with what the row stores and its FLOPs to the target."""
     config = recorded['config']
     stored = _stored(json.dumps(config, sort_keys=True), len(config['tasks']['descendant']))
     out = []
     for key, sub in recorded['budgets'].items():
-        summary = sub['summary']
-        for shape in sub['shapes']:
-            scratch = _runs(sub, 'scratch', shape, 1.0)
-            if not scratch:
+        for e in results.versus_scratch(sub):
+            if e['name'] == 'scratch':
                 continue
-            s_mean = float(np.mean(scratch))
-            ceiling = [s for s in summary if s['name'] == 'ceiling' and s['shape'] == shape]
-            ceiling = max(ceiling, key=lambda s: s['fraction']) if ceiling else None
-            for row in sub['rows_spec']:
-                mine = [s for s in summary if s['name'] == row and s['shape'] == shape]
-                if not mine:
-                    continue
-                s = max(mine, key=lambda x: x['fraction'])
-                accs = _runs(sub, row, shape, s['fraction'])
-                gain = None if ceiling is None else ceiling['acc'] - s_mean
-                genes_ = stored.get((row, shape_key(shape)))
-                reach = s['reach_flops']
-                out.append(dict(
-                    study=name, budget=key, labels=sub['label_fraction'], row=row, label=s['label'],
-                    shape=shape, fraction=s['fraction'], seeds=s['seeds'], acc=s['acc'], std=s['std'],
-                    scratch=s_mean, delta=s['acc'] - s_mean, p=results.welch(accs, scratch),
-                    ceiling_share=None if not gain or gain <= 0 else (s['acc'] - s_mean) / gain,
-                    stored=None if genes_ is None else genes_ / stored['source', ''],
-                    flops={n: None if reach is None else dict(
-                        without_source=reach + s['upstream_flops_without_source'] / n,
-                        with_source=reach + s['upstream_flops'] / n) for n in AMORTISE},
-                    scratch_flops=_scratch_reach(summary, shape)))
+            s, genes_ = e.pop('summary'), stored.get((e['name'], shape_key(e['shape'])))
+            reach = s['reach_flops']
+            out.append(dict(
+                e, study=name, budget=key, labels=sub['label_fraction'],
+                stored=None if genes_ is None else genes_ / stored['source', ''],
+                flops={n: None if reach is None else dict(
+                    without_source=reach + s['upstream_flops_without_source'] / n,
+                    with_source=reach + s['upstream_flops'] / n) for n in AMORTISE}))
     return out
-
-
-def _runs(sub: dict, name: str, shape, fraction) -> list[float]:
-    return [r['acc'] for r in sub['rows'] if r['name'] == name and r['shape'] == shape
-            and r['fraction'] == fraction]
-
-
-def _scratch_reach(summary, shape):
-    s = next((s for s in summary if s['name'] == 'scratch' and s['shape'] == shape), None)
-    return None if s is None else s['reach_flops']
 
 
 def verdict_counts(recorded: dict) -> dict[str, dict[str, int]]:

@@ -9,7 +9,8 @@ import numpy as np
 
 from jlearngene.experiments import recipes
 from jlearngene.train import files
-from jlearngene.experiments.results import ALPHA, MIN_GAP, _mean_std, parse_key, shape_text, welch
+from jlearngene.experiments.results import (ALPHA, MIN_GAP, _mean_std, parse_key, shape_text,
+                                            versus_scratch)
 
 
 def _g(x) -> str:
@@ -268,41 +269,19 @@ def transfer_markdown(results: dict) -> str:
 
 def headline(sub: dict) -> list[str]:
     """Per method and shape at its largest budget: final test accuracy against converged
-    Scratch (Δ, Welch's p) and the ceiling share (method − Scratch) / (ceiling − Scratch)."""
-    rows = sub['rows']
-
-    def accs(name, shape, fraction=None):
-        mine = [r for r in rows if r['name'] == name and tuple(r['shape']) == tuple(shape)]
-        if fraction is None and mine:
-            fraction = max(r['fraction'] for r in mine)
-        return [r['acc'] for r in mine if r['fraction'] == fraction]
-
-    def at_best_val(name, shape):
-        mine = [r for r in rows if r['name'] == name and tuple(r['shape']) == tuple(shape)]
-        top = max(r['fraction'] for r in mine)
-        best = [r['acc_at_best_val'] for r in mine if r['fraction'] == top and 'acc_at_best_val' in r]
-        return f'{np.mean(best):.4f}' if best else '–'
-
+    Scratch (Δ, Welch's p) and the ceiling share (`results.versus_scratch`)."""
     out = ['| shape | method | acc. (mean ± std) | at the best validation step | Δ vs Scratch | Welch p '
            '| ceiling share |', '|---|---|---|---|---|---|---|']
-    for shape in sub['shapes']:
-        scratch = accs('scratch', shape, 1.0)
-        ceiling = accs('ceiling', shape)
-        for name in ['scratch'] + sub['rows_spec']:
-            a = accs(name, shape)
-            if not a:
-                continue
-            m, s = _mean_std(a)
-            at_best = at_best_val(name, shape)
-            if name == 'scratch':
-                out.append(f"| {shape_text(shape)} | Scratch (converged) | {m:.4f} ± {s:.4f} | {at_best} "
-                           "| – | – | 0 |")
-                continue
-            gain = np.mean(ceiling) - np.mean(scratch) if ceiling else None
-            share = '–' if not gain or gain <= 0 else f'{(m - np.mean(scratch)) / gain:+.2f}'
-            p = welch(a, scratch)
-            out.append(f"| {shape_text(shape)} | {sub['labels'][name]} | {m:.4f} ± {s:.4f} | {at_best} | "
-                       f"{m - np.mean(scratch):+.4f} | {'n/a' if p is None else f'{p:.3g}'} | {share} |")
+    for e in versus_scratch(sub):
+        best = '–' if e['acc_at_best_val'] is None else f"{e['acc_at_best_val']:.4f}"
+        if e['name'] == 'scratch':
+            out.append(f"| {shape_text(e['shape'])} | Scratch (converged) | {e['acc']:.4f} ± {e['std']:.4f} | "
+                       f'{best} | – | – | 0 |')
+            continue
+        share = '–' if e['ceiling_share'] is None else f"{e['ceiling_share']:+.2f}"
+        p = 'n/a' if e['p'] is None else f"{e['p']:.3g}"
+        out.append(f"| {shape_text(e['shape'])} | {e['label']} | {e['acc']:.4f} ± {e['std']:.4f} | {best} | "
+                   f"{e['delta']:+.4f} | {p} | {share} |")
     return out
 
 

@@ -384,3 +384,38 @@ def verdict(claim: Claim, results: dict) -> dict:
         raise ValueError(f'claim kind {claim.kind!r}; expected reaches, beats, close or cheaper')
     return dict(claim=claim.text, verdict='reproduced' if ok else 'not reproduced',
                 detail='; '.join(parts))
+
+
+def versus_scratch(results: dict) -> list[dict]:
+    """Per shape, Scratch's converged runs and then each row at its largest budget: the
+    final test accuracy (mean ± sample std), the test accuracy at the best validation step
+    where recorded, Δ against Scratch's mean, Welch's p against Scratch's runs and the
+    ceiling share (row − Scratch) / (ceiling − Scratch), None unless the 'ceiling' row is
+    above Scratch. Pure in the finished record (`finish`): a transfer study's label budget."""
+    rows, summary, out = results['rows'], results['summary'], []
+    for shape in results['shapes']:
+        scratch = [r['acc'] for r in _runs(rows, 'scratch', shape, 1.0)]
+        if not scratch:
+            continue
+        base = float(np.mean(scratch))
+        tops = {}
+        for s in summary:
+            if tuple(s['shape']) == tuple(shape) and s['fraction'] >= tops.get(s['name'], s)['fraction']:
+                tops[s['name']] = s
+        ceiling = tops.get('ceiling')
+        gain = None if ceiling is None else ceiling['acc'] - base
+        for name in ['scratch'] + list(results['rows_spec']):
+            s = tops.get(name)
+            if s is None:
+                continue
+            mine = _runs(rows, name, shape, s['fraction'])
+            best = [r['acc_at_best_val'] for r in mine if 'acc_at_best_val' in r]
+            own = name == 'scratch'
+            out.append(dict(name=name, label=s['label'], shape=list(shape), fraction=s['fraction'],
+                            seeds=s['seeds'], acc=s['acc'], std=s['std'], summary=s,
+                            acc_at_best_val=float(np.mean(best)) if best else None,
+                            scratch=base, delta=s['acc'] - base,
+                            p=None if own else welch([r['acc'] for r in mine], scratch),
+                            ceiling_share=0.0 if own else (
+                                None if not gain or gain <= 0 else (s['acc'] - base) / gain)))
+    return out
