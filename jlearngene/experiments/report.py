@@ -54,14 +54,20 @@ def markdown(results: dict) -> str:
     lines = [f"Seeds {seeds}; batch {cfg['batch_size']}; reference (teacher) shape "
              f"w{ref['width']} L{ref['depth']}, its Scratch plateau S = {ref['S']} steps. Target at "
              f"each shape: Scratch's mean final accuracy − {cfg['target_gap'] * 100:g} pt.", '',
-             '**Scratch** (lr sweep on the first seed, every seed at the chosen lr; S: the plateau '
-             f"step, first evaluation within {cfg['scratch']['plateau'] * 100:g} pt of the final "
-             'accuracy):', '',
-             f'| shape | {sweep_head} | chosen lr | steps | S | converged | acc. (mean ± std) | target |',
+             ('**Scratch** (lr × weight decay sweep on the first seed, chosen on the validation images, '
+              'every seed at the chosen setting; S: the plateau step, first evaluation within '
+              f"{cfg['scratch']['plateau'] * 100:g} pt of the final validation accuracy; acc.: final "
+              'test accuracy):' if on_validation else
+              '**Scratch** (lr sweep on the first seed, every seed at the chosen lr; S: the plateau '
+              f"step, first evaluation within {cfg['scratch']['plateau'] * 100:g} pt of the final "
+              'accuracy):'), '',
+             f"| shape | {sweep_head} | chosen {'setting' if on_validation else 'lr'} | steps | S | converged "
+             '| acc. (mean ± std) | target |',
              '|---|---|---|---|---|---|---|---|']
     for key, b in results['scratch'].items():
         sweep = ', '.join(f'{lr}: {a:.3f}' for lr, a in b['sweep'].items())
-        lines.append(f"| {shape_text(parse_key(key))} | {sweep} | {b['lr']:g} | {b['steps']} | "
+        chosen = f"{b['lr']:g}" + (f", wd {b['weight_decay']:g}" if 'weight_decay' in b else '')
+        lines.append(f"| {shape_text(parse_key(key))} | {sweep} | {chosen} | {b['steps']} | "
                      f"{b['S']} | {'yes' if b['converged'] else '**no**'} | {b['acc']:.4f} ± {b['std']:.4f} | "
                      f"{b['acc'] - cfg['target_gap']:.4f} |")
     lines += ancestor_lines(results)
