@@ -20,6 +20,7 @@ import numpy as np
 
 from jlearngene import pytree
 from jlearngene.experiments import harness, results, study
+from jlearngene.experiments.report import gflops
 from jlearngene.models import init
 from jlearngene.experiments.results import shape_key, shape_text
 
@@ -96,10 +97,6 @@ def verdict_counts(recorded: dict) -> dict[str, dict[str, int]]:
     return out
 
 
-def _g(x) -> str:
-    return '–' if x is None else f'{x / 1e9:.3g}'
-
-
 def markdown(records: Sequence[tuple[str, dict]]) -> str:
     """The headline table of `records` [(study name, record)], one row per (study, label
     budget, method, shape), then each study's verdict counts."""
@@ -111,7 +108,7 @@ def markdown(records: Sequence[tuple[str, dict]]) -> str:
             share = '–' if e['ceiling_share'] is None else f"{e['ceiling_share']:+.2f}"
             stored = '–' if e['stored'] is None else f"{e['stored']:.2f}"
             p = 'n/a' if e['p'] is None else f"{e['p']:.3g}"
-            flops = [' / '.join(_g(None if e['flops'][n] is None else e['flops'][n][k]) for n in AMORTISE)
+            flops = [' / '.join(gflops(None if e['flops'][n] is None else e['flops'][n][k]) for n in AMORTISE)
                      for k in ('without_source', 'with_source')]
             lines.append(f"| {name} | {e['labels'] * 100:g} % | {shape_text(e['shape'])} | {e['label']} | "
                          f"{e['acc']:.4f} ± {e['std']:.4f} | {e['delta']:+.4f} | {p} | {share} | {stored} | "

@@ -13,7 +13,8 @@ from jlearngene.experiments.results import (ALPHA, MIN_GAP, _mean_std, parse_key
                                             versus_scratch)
 
 
-def _g(x) -> str:
+def gflops(x) -> str:
+    """FLOPs in GFLOPs for tables ('–' for None)."""
     return '–' if x is None else f'{x / 1e9:.3g}'
 
 
@@ -77,7 +78,7 @@ def markdown(results: dict) -> str:
     first = ups[str(seeds[0])] if str(seeds[0]) in ups else next(iter(ups.values()))
     lines += ['', 'Upstream runs per seed (training GFLOPs; the pretrained source: the teacher, the '
               "reference shape's Scratch run, and the small model the growth methods grow): "
-              + ', '.join(f'{k} {_g(v)}' for k, v in sorted(first.items())) + '.']
+              + ', '.join(f'{k} {gflops(v)}' for k, v in sorted(first.items())) + '.']
     info = results.get('info', {})
     accs = {}
     for per_seed in info.values():
@@ -99,9 +100,9 @@ def markdown(results: dict) -> str:
         budget = _budget(s)
         init = '–' if s['acc_init'] is None else f"{s['acc_init']:.3f}"
         cells = [shape_text(s['shape']), s['label'], budget, init, f"**{s['acc']:.4f}** ± {s['std']:.4f}",
-                 f"{s['reached']}/{s['seeds']}", _g(s['own_flops']), _g(s['reach_flops']),
-                 f"{_g(s['upstream_flops_without_source'])} / {_g(s['upstream_flops'])}"]
-        cells += [f"{_g(a['without_source'])} / {_g(a['with_source'])}" for a in s['amortised'].values()]
+                 f"{s['reached']}/{s['seeds']}", gflops(s['own_flops']), gflops(s['reach_flops']),
+                 f"{gflops(s['upstream_flops_without_source'])} / {gflops(s['upstream_flops'])}"]
+        cells += [f"{gflops(a['without_source'])} / {gflops(a['with_source'])}" for a in s['amortised'].values()]
         cells.append(_break_even(s))
         lines.append('| ' + ' | '.join(cells) + ' |')
     lines += ['', *by_method(results)]

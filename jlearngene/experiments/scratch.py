@@ -8,7 +8,7 @@ import jax
 import numpy as np
 
 from jlearngene.experiments import harness
-from jlearngene.experiments.results import shape_key, shape_text
+from jlearngene.experiments.results import _mean_std, shape_key, shape_text
 from jlearngene.models import ViTConfig, init
 from jlearngene.train import tasks
 
@@ -98,7 +98,7 @@ def _shape_baseline(ctx: harness.Context, shape, cfg: ViTConfig, seeds: Sequence
                runs={s: r for s, (_, r) in runs.items()},
                params={s: p for s, (p, _) in runs.items()},
                S=int(round(np.mean([r['plateau_step'] for _, r in runs.values()]))),
-               acc=float(np.mean(accs)), std=sample_std(accs),
+               acc=float(np.mean(accs)), std=_mean_std(accs)[1],
                steps=max(r['steps'] for _, r in runs.values()),
                converged=all(r['converged'] for _, r in runs.values()))
     if chosen[1] is not None:
@@ -113,7 +113,3 @@ def _setting_key(setting) -> str:
     lr, wd = setting
     return f'{lr:g}' if wd is None else f'lr {lr:g} wd {wd:g}'
 
-
-def sample_std(xs) -> float:
-    """The sample standard deviation (ddof 1); 0.0 for a single value (no spread measured)."""
-    return float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0
