@@ -141,7 +141,8 @@ def test_a_transfer_study_chooses_on_validation_and_resumes(fashion_dir, tmp_pat
     table = headline.table([workdir]).splitlines()
     ceiling_at_teacher = [line for line in table if '| w32 L2 | Ceiling' in line]
     assert len(ceiling_at_teacher) == 2 and all('| 1.00 |' in line for line in ceiling_at_teacher)
-    assert sum(line.startswith('| tleg |') for line in table) == 2 * 2 * 2    # budgets × shapes × rows
+    assert sum(line.startswith('| tleg |') for line in table) == 2 * 2 * 3    # budgets × shapes × (floor + rows)
+    assert sum('| Scratch (converged, the floor) |' in line for line in table) == 2 * 2
     assert table[-1].startswith('Verdicts') and 'tleg at 20 %' in table[-1]
     rendered = study.render(workdir, str(tmp_path / 'rendered'))
     assert rendered['table'] == results['table']

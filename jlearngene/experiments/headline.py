@@ -1,6 +1,7 @@
 """The headline table of the transfer studies (the top README's), from their records alone:
-per study, label budget, method and shape, the descendant's accuracy at the study's largest
-budget against converged Scratch (Δ and Welch's p), the share of the ceiling's gain it keeps,
+per study, label budget and shape, converged Scratch (the floor), then for each method the
+descendant's accuracy at the study's largest budget against converged Scratch (Δ and
+Welch's p), the share of the ceiling's gain it keeps,
 (method − Scratch) / (ceiling − Scratch), beside what it stores (its gene's parameters over
 the source model's, heads left out), the training FLOPs until it first reaches Scratch's
 converged accuracy − 0.5 pt (its own, plus its upstream amortised over N descendants, without
@@ -67,14 +68,13 @@ def _stored(config_json: str, num_classes: int) -> dict:
 
 def entries(recorded: dict, name: str) -> list[dict]:
     """One entry per (label budget, row, shape) of a transfer study's record `recorded`:
-    `results.versus_scratch`'s, with what the row stores and its FLOPs to the target."""
+    `results.versus_scratch`'s, with what the row stores and its FLOPs to the target.
+    Converged Scratch comes first at each shape: the floor, with its own FLOPs to the target."""
     config = recorded['config']
     stored = _stored(json.dumps(config, sort_keys=True), len(config['tasks']['descendant']))
     out = []
     for key, sub in recorded['budgets'].items():
         for e in results.versus_scratch(sub):
-            if e['name'] == 'scratch':
-                continue
             s, genes_ = e.pop('summary'), stored.get((e['name'], shape_key(e['shape'])))
             reach = s['reach_flops']
             out.append(dict(
@@ -105,6 +105,12 @@ def markdown(records: Sequence[tuple[str, dict]]) -> str:
     lines = [head, '|' + '---|' * (head.count('|') - 1)]
     for name, recorded in records:
         for e in entries(recorded, name):
+            if e['name'] == 'scratch':
+                flops = ' / '.join(gflops(None if e['flops'][n] is None else e['flops'][n]['without_source'])
+                                   for n in AMORTISE)
+                lines.append(f"| {name} | {e['labels'] * 100:g} % | {shape_text(e['shape'])} | Scratch (converged, "
+                             f"the floor) | {e['acc']:.4f} ± {e['std']:.4f} | – | – | 0 | – | {flops} | {flops} |")
+                continue
             share = '–' if e['ceiling_share'] is None else f"{e['ceiling_share']:+.2f}"
             stored = '–' if e['stored'] is None else f"{e['stored']:.2f}"
             p = 'n/a' if e['p'] is None else f"{e['p']:.3g}"
