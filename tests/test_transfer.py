@@ -148,6 +148,8 @@ def test_a_transfer_study_chooses_on_validation_and_resumes(fashion_dir, tmp_pat
     assert rendered['table'] == results['table']
     again = study.run_experiment(smoke_config(fashion_dir), workdir, quiet=True)
     assert len(again['reused']) == len(again['timings']) > 0
+    walls = {line for line in again['table'].splitlines() if 'Wall time' in line}   # one per budget,
+    assert len(walls) == 1 and f"{len(again['reused'])} of {len(again['timings'])}" in walls.pop()   # the whole study's
     assert again['table'].split('Wall time')[0] == results['table'].split('Wall time')[0]
 
 

@@ -79,14 +79,16 @@ def markdown(results: dict) -> str:
     lines += ['', 'Upstream runs per seed (training GFLOPs; the pretrained source: the teacher, the '
               "reference shape's Scratch run, and the small model the growth methods grow): "
               + ', '.join(f'{k} {gflops(v)}' for k, v in sorted(first.items())) + '.']
-    info = results.get('info', {})
+    # a label budget's seeds that borrow another source seed's upstream are not counted again
+    borrowed = {k for k, v in results.get('upstream_seed', {}).items() if str(v) != k}
     accs = {}
-    for per_seed in info.values():
+    for seed, per_seed in results.get('info', {}).items():
         for k, v in per_seed.items():
-            if k.endswith('_accuracy'):
+            if k.endswith('_accuracy') and seed not in borrowed:
                 accs.setdefault(k[:-len('_accuracy')], []).append(v)
     if accs:
-        lines[-1] += ' Test accuracy: ' + ', '.join(
+        lines[-1] += (' Source-task test accuracy, per source seed: ' if 'upstream_seed' in results
+                      else ' Test accuracy: ') + ', '.join(
             '{} {:.4f} ± {:.4f}'.format(k, *_mean_std(v)) for k, v in accs.items()) + '.'
     head = ['shape', 'method', 'budget', 'acc. at init', 'acc. (mean ± std)', 'target reached',
             'own GFLOPs', 'to target: own (GFLOPs)', 'upstream w/o / with source (GFLOPs)']

@@ -373,8 +373,6 @@ def _run(config: Config, workdir: str, study: Study, ctx: harness.Context, rows:
             out['budgets'][budget.key] = sub
         out.update(timings=ctx.timings, reused=sorted(ctx.reused))
     out['seconds'] = time.perf_counter() - t_start
-    for sub in out.get('budgets', {}).values():
-        sub['seconds'] = out['seconds']       # the whole study's wall time, upstream included
     return harness.write_results(finish(out, study.claims), workdir, report.markdown, report.plot)
 
 
@@ -504,10 +502,12 @@ def _record(ctx: harness.Context, rows: list[Row], seeds: list[int], records: li
 
 
 def finish(recorded: dict, claims) -> dict:
-    """`results.finish` of a record, or of each label budget's record in a transfer study."""
+    """`results.finish` of a record, or of each label budget's record in a transfer study,
+    each budget given the whole study's wall time and run timings (upstream included)."""
     if 'budgets' not in recorded:
         return results.finish(recorded, claims)
     for sub in recorded['budgets'].values():
+        sub.update({k: recorded[k] for k in ('seconds', 'timings', 'reused') if k in recorded})
         results.finish(sub, claims)
     return recorded
 
