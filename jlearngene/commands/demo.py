@@ -8,7 +8,7 @@ the same shape trains the same K steps at its own tuned lr; beside them stands S
 converged, as the study's results.json records it (three seeds, to their plateau). One seed: the
 table shows the effect, the verdicts are the study's. Curves go to DIR/demo_curves.png.
 
-    jlearngene demo                          # about 2.5 minutes on 2 CPU cores, in workdirs/demo
+    jlearngene demo                          # about 1.5 minutes on 2 CPU cores, in workdirs/demo
     jlearngene demo --steps 200              # a longer fine-tuning for both
 
 Why LeTra: the demo needs one small learned component that makes models of several widths
@@ -26,7 +26,7 @@ import os
 import sys
 import time
 
-HELP = 'a shipped gene grows ViTs of four sizes, beside Scratch at the same steps (~2.5 minutes)'
+HELP = 'a shipped gene grows ViTs of four sizes, beside Scratch at the same steps (~1.5 minutes)'
 GENE = 'letra_digits'
 SHAPES = ((32, 4), (40, 6), (48, 8), (64, 4))    # (width, depth): shapes the LeTra study recorded
 DESCEND = {'selection': 'continuous'}            # the study's first variant
