@@ -1,11 +1,11 @@
 """The headline table of the transfer studies (the top README's), from their records alone:
 per study, label budget and shape, converged Scratch (the floor), then for each method the
-descendant's accuracy at the study's largest budget against converged Scratch (Δ and
-Welch's p), the share of the ceiling's gain it keeps,
-(method − Scratch) / (ceiling − Scratch), beside what it stores (its gene's parameters over
-the source model's, heads left out), the training FLOPs until it first reaches Scratch's
-converged accuracy − 0.5 pt (its own, plus its upstream amortised over N descendants, without
-and with the pretrained source), and each study's verdict counts.
+descendant's accuracy at the study's largest budget against converged Scratch (Δ and Welch's
+p), the share of the ceiling's gain it keeps, (method − Scratch) / (ceiling − Scratch),
+beside what it stores (its gene's parameters over the source model's, heads left out), the
+training FLOPs until it first reaches Scratch's converged accuracy − 0.5 pt (its own, plus its
+upstream amortised over N descendants, without and with the pretrained source), and each
+study's verdict counts.
 
     jlearngene render --headline experiments/tleg/fashion experiments/letra/fashion ...
 """
