@@ -153,6 +153,21 @@ def test_a_transfer_study_chooses_on_validation_and_resumes(fashion_dir, tmp_pat
     assert again['table'].split('Wall time')[0] == results['table'].split('Wall time')[0]
 
 
+def test_choices_at_the_edge_of_a_sweep_are_named():
+    from jlearngene.experiments import report
+    sub = dict(config={'scratch': {'lrs': [0.001, 0.002, 0.004]}},
+               ancestor={'lr': 0.002},
+               scratch={'w64_d3': {'lr': 0.004}, 'w64_d6': {'lr': 0.002}},
+               descend_sweeps={'tleg w64_d3 0.35': {'0.0003': 0.80, '0.001': 0.85, '0.003': 0.84},
+                               'he_lg w64_d3 0.35': {'0.0003': 0.86, '0.001': 0.85, '0.003': 0.84}})
+    line, = [x for x in report.sweep_edges(sub) if x]
+    assert 'the largest lr for 1 of 5 choices (Scratch at w64 L3)' in line
+    assert 'the smallest lr for 1 of 5 choices (he_lg w64_d3 0.35)' in line
+    sub['scratch']['w64_d3']['lr'] = 0.002
+    sub['descend_sweeps'].pop('he_lg w64_d3 0.35')
+    assert report.sweep_edges(sub) == []
+
+
 def test_the_headline_reads_transfer_records_and_render_one_folder(capsys):
     from jlearngene import cli
     digits = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments', 'mango')

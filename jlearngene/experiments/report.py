@@ -272,8 +272,28 @@ def transfer_markdown(results: dict) -> str:
             lines += ['Descendant lr sweeps (first seed, final validation accuracy): '
                       + '; '.join(f"{k}: " + ', '.join(f'{lr} {a:.3f}' for lr, a in v.items())
                                   for k, v in sub['descend_sweeps'].items()) + '.', '']
-        lines.append(markdown({**sub, 'ancestor': None}))
+        lines += sweep_edges(sub) + [markdown({**sub, 'ancestor': None})]
     return '\n'.join(lines)
+
+
+def sweep_edges(sub: dict) -> list[str]:
+    """A line naming the lr choices of a label budget (the ancestor's, Scratch's, each
+    descendant sweep's) that fell on the largest or smallest lr swept: there a wider sweep
+    could move the row, so a reader should know; nothing when every choice is inside."""
+    lrs = sorted(sub['config']['scratch']['lrs'])
+    picks = [('the ancestor', sub['ancestor']['lr'], lrs)] if sub.get('ancestor') else []
+    picks += [(f'Scratch at {shape_text(parse_key(k))}', b['lr'], lrs) for k, b in sub['scratch'].items()]
+    picks += [(k, float(max(v, key=v.get)), sorted(float(x) for x in v))
+              for k, v in (sub.get('descend_sweeps') or {}).items()]
+    edges = {'largest': [], 'smallest': []}
+    for who, lr, swept in picks:
+        if len(swept) > 1 and lr in (swept[0], swept[-1]):
+            edges['largest' if lr == swept[-1] else 'smallest'].append(who)
+    if not any(edges.values()):
+        return []
+    return ['Chosen at the edge of its lr sweep (a wider sweep could move these): '
+            + '; '.join(f'the {edge} lr for {len(who)} of {len(picks)} choices ({", ".join(who)})'
+                        for edge, who in edges.items() if who) + '.', '']
 
 
 def headline(sub: dict) -> list[str]:
