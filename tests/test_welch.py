@@ -127,6 +127,10 @@ def test_cheaper_compares_the_flops_per_seed_with_welch():
     dear = _results(accs, accs, my_reach=(14.0, 15.0, 16.0), scratch_reach=(9.0, 10.0, 11.0))
     assert res.welch([24.0, 25.0, 26.0], [9.0, 10.0, 11.0]) < res.ALPHA
     assert res.verdict(cheaper, dear)['verdict'] == 'not reproduced'
+    # the other row at the target before any training (a function-preserving growth): no ratio
+    free = _results(accs, accs, my_reach=(0.0,) * 3, scratch_reach=(0.0,) * 3)
+    v = res.verdict(cheaper, free)
+    assert v['verdict'] == 'not reproduced' and '(scratch there from the start, p n/a)' in v['detail']
 
 
 def test_summaries_use_the_sample_std_and_zero_for_one_seed():

@@ -375,8 +375,9 @@ def verdict(claim: Claim, results: dict) -> dict:
             good = (ma < mb and p is not None and p < ALPHA
                     and (claim.flops_ratio is None or ma / mb <= claim.flops_ratio))
             ok &= good
+            ratio = f'{ma / mb:.2f}×' if mb > 0 else f'{other} there from the start'  # grown at the target
             parts.append(f"{shape_text(sh)}: {ma / 1e9:.3g} ± {sa / 1e9:.2g} vs {mb / 1e9:.3g} ± "
-                         f"{sb / 1e9:.2g} GFLOPs to the target ({ma / mb:.2f}×, {_p_text(p)})")
+                         f"{sb / 1e9:.2g} GFLOPs to the target ({ratio}, {_p_text(p)})")
         if untestable and not parts:
             return dict(claim=claim.text, verdict='not testable here', detail='; '.join(untestable))
         parts += untestable
