@@ -205,10 +205,13 @@ def plot(results: dict, workdir: str, filename: str = 'accuracy_vs_flops.png') -
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     shapes = results['shapes']
     names = ['scratch'] + results['rows_spec']
-    fig, axes = plt.subplots(1, len(shapes), figsize=(3.6 * len(shapes), 3.4), squeeze=False, sharey=True)
+    # at least two panels' width, so that one panel still has room for the legend below it
+    fig, axes = plt.subplots(1, len(shapes), figsize=(3.6 * max(2, len(shapes)), 3.4), squeeze=False,
+                             sharey=True)
     for ax, shape in zip(axes[0], shapes):
         target = None
         for i, name in enumerate(names):
@@ -225,6 +228,9 @@ def plot(results: dict, workdir: str, filename: str = 'accuracy_vs_flops.png') -
         if target is not None:
             ax.axhline(target, color='grey', ls='--', lw=0.8)
         ax.set_xscale('log')
+        low, high = ax.get_xlim()
+        if high > 10 * low:          # decades labelled: the 2×, 3×, ... labels between them collide
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_title(shape_text(shape), fontsize=9)
         ax.set_xlabel('training GFLOPs (upstream w/o source + own)', fontsize=8)
         ax.set_ylim(0, 1)
