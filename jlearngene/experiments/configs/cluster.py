@@ -63,6 +63,8 @@ def get_config(arg=None):
         # patches of 4: a 7×7 grid, where attention distances spread
         fashion_transfer(c, patch_size=4)
         c.cluster.eps = 1.2          # the digits' 0.7 px scaled with the image, 28 / 16
+        # ω = 2 and 1 (16 heads of 2 at ω = 0.5 are the slowest shape): every claim stays testable
+        c.shapes = ((32, 6, 4), (32, 6, 8))
         c.methods = ('cluster', 'pre_fin', 'he_lg', 'auto_lg', 'ceiling')
 
     if 'quick' in flags:
