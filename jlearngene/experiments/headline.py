@@ -119,6 +119,10 @@ def markdown(records: Sequence[tuple[str, dict]]) -> str:
             lines.append(f"| {name} | {e['labels'] * 100:g} % | {shape_text(e['shape'])} | {e['label']} | "
                          f"{e['acc']:.4f} ± {e['std']:.4f} | {e['delta']:+.4f} | {p} | {share} | {stored} | "
                          f"{flops[0]} | {flops[1]} |")
+    lines += ['', 'Ceiling share: (method − Scratch) / (ceiling − Scratch), – where the ceiling is not '
+              'above Scratch. Stores: the gene\'s parameters over the source model\'s, heads left out. '
+              'GFLOPs: own training until the first evaluation at Scratch − 0.5 pt plus upstream / N, '
+              '– where a seed never reaches it.']
     lines += ['', 'Verdicts (reproduced / not reproduced / not testable here): ' + '; '.join(
         f"{name} at {float(key) * 100:g} %: {c.get('reproduced', 0)} / {c.get('not reproduced', 0)} / "
         f"{c.get('not testable here', 0)}"
