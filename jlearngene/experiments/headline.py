@@ -105,19 +105,16 @@ def markdown(records: Sequence[tuple[str, dict]]) -> str:
     lines = [head, '|' + '---|' * (head.count('|') - 1)]
     for name, recorded in records:
         for e in entries(recorded, name):
-            if e['name'] == 'scratch':
-                flops = ' / '.join(gflops(None if e['flops'][n] is None else e['flops'][n]['without_source'])
-                                   for n in AMORTISE)
-                lines.append(f"| {name} | {e['labels'] * 100:g} % | {shape_text(e['shape'])} | Scratch (converged, "
-                             f"the floor) | {e['acc']:.4f} ± {e['std']:.4f} | – | – | 0 | – | {flops} | {flops} |")
-                continue
-            share = '–' if e['ceiling_share'] is None else f"{e['ceiling_share']:+.2f}"
-            stored = '–' if e['stored'] is None else f"{e['stored']:.2f}"
-            p = 'n/a' if e['p'] is None else f"{e['p']:.3g}"
+            floor = e['name'] == 'scratch'      # Scratch has no upstream: both FLOPs columns agree
+            label, delta, p, share, stored = (
+                ('Scratch (converged, the floor)', '–', '–', '0', '–') if floor else (
+                    e['label'], f"{e['delta']:+.4f}", 'n/a' if e['p'] is None else f"{e['p']:.3g}",
+                    '–' if e['ceiling_share'] is None else f"{e['ceiling_share']:+.2f}",
+                    '–' if e['stored'] is None else f"{e['stored']:.2f}"))
             flops = [' / '.join(gflops(None if e['flops'][n] is None else e['flops'][n][k]) for n in AMORTISE)
                      for k in ('without_source', 'with_source')]
-            lines.append(f"| {name} | {e['labels'] * 100:g} % | {shape_text(e['shape'])} | {e['label']} | "
-                         f"{e['acc']:.4f} ± {e['std']:.4f} | {e['delta']:+.4f} | {p} | {share} | {stored} | "
+            lines.append(f"| {name} | {e['labels'] * 100:g} % | {shape_text(e['shape'])} | {label} | "
+                         f"{e['acc']:.4f} ± {e['std']:.4f} | {delta} | {p} | {share} | {stored} | "
                          f"{flops[0]} | {flops[1]} |")
     lines += ['', 'Ceiling share: (method − Scratch) / (ceiling − Scratch), – where the ceiling is not '
               'above Scratch. Stores: the gene\'s parameters over the source model\'s, heads left out. '
