@@ -310,10 +310,10 @@ def test_the_studies_digits_split_is_half_and_fixed():
         data.digits_split_indices('half_testing')
 
 
-def test_a_finished_run_is_read_back_and_anything_else_trains_again(tmp_path):
+def test_a_finished_run_is_read_back_and_anything_else_trains_again(tmp_path, monkeypatch, caplog):
     """`harness.fit` reads a finished run back (same name, settings, identity, data, initial
-    params, code) with its params and curve; another lr or identity, or a damaged record,
-    trains again."""
+    params, code) with its params and curve; another lr, identity or XLA flags, or a damaged
+    record, trains again, keeps the finished run under superseded/ and says what differs."""
     import jax
 
     from jlearngene.models import init, vit_config
@@ -340,16 +340,28 @@ def test_a_finished_run_is_read_back_and_anything_else_trains_again(tmp_path):
     assert reused == ['r'] and again[1] == first[1] and again[2] == first[2]
     chex.assert_trees_all_equal(again[0], first[0])
     assert jax.tree.structure(again[0]) == jax.tree.structure(params0)
-    for changed in (dict(lr=2e-3), dict(identity='b')):
-        reused = []
+    for changed, why in ((dict(lr=2e-3), 'not reused (other optimiser settings)'),
+                         (dict(identity='b'), 'study config')):
+        reused, kept = [], {p.name for p in (tmp_path / 'superseded').glob('*')}
+        caplog.clear()
         fit(reused=reused, **changed)
-        assert reused == []
+        assert reused == [] and why in caplog.text
+        new = {p.name for p in (tmp_path / 'superseded').glob('*')} - kept
+        assert len(new) == 1 and (tmp_path / 'superseded' / new.pop() / harness.FINISHED).exists()
+    flags = os.environ.get('XLA_FLAGS', '')
+    monkeypatch.setenv('XLA_FLAGS', flags + ' --xla_cpu_multi_thread_eigen=false')
+    caplog.clear()
+    fit(identity='b')
+    assert (f"(other software and devices: XLA_FLAGS {flags!r} there, "
+            f"{flags + ' --xla_cpu_multi_thread_eigen=false'!r} here)") in caplog.text
+    monkeypatch.setenv('XLA_FLAGS', flags)
     fit()
     for damaged in (b'not a finished run', record.read_bytes()[:len(record.read_bytes()) // 2]):   # garbage, truncated
         record.write_bytes(damaged)
         reused = []
+        caplog.clear()
         chex.assert_trees_all_equal(fit(reused=reused)[0], first[0])   # trained again, same result
-        assert reused == []
+        assert reused == [] and 'not reused (its record is unreadable)' in caplog.text
 
 
 def _check_records(results, workdir):

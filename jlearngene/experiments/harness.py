@@ -14,7 +14,9 @@ import functools
 import hashlib
 import importlib
 import json
+import logging
 import os
+import shutil
 import sys
 import time
 from typing import Any
@@ -212,8 +214,13 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
+SOFTWARE_FIELDS = ('jax', 'jaxlib', 'flax', 'optax', 'numpy', 'backend', 'device kind',
+                   'device count', 'XLA_FLAGS')
+
+
 def software_and_devices() -> list:
-    """The versions, devices and XLA flags a run's numbers depend on, beside the sources."""
+    """The versions, devices and XLA flags a run's numbers depend on, beside the sources
+    (one value per `SOFTWARE_FIELDS` name)."""
     import flax
     import jaxlib
     import optax
@@ -231,6 +238,57 @@ def tree_digest(tree) -> dict:
 def _fingerprint(**parts) -> str:
     return hashlib.sha256(json.dumps(checkpoint.to_json(parts), sort_keys=True, default=repr)
                           .encode()).hexdigest()
+
+
+# what each part of a run's fingerprint is, for the line that says why a run trains again
+_PART_NAMES = dict(name='run name', steps='steps', opt='optimiser settings', seed='seed',
+                   eval_every='evaluation interval', stop_at='stop target',
+                   identity='study config', data='data', trainable='initial params',
+                   source='jlearngene sources', software='software and devices')
+
+
+def _part_digests(parts: Mapping[str, Any]) -> dict:
+    return {k: _fingerprint(part=v) for k, v in parts.items()}
+
+
+def _why_not_reused(run_dir: str, parts: Mapping[str, Any]) -> str:
+    """What differs between the finished record in `run_dir` and this run's `parts`."""
+    try:
+        with open(os.path.join(run_dir, FINISHED), encoding='utf-8') as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return 'its record is unreadable'
+    old = meta.get('parts') if isinstance(meta, dict) else None
+    if not isinstance(old, dict):
+        return 'its record does not name its parts'
+    new = _part_digests(parts)
+    differ = [k for k in new if old.get(k) != new[k]]
+    if not differ:
+        return 'its checkpoint is unreadable'
+    said = [_PART_NAMES.get(k, k) for k in differ]
+    if 'software' in differ and isinstance(meta.get('software'), list):
+        said[differ.index('software')] += ': ' + ', '.join(
+            f'{field} {a!r} there, {b!r} here' for field, a, b in
+            zip(SOFTWARE_FIELDS, meta['software'], parts['software']) if a != b)
+    return 'other ' + '; '.join(said)
+
+
+def _set_aside(workdir: str, name: str, parts: Mapping[str, Any]) -> None:
+    """Move the finished run `runs/<name>` that this run cannot reuse to
+    `superseded/<name>[.k]`, saying why in one line: a study resumed with other code,
+    libraries, devices or XLA flags keeps what it had trained."""
+    run_dir = os.path.join(workdir, 'runs', name)
+    why = _why_not_reused(run_dir, parts)
+    target = os.path.join(workdir, 'superseded', name)
+    k = 1
+    while os.path.exists(target if k == 1 else f'{target}.{k}'):
+        k += 1
+    target = target if k == 1 else f'{target}.{k}'
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    shutil.move(run_dir, target)
+    logging.getLogger(__name__).warning('runs/%s: not reused (%s); it trains again, and the '
+                                        'finished run is kept in %s', name, why,
+                                        os.path.relpath(target, workdir))
 
 
 def _reuse(run_dir: str, fingerprint: str, like):
@@ -267,8 +325,11 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     again with the same name, settings, `identity` (what else the loss depends on, e.g. the
     whole study config), data, initial `trainable`, jlearngene sources, library versions and
     devices, it is read back instead of trained (its name appended to `reused`), so an
-    interrupted study picks up after its last finished run. Anything different, several processes or data other than a
-    `Data` trains again; a new workdir reruns everything.
+    interrupted study picks up after its last finished run. Anything different, several
+    processes or data other than a `Data` trains again; a new workdir reruns everything. A
+    finished run that is not reused moves to `workdir/superseded/<name>`, with a line naming
+    what differs (e.g. the XLA flags), so that resuming with other code or libraries loses
+    nothing.
 
     A `Data` with validation images (`Data.has_validation`) is evaluated on them too, at
     the same steps: that curve [(step, validation accuracy)] goes to `val_curves[name]`."""
@@ -278,10 +339,11 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     finished = os.path.join(run_dir, FINISHED)
     # one process, on a `Data` (its identity): other data iterators are never reused
     reusable = jax.process_count() == 1 and hasattr(dset, 'identity')
-    fingerprint = _fingerprint(
+    parts = dict(
         name=name, steps=steps, opt=opt_cfg, seed=seed, eval_every=eval_every, stop_at=stop_at,
         identity=identity, data=dset.identity(), trainable=tree_digest(trainable),
         source=source_digest(), software=software_and_devices()) if reusable else None
+    fingerprint = _fingerprint(**parts) if reusable else None
     validation = eval_fn is not None and getattr(dset, 'has_validation', False)
     done = _reuse(run_dir, fingerprint, trainable) if reusable else None
     if done is not None:
@@ -304,7 +366,7 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
         hooks.append(StopWhen(lambda rec: rec['eval/accuracy'] >= stop_at,
                               f'test accuracy >= {stop_at:g}'))
     if reusable and os.path.exists(finished):
-        os.remove(finished)            # another run's record: it is trained again below
+        _set_aside(workdir, name, parts)   # another run's record: kept, and trained again below
     t0 = time.perf_counter()
     params, history = trainer.fit(loss_fn, trainable, dset.train(seed), optimizer, run, hooks)
     curve = [(int(r['step']), float(r['eval/accuracy'])) for r in history['eval']]
@@ -315,7 +377,8 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     secs = time.perf_counter() - t0
     if reusable:   # the final checkpoint holds the params; this marks the run finished
         record = dict(fingerprint=fingerprint, curve=curve, seconds=secs,
-                      step=curve[-1][0] if curve else steps)
+                      step=curve[-1][0] if curve else steps, parts=_part_digests(parts),
+                      software=parts['software'])
         if validation:
             record['val_curve'] = val_curve
         files.write_text(finished, json.dumps(record))
