@@ -194,6 +194,9 @@ def test_every_fashion_config_passes_the_protocol_and_plans_its_rows(name):
     else:
         assert tuple(c.data.classes) == (0, 1, 2, 3, 4)
     assert c.model.image_size == 28 and c.model.patch_size == (4 if name in ('cluster', 'compare') else 7)
+    if 'letra' in c.methods:    # the learngene is narrower and shallower than its Aux-Net
+        gene = c.method_options.letra.gene
+        assert gene.learngene_heads < c.model.num_heads and gene.learngene_depth < c.depth
     plan = study.plan(c, 5)
     assert all(any(not isinstance(v, str) for v in shapes.values()) for shapes in plan.values())
 

@@ -103,6 +103,7 @@ def get_config(arg=None):
         # patches of 4 (Cluster-Learngene is a row); half the width keeps a 7×7 grid affordable
         fashion_transfer(c, patch_size=4)
         c.model.update(width=32, num_heads=4, mlp_dim=64)
+        c.method_options.letra.gene.learngene_heads = 2   # half the teacher's heads, as in digits
         c.shapes = ((32, 6), (32, 4), (16, 6))
         c.small.update(width=16, num_heads=2, mlp_dim=32, depth=3)
         c.cluster.eps = 1.2          # the digits' 0.7 px scaled with the image, 28 / 16
