@@ -47,15 +47,17 @@ def _record(name, seed, acc, *, fraction=0.5, reach=None, up_wo=10.0):
                 plateau_step=40, converged=True)
 
 
-def _results(mine, theirs, *, my_reach=None, scratch_reach=(20.0, 20.0, 20.0)):
-    """'tleg' (accuracies `mine`) against 'share_init' (`theirs`) at 0.5·S, and Scratch's
-    converged runs at 1.0·S; FLOPs to the target per seed as given (upstream w/o source 10
-    for tleg, 0 for Scratch)."""
+def _results(mine, theirs, *, my_reach=None, scratch_reach=(20.0, 20.0, 20.0), fraction=0.5,
+             tasks=None):
+    """'tleg' (accuracies `mine`) against 'share_init' (`theirs`) at `fraction`·S, and
+    Scratch's converged runs at 1.0·S; FLOPs to the target per seed as given (upstream w/o
+    source 10 for tleg, 0 for Scratch); `tasks` as a two-task study's config has them."""
     my_reach = my_reach or [5.0] * len(mine)
     rows = [_record('scratch', s, 0.80, fraction=1.0, reach=r, up_wo=0.0) for s, r in enumerate(scratch_reach)]
-    rows += [_record('tleg', s, a, reach=r) for s, (a, r) in enumerate(zip(mine, my_reach))]
-    rows += [_record('share_init', s, a) for s, a in enumerate(theirs)]
-    results = dict(config={'amortise': (1,)}, shapes=[[8, 2]], rows=rows)
+    rows += [_record('tleg', s, a, reach=r, fraction=fraction) for s, (a, r) in enumerate(zip(mine, my_reach))]
+    rows += [_record('share_init', s, a, fraction=fraction) for s, a in enumerate(theirs)]
+    results = dict(config={'amortise': (1,), **({'tasks': tasks} if tasks else {})}, shapes=[[8, 2]],
+                   rows=rows)
     results['summary'] = res.summarise(results, (1,))
     return results
 
@@ -96,6 +98,19 @@ def test_beats_on_one_seed_has_no_p_and_is_not_reproduced():
     assert v['verdict'] == 'not reproduced' and 'p n/a' in v['detail']
     v = res.verdict(BEATS, _results((0.99, 0.99), (0.50, 0.50)))           # both constant
     assert v['verdict'] == 'not reproduced' and 'p n/a' in v['detail']
+
+
+def test_an_untuned_claim_is_not_testable_where_descendants_learn_a_new_task():
+    """At 0·S a descendant on a new task has a freshly drawn head, so an accuracy claim there
+    compares chance with chance; after tuning, and on the ancestor's own task, it is tested."""
+    untuned = res.Claim('TLEG beats Share-Init untuned', 'beats', 'tleg', 0.0, other='share_init')
+    mine, theirs = (0.30, 0.31, 0.32), (0.18, 0.19, 0.20)
+    assert res.verdict(untuned, _results(mine, theirs, fraction=0.0))['verdict'] == 'reproduced'
+    new_task = dict(ancestor=[0, 1], descendant=[2, 3, 4, 5, 6])
+    v = res.verdict(untuned, _results(mine, theirs, fraction=0.0, tasks=new_task))
+    assert v['verdict'] == 'not testable here'
+    assert v['detail'].endswith('every row is near chance: 0.190–0.310 (chance 0.200)')
+    assert res.verdict(BEATS, _results(mine, theirs, tasks=new_task))['verdict'] == 'reproduced'
 
 
 def test_close_keeps_its_tolerance_and_prints_the_sample_std():

@@ -301,6 +301,21 @@ def _not_run(results: dict, name: str, fraction: float, shapes) -> str:
     return f"{name} was not run at {', '.join(shape_text(s) for s in shapes)} at {fraction:g}·S"
 
 
+def _untuned_on_a_new_task(claim: Claim, results: dict) -> str | None:
+    """Why an accuracy claim at 0·S says nothing where the descendants learn a new task (the
+    study's `tasks` differ): each has a freshly drawn head for the new classes, so every
+    row is at chance before tuning. None where the claim is testable."""
+    tasks = results.get('config', {}).get('tasks') or {}
+    new_task = tasks.get('descendant') is not None and tasks.get('descendant') != tasks.get('ancestor')
+    other_f = claim.fraction if claim.other_fraction is None else claim.other_fraction
+    at_zero = claim.fraction == 0 or (claim.other is not None and other_f == 0)
+    if not new_task or claim.kind == 'cheaper' or not at_zero:
+        return None
+    accs = [s['acc'] for s in results['summary'] if s['fraction'] == 0 and s['name'] != 'scratch']
+    return (f'at 0·S every descendant has a freshly drawn head for the new task, so every row is '
+            f'near chance: {min(accs):.3f}–{max(accs):.3f} (chance {1 / len(tasks["descendant"]):.3f})')
+
+
 def verdict(claim: Claim, results: dict) -> dict:
     """{'claim', 'verdict': 'reproduced' | 'not reproduced' | 'not testable here', 'detail'}:
     the claim checked at every shape the method makes, in numbers."""
@@ -312,6 +327,9 @@ def verdict(claim: Claim, results: dict) -> dict:
     if not mine:
         return dict(claim=claim.text, verdict='not testable here',
                     detail=_not_run(results, claim.method, claim.fraction, shapes))
+    untuned = _untuned_on_a_new_task(claim, results)
+    if untuned:
+        return dict(claim=claim.text, verdict='not testable here', detail=untuned)
     parts, ok = [], True
     if claim.kind == 'reaches':
         for sh, s in mine:
