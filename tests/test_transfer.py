@@ -180,6 +180,20 @@ def test_the_headline_reads_transfer_records_and_render_one_folder(capsys):
     assert e.value.code == 2 and 'several only with --headline' in capsys.readouterr().err
 
 
+def test_the_headline_shows_each_method_at_its_first_variant():
+    """LeTra's record has three selections; the headline shows the paper's (continuous)
+    beside IMwLM, the ceiling and the floor at every budget and shape."""
+    from jlearngene.experiments import headline
+    assert headline.shown(['letra/continuous', 'letra/step', 'imwlm', 'cluster/clustered',
+                           'cluster/random']) == {'letra/continuous', 'imwlm', 'cluster/clustered'}
+    record = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments', 'letra', 'fashion')
+    table = headline.table([record])
+    methods = [line.split(' | ')[3] for line in table.splitlines() if line.startswith('| letra |')]
+    assert methods == ['Scratch (converged, the floor)', 'LeTra (continuous)', 'IMwLM',
+                       'Ceiling (source model fine-tuned)'] * (2 * 4)             # budgets × shapes
+    assert "its paper's default" in table
+
+
 @pytest.mark.parametrize('name', ['tleg', 'letra', 'cluster', 'compare', 'scala', 'mango'])
 def test_every_fashion_config_passes_the_protocol_and_plans_its_rows(name):
     """The bundled `fashion` variants follow the transfer rules and every row makes at least

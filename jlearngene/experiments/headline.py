@@ -1,11 +1,11 @@
 """The headline table of the transfer studies (the top README's), from their records alone:
-per study, label budget and shape, converged Scratch (the floor), then for each method the
-descendant's accuracy at the study's largest budget against converged Scratch (Δ and Welch's
-p), the share of the ceiling's gain it keeps, (method − Scratch) / (ceiling − Scratch),
-beside what it stores (its gene's parameters over the source model's, heads left out), the
-training FLOPs until it first reaches Scratch's converged accuracy − 0.5 pt (its own, plus its
-upstream amortised over N descendants, without and with the pretrained source), and each
-study's verdict counts.
+per study, label budget and shape, converged Scratch (the floor), then for each method (at
+its first variant, its paper's default) the descendant's accuracy at the study's largest
+budget against converged Scratch (Δ and Welch's p), the share of the ceiling's gain it
+keeps, (method − Scratch) / (ceiling − Scratch), beside what it stores (its gene's parameters
+over the source model's, heads left out), the training FLOPs until it first reaches
+Scratch's converged accuracy − 0.5 pt (its own, plus its upstream amortised over N
+descendants, without and with the pretrained source), and each study's verdict counts.
 
     jlearngene render --headline experiments/tleg/fashion experiments/letra/fashion ...
 """
@@ -66,15 +66,29 @@ def _stored(config_json: str, num_classes: int) -> dict:
     return out
 
 
+def shown(rows_spec: Sequence[str]) -> set[str]:
+    """The rows a headline shows: each method once, at its first variant ('letra/continuous',
+    'cluster/clustered': its paper's default). The other variants are ablations and controls;
+    their numbers are in the study's own record."""
+    methods, out = set(), set()
+    for name in rows_spec:
+        if name.split('/')[0] not in methods:
+            methods.add(name.split('/')[0])
+            out.add(name)
+    return out
+
+
 def entries(recorded: dict, name: str) -> list[dict]:
-    """One entry per (label budget, row, shape) of a transfer study's record `recorded`:
-    `results.versus_scratch`'s, with what the row stores and its FLOPs to the target.
-    Converged Scratch comes first at each shape: the floor, with its own FLOPs to the target."""
+    """One entry per (label budget, row `shown`, shape) of a transfer study's record
+    `recorded`: `results.versus_scratch`'s, with what the row stores and its FLOPs to the
+    target. Converged Scratch comes first at each shape: the floor, with its own FLOPs to the
+    target."""
     config = recorded['config']
     stored = _stored(json.dumps(config, sort_keys=True), len(config['tasks']['descendant']))
     out = []
     for key, sub in recorded['budgets'].items():
-        for e in results.versus_scratch(sub):
+        rows = shown(sub['rows_spec']) | {'scratch'}
+        for e in (e for e in results.versus_scratch(sub) if e['name'] in rows):
             s, genes_ = e.pop('summary'), stored.get((e['name'], shape_key(e['shape'])))
             reach = s['reach_flops']
             out.append(dict(
@@ -119,7 +133,8 @@ def markdown(records: Sequence[tuple[str, dict]]) -> str:
     lines += ['', 'Ceiling share: (method − Scratch) / (ceiling − Scratch), – where the ceiling is not '
               'above Scratch. Stores: the gene\'s parameters over the source model\'s, heads left out. '
               'GFLOPs: own training until the first evaluation at Scratch − 0.5 pt plus upstream / N, '
-              '– where a seed never reaches it.']
+              '– where a seed never reaches it. A method with variants shows its first, its paper\'s '
+              'default; the others are in its study\'s record.']
     lines += ['', 'Verdicts (reproduced / not reproduced / not testable here): ' + '; '.join(
         f"{name} at {float(key) * 100:g} %: {c.get('reproduced', 0)} / {c.get('not reproduced', 0)} / "
         f"{c.get('not testable here', 0)}"
@@ -133,4 +148,4 @@ def table(workdirs: Sequence[str]) -> str:
     return markdown([(r['config']['experiment'], r) for r in records])
 
 
-__all__ = ['entries', 'load', 'markdown', 'table', 'verdict_counts']
+__all__ = ['entries', 'load', 'markdown', 'shown', 'table', 'verdict_counts']
