@@ -248,11 +248,14 @@ _PART_NAMES = dict(name='run name', steps='steps', opt='optimiser settings', see
 
 
 def _part_digests(parts: Mapping[str, Any]) -> dict:
+    """{part: digest}: a finished run's record keeps them, and its fingerprint is theirs, so
+    a mismatch can name the parts that differ."""
     return {k: _fingerprint(part=v) for k, v in parts.items()}
 
 
-def _why_not_reused(run_dir: str, parts: Mapping[str, Any]) -> str:
-    """What differs between the finished record in `run_dir` and this run's `parts`."""
+def _why_not_reused(run_dir: str, parts: Mapping[str, Any], digests: Mapping[str, str]) -> str:
+    """What differs between the finished record in `run_dir` and this run's `parts` (their
+    `digests`)."""
     try:
         with open(os.path.join(run_dir, FINISHED), encoding='utf-8') as f:
             meta = json.load(f)
@@ -261,8 +264,7 @@ def _why_not_reused(run_dir: str, parts: Mapping[str, Any]) -> str:
     old = meta.get('parts') if isinstance(meta, dict) else None
     if not isinstance(old, dict):
         return 'its record does not name its parts'
-    new = _part_digests(parts)
-    differ = [k for k in new if old.get(k) != new[k]]
+    differ = [k for k in digests if old.get(k) != digests[k]]
     if not differ:
         return 'its checkpoint is unreadable'
     said = [_PART_NAMES.get(k, k) for k in differ]
@@ -273,17 +275,17 @@ def _why_not_reused(run_dir: str, parts: Mapping[str, Any]) -> str:
     return 'other ' + '; '.join(said)
 
 
-def _set_aside(workdir: str, name: str, parts: Mapping[str, Any]) -> None:
+def _set_aside(workdir: str, name: str, parts: Mapping[str, Any], digests: Mapping[str, str]) -> None:
     """Move the finished run `runs/<name>` that this run cannot reuse to
     `superseded/<name>[.k]`, saying why in one line: a study resumed with other code,
     libraries, devices or XLA flags keeps what it had trained."""
     run_dir = os.path.join(workdir, 'runs', name)
-    why = _why_not_reused(run_dir, parts)
-    target = os.path.join(workdir, 'superseded', name)
+    why = _why_not_reused(run_dir, parts, digests)
+    base = target = os.path.join(workdir, 'superseded', name)
     k = 1
-    while os.path.exists(target if k == 1 else f'{target}.{k}'):
+    while os.path.exists(target):
         k += 1
-    target = target if k == 1 else f'{target}.{k}'
+        target = f'{base}.{k}'
     os.makedirs(os.path.dirname(target), exist_ok=True)
     shutil.move(run_dir, target)
     logging.getLogger(__name__).warning('runs/%s: not reused (%s); it trains again, and the '
@@ -343,7 +345,8 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
         name=name, steps=steps, opt=opt_cfg, seed=seed, eval_every=eval_every, stop_at=stop_at,
         identity=identity, data=dset.identity(), trainable=tree_digest(trainable),
         source=source_digest(), software=software_and_devices()) if reusable else None
-    fingerprint = _fingerprint(**parts) if reusable else None
+    digests = _part_digests(parts) if reusable else None
+    fingerprint = _fingerprint(**digests) if reusable else None
     validation = eval_fn is not None and getattr(dset, 'has_validation', False)
     done = _reuse(run_dir, fingerprint, trainable) if reusable else None
     if done is not None:
@@ -366,7 +369,7 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
         hooks.append(StopWhen(lambda rec: rec['eval/accuracy'] >= stop_at,
                               f'test accuracy >= {stop_at:g}'))
     if reusable and os.path.exists(finished):
-        _set_aside(workdir, name, parts)   # another run's record: kept, and trained again below
+        _set_aside(workdir, name, parts, digests)   # another run's record: kept, and trained again below
     t0 = time.perf_counter()
     params, history = trainer.fit(loss_fn, trainable, dset.train(seed), optimizer, run, hooks)
     curve = [(int(r['step']), float(r['eval/accuracy'])) for r in history['eval']]
@@ -377,7 +380,7 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     secs = time.perf_counter() - t0
     if reusable:   # the final checkpoint holds the params; this marks the run finished
         record = dict(fingerprint=fingerprint, curve=curve, seconds=secs,
-                      step=curve[-1][0] if curve else steps, parts=_part_digests(parts),
+                      step=curve[-1][0] if curve else steps, parts=digests,
                       software=parts['software'])
         if validation:
             record['val_curve'] = val_curve
