@@ -2,6 +2,7 @@
 (ddof = 1) over seeds, and a difference counted only where Welch's t-test gives p < 0.05 and,
 for accuracies, the gap is at least 0.5 pt."""
 import dataclasses
+import glob
 import json
 import math
 import os
@@ -12,9 +13,12 @@ from scipy import stats
 
 from jlearngene.experiments import harness
 from jlearngene.experiments import results as res
+from jlearngene.experiments import study
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STUDIES = ('tleg', 'letra', 'cluster', 'cluster/eps_0.07', 'scala', 'mango', 'compare')
+# every committed record: the digits studies and their fashion/ variants, as they land
+STUDIES = sorted(os.path.relpath(os.path.dirname(p), os.path.join(ROOT, 'experiments'))
+                 for p in glob.glob(os.path.join(ROOT, 'experiments', '**', 'results.json'), recursive=True))
 
 
 def test_welch_is_the_closed_form_unequal_variance_test():
@@ -162,8 +166,13 @@ def test_summaries_use_the_sample_std_and_zero_for_one_seed():
 def test_the_committed_records_hold_the_rules_summary_and_verdicts(name):
     with open(os.path.join(ROOT, 'experiments', name, 'results.json'), encoding='utf-8') as f:
         recorded = json.load(f)
-    again = res.finish(json.loads(json.dumps(recorded)), harness.module(recorded['config']['experiment']).STUDY.claims)
-    assert again['verdicts'] == recorded.get('verdicts', [])
-    for s, r in zip(again['summary'], recorded['summary']):
-        assert s['std'] == pytest.approx(r['std'], abs=1e-12)
-    assert not any('2σ' in v['detail'] for v in again['verdicts'])
+    claims = harness.module(recorded['config']['experiment']).STUDY.claims
+    again = study.finish(json.loads(json.dumps(recorded)), claims)
+    subs = recorded.get('budgets', {'': recorded})
+    for key, sub in subs.items():
+        fresh = again['budgets'][key] if key else again
+        assert fresh['verdicts'] == sub.get('verdicts', [])
+        assert len(fresh['summary']) == len(sub['summary'])
+        for s, r in zip(fresh['summary'], sub['summary']):
+            assert s['std'] == pytest.approx(r['std'], abs=1e-12)
+        assert not any('2σ' in v['detail'] for v in fresh['verdicts'])
