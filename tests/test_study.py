@@ -101,15 +101,17 @@ def test_plateau_rule():
 
 def test_scratch_retrains_a_run_still_rising_up_to_max_steps():
     """A run the plateau rule flags is trained again at twice the steps while that stays
-    within scratch.max_steps; the sweep itself runs at scratch.steps."""
+    within scratch.max_steps; the sweep itself runs at scratch.steps; every seed ends at the
+    steps the longest-needing seed needed."""
     from jlearngene.models import vit_config
 
     class Fake:
-        def __init__(self, max_steps):
+        def __init__(self, max_steps, rising_below=None):
             self.config = {'scratch': {'lrs': (1e-3, 2e-3, 4e-3), 'steps': 100, 'eval_every': 10,
                                        'plateau': 0.005, 'patience': 2, 'max_steps': max_steps}}
             self.calls = []
             self.dset = None          # the digits studies' data: no validation images
+            self.rising_below = rising_below or {}    # {seed: steps a run needs to converge}
 
         def steps(self, section, name):
             return section['steps']
@@ -119,8 +121,8 @@ def test_scratch_retrains_a_run_still_rising_up_to_max_steps():
 
         def fit(self, name, loss, params, ev, *, steps, lr, seed, eval_every, dset):
             self.calls.append((lr, seed, steps))
-            rising = steps < 400          # converged only from 400 steps on
-            curve = [(t, (0.5 + t / 1000) if rising else min(0.6, 0.5 + t / 1000))
+            rising = steps < self.rising_below.get(seed, 400)   # converged from 400 steps on
+            curve = [(t, 0.5 + (t if rising else min(t, steps // 2)) / 1000)   # flat in its 2nd half
                      for t in range(eval_every, steps + 1, eval_every)]
             return params, curve
 
@@ -130,8 +132,16 @@ def test_scratch_retrains_a_run_still_rising_up_to_max_steps():
     out = scratch.baseline(runner, {(16, 1): cfg}, [0, 1])[(16, 1)]
     lr = out['lr']
     assert runner.calls[:3] == [(1e-3, 0, 100), (2e-3, 0, 100), (4e-3, 0, 100)]   # the sweep
-    assert runner.calls[3:] == [(lr, 0, 200), (lr, 0, 400), (lr, 1, 100), (lr, 1, 200), (lr, 1, 400)]
+    # seed 1 starts at the 400 steps seed 0 needed
+    assert runner.calls[3:] == [(lr, 0, 200), (lr, 0, 400), (lr, 1, 400)]
     assert out['converged'] and out['steps'] == 400 and {r['steps'] for r in out['runs'].values()} == {400}
+    # seed 0 flat at 100 steps, seed 1 still rising there: seed 0 trains again at seed 1's 200,
+    # and seed 2, flat at 100 by itself, starts at 200
+    runner = Fake(max_steps=400, rising_below={0: 100, 1: 200, 2: 100})
+    out = scratch.baseline(runner, {(16, 1): cfg}, [0, 1, 2])[(16, 1)]
+    lr = out['lr']
+    assert runner.calls[3:] == [(lr, 1, 100), (lr, 1, 200), (lr, 2, 200), (lr, 0, 200)]
+    assert {s: r['steps'] for s, r in out['runs'].items()} == {0: 200, 1: 200, 2: 200}
     runner = Fake(max_steps=0)       # no retraining: flagged, at scratch.steps
     out = scratch.baseline(runner, {(16, 1): cfg}, [0])[(16, 1)]
     assert len(runner.calls) == 3 and not out['converged'] and out['steps'] == 100

@@ -32,7 +32,8 @@ def baseline(ctx: harness.Context, cfgs: dict[tuple, ViTConfig], seeds: Sequence
     sweep of `scratch.lrs` (× `scratch.weight_decays` on data with validation images) on the first seed at
     `steps` (default `scratch.steps`), every seed at the chosen setting; a run at it that
     the plateau rule flags as still rising is trained again from the start at twice the
-    steps while that stays within `scratch.max_steps` (0: never retrained).
+    steps while that stays within `scratch.max_steps` (0: never retrained), and every seed
+    ends at the same steps, the most any seed needed.
 
     On data with validation images (a transfer study's downstream task) the setting is
     chosen, and the plateau read, on the validation accuracy; the record keeps the final
@@ -91,8 +92,16 @@ def _shape_baseline(ctx: harness.Context, shape, cfg: ViTConfig, seeds: Sequence
 
     first = {x: train(x, seeds[0]) for x in settings}
     chosen = max(settings, key=lambda x: score(first[x][1]))
-    runs = {seeds[0]: converged(chosen, seeds[0], first[chosen])}
-    runs |= {s: converged(chosen, s, train(chosen, s)) for s in seeds[1:]}
+    # one schedule for every seed: each starts at the longest any seed before it needed, and
+    # a seed that converged sooner trains again at the longest, so that the seeds differ in
+    # initialisation and data order only (a seed flat at the end of a short cosine run is
+    # not past the plateau of a longer one)
+    runs, longest_run = {}, steps
+    for s in seeds:
+        runs[s] = converged(chosen, s, first[chosen] if s == seeds[0] else train(chosen, s, longest_run))
+        longest_run = max(longest_run, runs[s][1]['steps'])
+    runs = {s: run if run[1]['steps'] == longest_run else train(chosen, s, longest_run)
+            for s, run in runs.items()}
     accs = [r['acc'] for _, r in runs.values()]
     out = dict(lr=chosen[0], sweep={_setting_key(x): score(first[x][1]) for x in settings},
                runs={s: r for s, (_, r) in runs.items()},
