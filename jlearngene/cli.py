@@ -23,7 +23,9 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import select
 import signal
+import stat
 import sys
 import traceback
 
@@ -197,17 +199,12 @@ def _main(argv: list[str] | None) -> int:
             print(f'{prog}: {e}; run the same command again to resume', file=sys.stderr)
             return int(e.code)
         raise
+    except BrokenPipeError as e:
+        if not _stdout_closed():
+            return _error_exit(prog, e, verbose)
+        return 128 + signal.SIGPIPE   # `jlearngene info | head`: the reader stopped reading
     except Exception as e:  # noqa: BLE001 - the one place that turns errors into messages
-        if expected_error(e):
-            if verbose:
-                traceback.print_exc()
-            print(f'{prog}: {_message(e)}', file=sys.stderr)
-            return getattr(e, 'exit_code', 1)   # 2: a usage error (commands.config_args.UsageError)
-        else:
-            traceback.print_exc()
-            print(f'{prog}: internal error: {type(e).__name__}: {_message(e)} (a bug: please '
-                  'report it with the traceback above)', file=sys.stderr)
-        return 1
+        return _error_exit(prog, e, verbose)
     finally:
         if entry_point:
             handlers, levels = {}, []
@@ -217,6 +214,37 @@ def _main(argv: list[str] | None) -> int:
             logger.removeFilter(_critical)
             logger.setLevel(level)
 
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (`poll` reports an error on its write
+    end); if so it is pointed at /dev/null, so that the interpreter's last flush at exit
+    does not fail again."""
+    try:
+        fd = sys.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        if not any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0)):
+            return False
+        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+        return True
+    except (OSError, ValueError, AttributeError):   # no descriptor (in-process callers), no poll
+        return False
+
+
+def _error_exit(prog: str, e: Exception, verbose: bool) -> int:
+    """One line on stderr for an expected error (its traceback too with --verbose), the
+    traceback and a bug line for any other; the exit code."""
+    if expected_error(e):
+        if verbose:
+            traceback.print_exc()
+        print(f'{prog}: {_message(e)}', file=sys.stderr)
+        return getattr(e, 'exit_code', 1)   # 2: a usage error (commands.config_args.UsageError)
+    traceback.print_exc()
+    print(f'{prog}: internal error: {type(e).__name__}: {_message(e)} (a bug: please '
+          'report it with the traceback above)', file=sys.stderr)
+    return 1
 
 if __name__ == '__main__':
     sys.exit(main())

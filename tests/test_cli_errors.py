@@ -5,6 +5,8 @@ belongs, and every error on stderr (results, and nothing else, on stdout)."""
 import argparse
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -338,3 +340,13 @@ def test_a_full_disk_is_one_line(tmp_path):
     assert len(lines) == 1 and lines[0].startswith('jlearngene train: run checkpoint '), lines
     assert 'could not be written' in lines[0] and 'File too large' in lines[0], lines
     _no_debris(lines)
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly():
+    """`jlearngene info | head -1`: the closed pipe ends the command with SIGPIPE's exit
+    code and no error line."""
+    proc = subprocess.Popen([sys.executable, '-m', 'jlearngene', 'info', 'S', '--set', 'depth=2'],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()              # before the table is written
+    stderr = proc.stderr.read().decode()
+    assert proc.wait() == 141 and stderr == '', stderr

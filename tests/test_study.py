@@ -303,6 +303,39 @@ def test_info_describes_a_study_workdir_and_its_results(tmp_path, capsys):
     assert 'runs/: 0 entries' in out
 
 
+def test_info_tells_where_a_stopped_study_stands(tmp_path, capsys):
+    """A study's workdir before its results: its finished runs and their seconds, the runs
+    stopped part-way (at which step) or damaged, the superseded ones and how to resume;
+    after, a transfer study's verdicts per label budget."""
+    from jlearngene import cli
+    (tmp_path / 'study.json').write_text(json.dumps({'experiment': 'cluster', 'config_sha256': 'x'}))
+    for name, secs in (('ancestor_s0', 100.5), ('ancestor_s1', 200.0)):
+        (tmp_path / 'runs' / name).mkdir(parents=True)
+        (tmp_path / 'runs' / name / 'finished.json').write_text(json.dumps({'seconds': secs}))
+    (tmp_path / 'runs' / 'scratch_s0').mkdir()
+    (tmp_path / 'runs' / 'scratch_s0' / 'metrics.jsonl').write_text(
+        '{"step": 50, "kind": "train"}\n{"step": 100, "kind": "eval"}\n')
+    (tmp_path / 'runs' / 'scratch_s1').mkdir()
+    (tmp_path / 'runs' / 'scratch_s1' / 'finished.json').write_text('{"seconds": ')
+    (tmp_path / 'superseded' / 'ancestor_s0').mkdir(parents=True)
+    assert cli.main(['info', str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"study workdir {tmp_path}: the 'cluster' study, not finished")
+    assert 'runs/: 2 finished (300 s of training), 2 not: scratch_s0 (at step 100), ' \
+           'scratch_s1 (finished.json damaged: trains again)' in out
+    assert 'superseded/: 1 finished runs' in out and 'resumes it' in out
+    sub = _results((0.90, 0.92, 0.94))
+    sub.update(seeds=[0, 1, 2], verdicts=[{'claim': 'LeTra beats IMwLM', 'verdict': 'not reproduced',
+                                           'detail': ''}])
+    (tmp_path / 'results.json').write_text(json.dumps(
+        {'config': {'experiment': 'cluster'}, 'budgets': {'0.01': sub, '0.1': sub}}))
+    assert cli.main(['info', str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "the 'cluster' study, finished (results.json)" in out and 'resumes' not in out
+    assert "experiment 'cluster'" in out and '2 label budgets' in out
+    assert out.count('LeTra beats IMwLM: not reproduced') == 2 and 'labels 10%: 9 records' in out
+
+
 def dataclass_replace(claim, **changes):
     import dataclasses
     return dataclasses.replace(claim, **changes)

@@ -1,7 +1,8 @@
 """`jlearngene info`: parameter table of named variants (with no argument, also the genes
 shipped with the package, `jlearngene.zoo`), of one config, of an experiment config file
 (`file.py[:arg]`), of a checkpoint (a model artefact, a run checkpoint step directory, or
-a training workdir), of a gene directory or a shipped gene's name (`jlearngene.artefacts`:
+a training workdir), of a study's workdir (finished or not: its runs, what is left, its
+results), of a gene directory or a shipped gene's name (`jlearngene.artefacts`:
 its method, configs, stored parameters and the widths and depths of the descendants it
 makes, tried on shapes), or of a file: a timm state dict (.safetensors, .npz, .pth) or a
 big_vision .npz (the config `jlearngene convert` infers from it, its parameter count and its
@@ -184,8 +185,8 @@ def _other_file_table(path: str) -> str | None:
         raise ValueError(f'{path!r} is not a readable JSON file ({e})') from None
     if not isinstance(obj, dict):
         return f'JSON file {path}: a {type(obj).__name__}'
-    if 'rows' in obj and isinstance(obj.get('config'), dict):   # an experiment's results.json
-        return _results_text(path, obj)
+    if ('rows' in obj or isinstance(obj.get('budgets'), dict)) and isinstance(obj.get('config'), dict):
+        return _results_text(path, obj)   # an experiment's results.json (a transfer study's: per budget)
     if not isinstance(obj.get('model'), dict):   # not a run config (config.json)
         return f'JSON file {path}: keys {sorted(obj)}'
     from jlearngene.models import model_config
@@ -197,10 +198,18 @@ def _other_file_table(path: str) -> str | None:
 
 def _results_text(path: str, results: dict) -> str:
     """An experiment's results.json: the experiment, its seeds and shapes, its records and,
-    for a study, its verdicts."""
+    for a study, its verdicts; a transfer study's, each label budget's."""
     config = results['config']
-    lines = [f"results of the experiment {config.get('experiment', '?')!r} ({path}): "
-             f"{len(results['rows'])} records"
+    head = f"results of the experiment {config.get('experiment', '?')!r} ({path})"
+    budgets = results.get('budgets')
+    if not isinstance(budgets, dict):
+        return head + ': ' + _records_text(results)
+    return '\n'.join([head + f': {len(budgets)} label budgets'] + [
+        f'labels {float(key):.0%}: ' + _records_text(sub) for key, sub in budgets.items()])
+
+
+def _records_text(results: dict) -> str:
+    lines = [f"{len(results['rows'])} records"
              + (f", seeds {results['seeds']}, shapes {results['shapes']}" if 'seeds' in results else '')]
     lines += [f"  {v['claim']}: {v['verdict']}" for v in results.get('verdicts', [])]
     return '\n'.join(lines)
@@ -212,6 +221,51 @@ def _workdir_text(path: str) -> str:
     parts = [f'{folder}/: {len(os.listdir(os.path.join(path, folder)))} entries'
              for folder in ('teacher', 'genes', 'runs') if os.path.isdir(os.path.join(path, folder))]
     return f'experiment workdir {path}\n' + text + ('\n' + ', '.join(parts) if parts else '')
+
+
+def _study_text(path: str) -> str:
+    """A study's workdir (its `study.json`), finished or not: which study, its finished runs
+    and their training seconds, the runs stopped part-way (each resumes from its last
+    checkpoint), the superseded ones, and its results once it has them."""
+    import json
+
+    from jlearngene.train.metrics import read_metrics
+    with open(os.path.join(path, 'study.json'), encoding='utf-8') as f:
+        owner = json.load(f)
+    runs_dir = os.path.join(path, 'runs')
+    names = sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []
+    seconds, partial = 0.0, []
+    for name in names:
+        try:
+            with open(os.path.join(runs_dir, name, 'finished.json'), encoding='utf-8') as f:
+                seconds += float(json.load(f).get('seconds', 0.0))
+            continue
+        except FileNotFoundError:
+            state = 'not started'
+        except (OSError, ValueError):
+            state = 'finished.json damaged: trains again'
+        try:
+            steps = [r['step'] for r in read_metrics(os.path.join(runs_dir, name)) if 'step' in r]
+            state = f'at step {max(steps)}' if steps and state == 'not started' else state
+        except (FileNotFoundError, ValueError):
+            pass
+        partial.append(f'{name} ({state})')
+    superseded = os.path.join(path, 'superseded')
+    n_sup = len(os.listdir(superseded)) if os.path.isdir(superseded) else 0
+    done = os.path.isfile(os.path.join(path, 'results.json'))
+    lines = [f"study workdir {path}: the {owner.get('experiment', '?')!r} study, "
+             + ('finished (results.json)' if done else 'not finished (no results.json yet)'),
+             f'runs/: {len(names) - len(partial)} finished ({seconds:,.0f} s of training)'
+             + (f', {len(partial)} not: ' + ', '.join(partial) if partial else '')]
+    if n_sup:
+        lines.append(f'superseded/: {n_sup} finished runs whose settings, data, code or software '
+                     'differ from the study that ran after them')
+    if done:
+        lines.append(_other_file_table(os.path.join(path, 'results.json')) or '')
+    else:
+        lines.append('the same `jlearngene train --config ... --workdir` command resumes it: '
+                     'finished runs are read back, a stopped one resumes from its checkpoint')
+    return '\n'.join(lines)
 
 
 def _file_table(path: str) -> str:
@@ -254,6 +308,8 @@ def _path_text(target: str) -> str | None:
     if not os.listdir(target):
         raise ValueError(f'{target!r} is an empty directory: not a checkpoint, training workdir or '
                          'gene directory')
+    if os.path.isfile(os.path.join(target, 'study.json')):
+        return _study_text(target)
     if os.path.isfile(os.path.join(target, 'results.json')):
         return _workdir_text(target)
     text = _checkpoint_table(target)
