@@ -194,6 +194,20 @@ def test_the_headline_shows_each_method_at_its_first_variant():
     assert "its paper's default" in table
 
 
+def test_the_readme_headline_is_the_render_of_the_records_it_names():
+    """The top README's headline table, legend and verdict counts are exactly what
+    `jlearngene render --headline` prints for the records its text names, in that order."""
+    import re
+
+    from jlearngene.experiments import headline
+    root = os.path.dirname(os.path.dirname(__file__))
+    readme = open(os.path.join(root, 'README.md'), encoding='utf-8').read()
+    section = readme[readme.index('#### The headline'):]
+    named = re.search(r'`jlearngene render --headline ([^`]+)`', section).group(1).split()
+    assert named and all(p.startswith('experiments/') for p in named)
+    assert headline.table([os.path.join(root, p) for p in named]).strip() in section
+
+
 @pytest.mark.parametrize('name', ['tleg', 'letra', 'cluster', 'compare', 'scala', 'mango'])
 def test_every_fashion_config_passes_the_protocol_and_plans_its_rows(name):
     """The bundled `fashion` variants follow the transfer rules and every row makes at least
