@@ -167,6 +167,12 @@ def test_choices_at_the_edge_of_a_sweep_are_named():
     sub['scratch']['w64_d3']['lr'] = 0.002
     sub['descend_sweeps'].pop('he_lg w64_d3 0.35')
     assert report.sweep_edges(sub) == []
+    # in a rendered record: under Scratch's table in a same-task study, once per label budget
+    # in a transfer study
+    root = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments')
+    for name, times in (('scala/fashion', 1), ('letra/fashion', 2), ('tleg', 0)):
+        record = json.load(open(os.path.join(root, name, 'results.json'), encoding='utf-8'))
+        assert report.markdown(record).count('Chosen at the edge of its lr sweep') == times, name
 
 
 def test_the_headline_reads_transfer_records_and_render_one_folder(capsys):

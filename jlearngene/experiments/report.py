@@ -72,6 +72,8 @@ def markdown(results: dict) -> str:
                      f"{b['S']} | {'yes' if b['converged'] else '**no**'} | {b['acc']:.4f} ± {b['std']:.4f} | "
                      f"{b['acc'] - cfg['target_gap']:.4f} |")
     lines += ancestor_lines(results)
+    edges = sweep_edges(results) if 'label_fraction' not in results else []   # a budget's: above
+    lines += ['', edges[0]] if edges else []
     for recipe in recipes.REGISTRY.values():     # each family's own lines
         lines += recipe.report_lines(results)
     ups = results['upstream_flops']
