@@ -246,5 +246,6 @@ def _error_exit(prog: str, e: Exception, verbose: bool) -> int:
           'report it with the traceback above)', file=sys.stderr)
     return 1
 
+
 if __name__ == '__main__':
     sys.exit(main())

@@ -333,9 +333,9 @@ def study_base(experiment: str, scale: str) -> ml_collections.ConfigDict:
     2e-3), trained 1,200 steps with an evaluation every 50 and the plateau rule (0.5 pt,
     patience 4 evaluations; a run still rising is trained again at twice its steps while that
     stays within `max_steps`, 4,800; 0: never; every seed ends at the most steps any seed
-    needed); the target gap (0.5 pt); amortisation over
-    N = 1, 4, 10; the descendants' fine-tuning lr 1e-3 and 5 evaluations per run. Each study
-    then sets its shapes, methods and budget fractions (its smoke variant: no retraining)."""
+    needed); the target gap (0.5 pt); amortisation over N = 1, 4, 10; the descendants'
+    fine-tuning lr 1e-3 and 5 evaluations per run. Each study then sets its shapes, methods
+    and budget fractions (its smoke variant: no retraining)."""
     c = experiment_base(experiment, scale)
     c.seeds = (0, 1, 2)
     c.data.splits = section(train='half_train', test='half_test')
