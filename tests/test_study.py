@@ -324,6 +324,11 @@ def test_info_tells_where_a_stopped_study_stands(tmp_path, capsys):
     assert 'runs/: 2 finished (300 s of training), 2 not: scratch_s0 (at step 100), ' \
            'scratch_s1 (finished.json damaged: trains again)' in out
     assert 'superseded/: 1 finished runs' in out and 'resumes it' in out
+    for name, cpu in (('ancestor_s0', 90.0), ('ancestor_s1', 160.0)):   # CPU time where every record has it
+        record = tmp_path / 'runs' / name / 'finished.json'
+        record.write_text(json.dumps(dict(json.loads(record.read_text()), cpu_seconds=cpu)))
+    assert cli.main(['info', str(tmp_path)]) == 0
+    assert 'runs/: 2 finished (300 s of training, 250 s of CPU time), 2 not' in capsys.readouterr().out
     sub = _results((0.90, 0.92, 0.94))
     sub.update(seeds=[0, 1, 2], verdicts=[{'claim': 'LeTra beats IMwLM', 'verdict': 'not reproduced',
                                            'detail': ''}])
@@ -377,7 +382,8 @@ def test_a_finished_run_is_read_back_and_anything_else_trains_again(tmp_path, mo
 
     first = fit()
     record = tmp_path / 'runs' / 'r' / harness.FINISHED
-    assert record.exists()
+    meta = json.loads(record.read_text())
+    assert meta['seconds'] == first[2] and meta['cpu_seconds'] > 0        # wall and CPU time
     reused = []
     again = fit(reused=reused)
     assert reused == ['r'] and again[1] == first[1] and again[2] == first[2]

@@ -225,8 +225,9 @@ def _workdir_text(path: str) -> str:
 
 def _study_text(path: str) -> str:
     """A study's workdir (its `study.json`), finished or not: which study, its finished runs
-    and their training seconds, the runs stopped part-way (each resumes from its last
-    checkpoint), the superseded ones, and its results once it has them."""
+    and their training seconds (wall clock; CPU time where every record has it), the runs
+    stopped part-way (they train again from their start), the superseded ones, and its
+    results once it has them."""
     import json
 
     from jlearngene.train.metrics import read_metrics
@@ -234,11 +235,13 @@ def _study_text(path: str) -> str:
         owner = json.load(f)
     runs_dir = os.path.join(path, 'runs')
     names = sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []
-    seconds, partial = 0.0, []
+    seconds, cpu, partial = 0.0, [], []
     for name in names:
         try:
             with open(os.path.join(runs_dir, name, 'finished.json'), encoding='utf-8') as f:
-                seconds += float(json.load(f).get('seconds', 0.0))
+                record = json.load(f)
+            seconds += float(record.get('seconds', 0.0))
+            cpu.append(record.get('cpu_seconds'))
             continue
         except FileNotFoundError:
             state = 'not started'
@@ -255,7 +258,8 @@ def _study_text(path: str) -> str:
     done = os.path.isfile(os.path.join(path, 'results.json'))
     lines = [f"study workdir {path}: the {owner.get('experiment', '?')!r} study, "
              + ('finished (results.json)' if done else 'not finished (no results.json yet)'),
-             f'runs/: {len(names) - len(partial)} finished ({seconds:,.0f} s of training)'
+             f'runs/: {len(names) - len(partial)} finished ({seconds:,.0f} s of training'
+             + (f', {sum(cpu):,.0f} s of CPU time' if cpu and None not in cpu else '') + ')'
              + (f', {len(partial)} not: ' + ', '.join(partial) if partial else '')]
     if n_sup:
         lines.append(f'superseded/: {n_sup} finished runs whose settings, data, code or software '
@@ -264,7 +268,7 @@ def _study_text(path: str) -> str:
         lines.append(_other_file_table(os.path.join(path, 'results.json')) or '')
     else:
         lines.append('the same `jlearngene train --config ... --workdir` command resumes it: '
-                     'finished runs are read back, a stopped one resumes from its checkpoint')
+                     'finished runs are read back, the others train from their start')
     return '\n'.join(lines)
 
 

@@ -195,7 +195,7 @@ class Data:
         return [images[i:i + batch].astype(np.float32) / 255.0 for i in range(0, len(images), batch)]
 
 
-FINISHED = 'finished.json'   # a finished run's fingerprint, curve, seconds and final step (`fit`)
+FINISHED = 'finished.json'   # a finished run's fingerprint, curve, seconds (wall, CPU) and final step (`fit`)
 
 
 @functools.cache
@@ -322,8 +322,8 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     returns (params, [(step, test accuracy)], seconds). The run's log and checkpoint go to
     `workdir/runs/<name>`.
 
-    A finished run leaves `runs/<name>/finished.json` (its fingerprint, curve, seconds and
-    the step of its final checkpoint, which holds the params). Run
+    A finished run leaves `runs/<name>/finished.json` (its fingerprint, curve, wall and CPU
+    seconds and the step of its final checkpoint, which holds the params). Run
     again with the same name, settings, `identity` (what else the loss depends on, e.g. the
     whole study config), data, initial `trainable`, jlearngene sources, library versions and
     devices, it is read back instead of trained (its name appended to `reused`), so an
@@ -370,7 +370,7 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
                               f'test accuracy >= {stop_at:g}'))
     if reusable and os.path.exists(finished):
         _set_aside(workdir, name, parts, digests)   # another run's record: kept, and trained again below
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     params, history = trainer.fit(loss_fn, trainable, dset.train(seed), optimizer, run, hooks)
     curve = [(int(r['step']), float(r['eval/accuracy'])) for r in history['eval']]
     val_curve = ([(int(r['step']), float(r['eval/val_accuracy'])) for r in history['eval']]
@@ -379,7 +379,10 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
         val_curves[name] = val_curve
     secs = time.perf_counter() - t0
     if reusable:   # the final checkpoint holds the params; this marks the run finished
+        # seconds: wall clock; cpu_seconds: this process's CPU time over all its threads,
+        # which a paused or crowded machine does not inflate
         record = dict(fingerprint=fingerprint, curve=curve, seconds=secs,
+                      cpu_seconds=time.process_time() - cpu0,
                       step=curve[-1][0] if curve else steps, parts=digests,
                       software=parts['software'])
         if validation:
