@@ -11,6 +11,7 @@ file. A path that does not exist, an empty file and a file of another kind are o
 errors that say which."""
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -158,7 +159,6 @@ def _other_file_table(path: str) -> str | None:
     """The other files the CLI writes: a plot (PNG), a run's metrics.jsonl, config.json (or
     its readable form config.txt) and other JSON files; None for a file of none of these
     kinds."""
-    import json
     size = _png_size(path)
     if size:
         return f'PNG image {path}: {size[0]} x {size[1]} pixels (jlearngene plot writes one)'
@@ -228,8 +228,6 @@ def _study_text(path: str) -> str:
     and their training seconds (wall clock; CPU time where every record has it), the runs
     stopped part-way (they train again from their start), the superseded ones, and its
     results once it has them."""
-    import json
-
     from jlearngene.train.metrics import read_metrics
     with open(os.path.join(path, 'study.json'), encoding='utf-8') as f:
         owner = json.load(f)
