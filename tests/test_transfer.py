@@ -200,6 +200,16 @@ def test_the_headline_shows_each_method_at_its_first_variant():
     assert "its paper's default" in table
 
 
+def test_the_headline_counts_verdicts_per_budget_and_names_a_study_without_claims():
+    from jlearngene.experiments import headline
+    claims = {'budgets': {'0.01': {'verdicts': [{'verdict': 'reproduced'}, {'verdict': 'not reproduced'}]},
+                          '0.1': {'verdicts': [{'verdict': 'not testable here'}]}}}
+    comparison = {'budgets': {'0.01': {'verdicts': []}, '0.1': {'verdicts': []}}}
+    assert headline.verdict_line([('tleg', claims), ('compare', comparison)]) == (
+        'Verdicts (reproduced / not reproduced / not testable here): tleg at 1 %: 1 / 1 / 0; '
+        'tleg at 10 %: 0 / 0 / 1; compare: no paper claims of its own.')
+
+
 def test_the_readme_headline_is_the_render_of_the_records_it_names():
     """The top README's headline table, legend and verdict counts are exactly what
     `jlearngene render --headline` prints for the records its text names, in that order."""

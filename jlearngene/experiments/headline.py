@@ -135,11 +135,23 @@ def markdown(records: Sequence[tuple[str, dict]]) -> str:
               'GFLOPs: own training until the first evaluation at Scratch − 0.5 pt plus upstream / N, '
               '– where a seed never reaches it. A method with variants shows its first, its paper\'s '
               'default; the others are in its study\'s record.']
-    lines += ['', 'Verdicts (reproduced / not reproduced / not testable here): ' + '; '.join(
-        f"{name} at {float(key) * 100:g} %: {c.get('reproduced', 0)} / {c.get('not reproduced', 0)} / "
-        f"{c.get('not testable here', 0)}"
-        for name, recorded in records for key, c in verdict_counts(recorded).items()) + '.']
+    lines += ['', verdict_line(records)]
     return '\n'.join(lines)
+
+
+def verdict_line(records: Sequence[tuple[str, dict]]) -> str:
+    """Each study's verdict counts per label budget; a study without paper claims (the
+    comparison) says so instead of counting zeros."""
+    parts = []
+    for name, recorded in records:
+        counts = verdict_counts(recorded)
+        if not any(counts.values()):
+            parts.append(f'{name}: no paper claims of its own')
+            continue
+        parts += [f"{name} at {float(key) * 100:g} %: {c.get('reproduced', 0)} / "
+                  f"{c.get('not reproduced', 0)} / {c.get('not testable here', 0)}"
+                  for key, c in counts.items()]
+    return 'Verdicts (reproduced / not reproduced / not testable here): ' + '; '.join(parts) + '.'
 
 
 def table(workdirs: Sequence[str]) -> str:
@@ -148,4 +160,4 @@ def table(workdirs: Sequence[str]) -> str:
     return markdown([(r['config']['experiment'], r) for r in records])
 
 
-__all__ = ['entries', 'load', 'markdown', 'shown', 'table', 'verdict_counts']
+__all__ = ['entries', 'load', 'markdown', 'shown', 'table', 'verdict_counts', 'verdict_line']
