@@ -341,6 +341,23 @@ def test_info_tells_where_a_stopped_study_stands(tmp_path, capsys):
     assert out.count('LeTra beats IMwLM: not reproduced') == 2 and 'labels 10%: 9 records' in out
 
 
+def test_info_counts_a_transfer_study_s_runs_by_label_budget(tmp_path, capsys):
+    """Upstream, then each label budget (read from the run names), so a reader sees which
+    stage a stopped transfer study reached; hidden folders (a copy being moved in) are not runs."""
+    from jlearngene import cli
+    (tmp_path / 'study.json').write_text(json.dumps({'experiment': 'tleg', 'config_sha256': 'x'}))
+    for name, secs in (('ancestor_w32_d6_lr0.004_s0', 300.0), ('scratch_l0.01_w32_d6_lr0.002_s0', 40.0),
+                       ('tleg_w32_d6_f0.35_s0_l0.01_lr0.003', 10.0), ('scratch_l0.1_w32_d6_lr0.004_s0', 90.0),
+                       ('.incoming_tleg_w32_d6_f0.35_s0_l0.1_lr0.003', 5.0)):
+        (tmp_path / 'runs' / name).mkdir(parents=True)
+        (tmp_path / 'runs' / name / 'finished.json').write_text(json.dumps({'seconds': secs}))
+    assert cli.main(['info', str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert 'runs/: 4 finished (440 s of training)\n' in out
+    assert ('finished by stage: upstream 1 run (300 s), 1 % of the labels 2 runs (50 s), '
+            '10 % of the labels 1 run (90 s)') in out
+
+
 def dataclass_replace(claim, **changes):
     import dataclasses
     return dataclasses.replace(claim, **changes)

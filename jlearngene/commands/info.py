@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 import jax
 
@@ -223,23 +224,34 @@ def _workdir_text(path: str) -> str:
     return f'experiment workdir {path}\n' + text + ('\n' + ', '.join(parts) if parts else '')
 
 
+def _label_budget(run_name: str) -> str | None:
+    """The label budget a transfer study's run belongs to, from its name (`scratch_l0.01_...`,
+    `..._l0.1_lr...`: `harness.LabelBudget.key`); None for an upstream run."""
+    match = re.search(r'(?:^|_)l(\d*\.?\d+)(?:_|$)', run_name)
+    return match.group(1) if match else None
+
+
 def _study_text(path: str) -> str:
     """A study's workdir (its `study.json`), finished or not: which study, its finished runs
-    and their training seconds (wall clock; CPU time where every record has it), the runs
-    stopped part-way (they train again from their start), the superseded ones, and its
-    results once it has them."""
+    and their training seconds (wall clock; CPU time where every record has it), for a
+    transfer study by stage (upstream, each label budget), the runs stopped part-way (they
+    train again from their start), the superseded ones, and its results once it has them."""
     from jlearngene.train.metrics import read_metrics
     with open(os.path.join(path, 'study.json'), encoding='utf-8') as f:
         owner = json.load(f)
     runs_dir = os.path.join(path, 'runs')
-    names = sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []
+    names = sorted(n for n in os.listdir(runs_dir) if not n.startswith('.')) if os.path.isdir(runs_dir) else []
     seconds, cpu, partial = 0.0, [], []
+    stages: dict[str, list[float]] = {}   # label budget (or upstream): [runs, seconds]
     for name in names:
         try:
             with open(os.path.join(runs_dir, name, 'finished.json'), encoding='utf-8') as f:
                 record = json.load(f)
             seconds += float(record.get('seconds', 0.0))
             cpu.append(record.get('cpu_seconds'))
+            stage = stages.setdefault(_label_budget(name), [0, 0.0])
+            stage[0] += 1
+            stage[1] += float(record.get('seconds', 0.0))
             continue
         except FileNotFoundError:
             state = 'not started'
@@ -259,6 +271,11 @@ def _study_text(path: str) -> str:
              f'runs/: {len(names) - len(partial)} finished ({seconds:,.0f} s of training'
              + (f', {sum(cpu):,.0f} s of CPU time' if cpu and None not in cpu else '') + ')'
              + (f', {len(partial)} not: ' + ', '.join(partial) if partial else '')]
+    if len(stages) > 1:   # a transfer study: its upstream, then each label budget's runs
+        lines.append('finished by stage: ' + ', '.join(
+            f"{'upstream' if key is None else f'{float(key) * 100:g} % of the labels'} {n} run{'s' * (n != 1)} "
+            f"({secs:,.0f} s)"
+            for key, (n, secs) in sorted(stages.items(), key=lambda kv: -1 if kv[0] is None else float(kv[0]))))
     if n_sup:
         lines.append(f'superseded/: {n_sup} finished runs whose settings, data, code or software '
                      'differ from the study that ran after them')
