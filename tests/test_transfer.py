@@ -210,6 +210,28 @@ def test_the_headline_counts_verdicts_per_budget_and_names_a_study_without_claim
         'tleg at 10 %: 0 / 0 / 1; compare: no paper claims of its own.')
 
 
+def test_the_headline_stores_what_each_recorded_clustering_kept():
+    """Cluster-Learngene's gene size is fixed by the data (centroids per layer), not the
+    config: the headline reads each seed's recorded counts."""
+    import copy
+
+    from jlearngene.experiments import headline
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments', 'cluster', 'fashion')
+    recorded = headline.load(path)
+
+    def stored(centroids):
+        r = copy.deepcopy(recorded)
+        for sub in r['budgets'].values():
+            for info in sub['info'].values():
+                info['attention_distance']['centroids'] = centroids
+        return {e['stored'] for e in headline.entries(r, 'cluster') if e['name'] == 'cluster/clustered'}
+
+    (one,), (every,) = stored([1] * 6), stored([8] * 6)
+    assert one < 0.3 and every == pytest.approx(1.0)
+    assert {e['stored'] for e in headline.entries(recorded, 'cluster')
+            if e['name'] == 'cluster/clustered'} == {one}    # this record: one centroid per layer
+
+
 def test_the_readme_headline_is_the_render_of_the_records_it_names():
     """The top README's headline table, legend and verdict counts are exactly what
     `jlearngene render --headline` prints for the records its text names, in that order."""

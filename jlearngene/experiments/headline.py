@@ -44,10 +44,12 @@ def load(workdir: str) -> dict:
 
 
 @functools.cache
-def _stored(config_json: str, num_classes: int) -> dict:
-    """{(row name, shape key): gene parameters, heads left out} and the source model's
-    ('source', ''), from the config's shapes alone (`study.plan`)."""
-    config = json.loads(config_json)
+def _stored(config_json: str, num_classes: int, info_json: str) -> dict:
+    """{(row name, shape key): gene parameters, heads left out, the mean over the recorded
+    seeds} and the source model's ('source', ''), from the config's shapes (`study.plan`) and,
+    where the data fixes a gene's shapes (Cluster-Learngene's centroid counts), each seed's
+    upstream info (`info_json`: {seed: info})."""
+    config, infos = json.loads(config_json), list(json.loads(info_json).values()) or [{}]
     ctx = harness.Context(config, num_classes=num_classes)
     ctx.rows = study.make_rows(config)
     plan = study._plan(ctx, ctx.rows)
@@ -57,9 +59,9 @@ def _stored(config_json: str, num_classes: int) -> dict:
         for shape, cfg in plan[row.name].items():
             if isinstance(cfg, str) or m.gene_param_count is None:
                 continue
-            gene = row.recipe.gene_shapes(ctx, row, cfg)
-            if gene is not None:
-                out[row.name, shape_key(shape)] = int(m.gene_param_count(gene))
+            genes_ = [row.recipe.recorded_gene_shapes(ctx, row, cfg, info) for info in infos]
+            if all(g is not None for g in genes_):
+                out[row.name, shape_key(shape)] = float(np.mean([m.gene_param_count(g) for g in genes_]))
     source = jax.eval_shape(functools.partial(init, ctx.ref), jax.random.key(0))
     out['source', ''] = sum(int(np.prod(x.shape)) for path, x in pytree.flatten(source).items()
                             if path.split('/')[0] not in HEADS)
@@ -84,9 +86,10 @@ def entries(recorded: dict, name: str) -> list[dict]:
     target. Converged Scratch comes first at each shape: the floor, with its own FLOPs to the
     target."""
     config = recorded['config']
-    stored = _stored(json.dumps(config, sort_keys=True), len(config['tasks']['descendant']))
     out = []
     for key, sub in recorded['budgets'].items():
+        stored = _stored(json.dumps(config, sort_keys=True), len(config['tasks']['descendant']),
+                         json.dumps(sub.get('info', {}), sort_keys=True))
         rows = shown(sub['rows_spec']) | {'scratch'}
         for e in (e for e in results.versus_scratch(sub) if e['name'] in rows):
             s, genes_ = e.pop('summary'), stored.get((e['name'], shape_key(e['shape'])))

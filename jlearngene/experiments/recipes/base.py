@@ -112,6 +112,14 @@ class Recipe:
         """The shapes of the gene the row's descendant `target` descends from."""
         return self.method(row).gene_shapes(ctx.ref, **self.gene_options(ctx, row, target))
 
+    def recorded_gene_shapes(self, ctx: harness.Context, row: Row, target: ViTConfig,
+                             info: dict) -> Any:
+        """The shapes of the gene a recorded seed's upstream made (`info`: that seed's
+        `Upstream.info`), where the data and not the config fixes them; by default
+        `gene_shapes`."""
+        del info
+        return self.gene_shapes(ctx, row, target)
+
     # -- training ------------------------------------------------------------------------
     def upstream(self, ctx: harness.Context, rows: Sequence[Row], seed: int) -> Upstream:
         """Every upstream run of this family's `rows` for one seed."""

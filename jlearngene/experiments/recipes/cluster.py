@@ -32,6 +32,14 @@ class Cluster(Recipe):
         return self.method(row).gene_shapes(ref, clusters=[tuple(range(ref.num_heads))] * ref.depth,
                                             ffn=ctx.config['cluster']['ffn'])
 
+    def recorded_gene_shapes(self, ctx, row, target, info):
+        # the recorded centroid count of each layer (the shapes depend on counts alone)
+        counts = info.get('attention_distance', {}).get('centroids')
+        if counts is None:
+            return self.gene_shapes(ctx, row, target)
+        return self.method(row).gene_shapes(ctx.ref, clusters=[tuple(range(c)) for c in counts],
+                                            ffn=ctx.config['cluster']['ffn'])
+
     def upstream(self, ctx, rows, seed):
         """The teacher's mean attention distances over the first `cluster.images` images of
         its own training data, density clusters at `cluster.eps`, one gene per row; info: the
