@@ -27,16 +27,15 @@ class Cluster(Recipe):
                 raise ValueError(f"study: cluster centroids={chosen!r}; expected 'clustered' or 'random'")
 
     def gene_shapes(self, ctx, row, target):
-        # every head its own cluster: the clusters change no shape
-        ref = ctx.ref
-        return self.method(row).gene_shapes(ref, clusters=[tuple(range(ref.num_heads))] * ref.depth,
-                                            ffn=ctx.config['cluster']['ffn'])
+        # every head its own cluster: the most a gene of this ancestor can store
+        return self._shapes(ctx, row, [ctx.ref.num_heads] * ctx.ref.depth)
 
     def recorded_gene_shapes(self, ctx, row, target, info):
-        # the recorded centroid count of each layer (the shapes depend on counts alone)
+        # each layer's recorded centroid count (a gene's shapes depend on the counts alone)
         counts = info.get('attention_distance', {}).get('centroids')
-        if counts is None:
-            return self.gene_shapes(ctx, row, target)
+        return self.gene_shapes(ctx, row, target) if counts is None else self._shapes(ctx, row, counts)
+
+    def _shapes(self, ctx, row, counts):
         return self.method(row).gene_shapes(ctx.ref, clusters=[tuple(range(c)) for c in counts],
                                             ffn=ctx.config['cluster']['ffn'])
 
