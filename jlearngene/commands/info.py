@@ -247,11 +247,12 @@ def _study_text(path: str) -> str:
         try:
             with open(os.path.join(runs_dir, name, 'finished.json'), encoding='utf-8') as f:
                 record = json.load(f)
-            seconds += float(record.get('seconds', 0.0))
+            run_seconds = float(record.get('seconds', 0.0))
+            seconds += run_seconds
             cpu.append(record.get('cpu_seconds'))
             stage = stages.setdefault(_label_budget(name), [0, 0.0])
             stage[0] += 1
-            stage[1] += float(record.get('seconds', 0.0))
+            stage[1] += run_seconds
             continue
         except FileNotFoundError:
             state = 'not started'
