@@ -1,3 +1,4 @@
+"""`python -m jlearngene ...`: the command line (`jlearngene.cli.main`)."""
 import sys
 
 from jlearngene.cli import main

@@ -75,10 +75,25 @@ def _message(e: BaseException) -> str:
     return text or type(e).__name__
 
 
+# What a command stopped by a signal leaves, by command (`_stop_line`): the commands that
+# train resume; the ones that write replace their outputs only once complete (`train.files`).
+AFTER_STOP = {
+    'train': 'a classification run keeps its last checkpoint and resumes from it when run again '
+             '(a study reads its finished runs back and trains the rest)',
+    'compare': 'run the same command again: the study reads its finished runs back and trains the rest',
+    'demo': 'run it again: the runs that finished are read back',
+    **dict.fromkeys(('plot', 'render', 'convert', 'descend', 'gene'),
+                    'its outputs are replaced only once complete, so none was left half-written'),
+}
+
+
 def _stop_line(prog: str, name: str) -> str:
+    """The one line for a command stopped by signal `name`: what happened, and what the
+    command (`prog`'s last word) leaves behind (`AFTER_STOP`; nothing for a command that
+    writes nothing)."""
     what = 'interrupted (Ctrl-C)' if name == 'SIGINT' else f'stopped by {name}'
-    return (f'{prog}: {what}; a classification run keeps its last checkpoint and resumes from '
-            'it when run again (a study reads its finished runs back and trains the rest)')
+    after = AFTER_STOP.get(prog.split()[-1])
+    return f'{prog}: {what}' + (f'; {after}' if after else '')
 
 
 def _stop_on_signal(prog: str) -> dict:

@@ -54,8 +54,16 @@ def _shapes(cfg_or_params: ViTConfig | Any) -> Any:
 
 
 def param_count(cfg_or_params: ViTConfig | Any, *, include_head: bool = True) -> int:
-    """Parameters of the ViT `cfg` (the tables' Params), or of a params tree (arrays or
-    `jax.ShapeDtypeStruct`s, either layout)."""
+    """The parameters of a ViT (the tables' Params).
+
+    Args:
+        cfg_or_params: a `ViTConfig`, or a params tree (arrays or `jax.ShapeDtypeStruct`s,
+          either layout).
+        include_head: count the classifier heads too.
+
+    Returns:
+        The number of parameters.
+    """
     return common.count(_shapes(cfg_or_params), include_head=include_head)
 
 
@@ -79,14 +87,29 @@ def _signature(tree: Any, include_head: bool) -> tuple:
 def s_params(method: str | genes.Method, targets: Sequence[ViTConfig] = (), *,
              source: ViTConfig | None = None, include_head: bool = False,
              **gene_options: Any) -> int:
-    """Parameters stored to initialise the descendants `targets` with `method` (a registered
-    name or a `genes.Method`): its gene for a source of config `source` (Aux-Net, ancestor
-    or pretrained model), made with `gene_options` (e.g. TLEG's `expand`, `from_layer`;
-    He-LG's `k`) and counted by the method's `gene_param_count`. One gene serves every
-    target; a method with `gene_per_target` and no `source` stores one gene per distinct
-    target shape (Pre-Fin: the sum of the pretrained models' sizes). A method without a
-    gene stores 0. Heads are excluded unless `include_head` (downstream descendants get a
-    new head).
+    """The parameters stored to initialise the descendants `targets` with `method` (S-Params).
+
+    One gene serves every target; a method with `gene_per_target` and no `source` stores one
+    gene per distinct target shape (Pre-Fin: the sum of the pretrained models' sizes). A
+    method without a gene stores 0.
+
+    Args:
+        method: a registered name or a `genes.Method`.
+        targets: the descendants' configs.
+        source: the config of the gene's source (Aux-Net, ancestor or pretrained model).
+        include_head: count the heads too (downstream descendants get a new head, so they
+          are left out by default).
+        **gene_options: options of the method's gene (e.g. TLEG's `expand`, `from_layer`;
+          He-LG's `k`).
+
+    Returns:
+        The parameters, counted by the method's `gene_param_count` on the gene's shapes
+        (nothing is allocated).
+
+    Raises:
+        ValueError: `source` is missing where the method needs it, or neither `source` nor
+          targets are given for a method with one gene per target.
+        GeneError: the method cannot make a gene for `source` with these options.
     """
     m = method if isinstance(method, genes.Method) else genes.get(method)
     if source is not None or m.source == 'none':
@@ -119,11 +142,15 @@ def _block_flops(q: dict[str, int], fc1: dict[str, int], n: int) -> int:
 
 
 def flops_per_image(cfg: ViTConfig, params: Any = None) -> int:
-    """Forward FLOPs of one image (fvcore convention, see the module docstring).
+    """The forward FLOPs of one image (fvcore convention, see the module docstring).
 
-    Sizes come from `params` (arrays or `jax.ShapeDtypeStruct`s, stacked or list layout;
-    blocks may differ in shape) or, without it, from the shapes of `vit.init(cfg)`; `cfg`
-    supplies the pooling (`pool`, `pool_norm`).
+    Args:
+        cfg: the model's config (it supplies the pooling: `pool`, `pool_norm`).
+        params: the parameters whose sizes count (arrays or `jax.ShapeDtypeStruct`s, stacked
+          or list layout; blocks may differ in shape); None: the shapes of `vit.init(cfg)`.
+
+    Returns:
+        The FLOPs.
     """
     shapes = _shapes(cfg if params is None else params)
     flat = pytree.flatten(shapes)
@@ -186,6 +213,16 @@ def teacher_flops(run: Run) -> float:
 
 
 def run_cost(run: Run) -> dict[str, Any]:
+    """The cost of one `Run` of a plan.
+
+    Args:
+        run: the run (its config, epochs, images per epoch, count and optional teacher).
+
+    Returns:
+        A dict with the run's 'name', 'epochs' (epochs × count), 'image_passes' and 'flops' (the
+        forward and backward passes of training, `TRAIN_FACTOR` × `flops_per_image`, plus the
+        teacher's forward passes, for every image pass).
+    """
     passes = run.epochs * run.images * run.count
     per_image = TRAIN_FACTOR * flops_per_image(run.cfg) + teacher_flops(run)
     return {'name': run.name, 'epochs': run.epochs * run.count, 'image_passes': passes,

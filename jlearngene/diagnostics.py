@@ -209,12 +209,25 @@ def attention_distance(probs, grid: int | Sequence[int], patch_size: int, *, n_p
                        renormalise: bool = False) -> np.ndarray:
     """Mean attention distance in pixels from attention probabilities.
 
-    probs: (L, B, H, T, T) (what `apply(..., capture=('attn',))` returns in `aux['attn']`),
-      (B, H, T, T) for one layer, or a list of per-layer (B, H_l, T, T) arrays (list layout
-      with per-layer head counts); T = n_prefix + rows·cols tokens.
-    grid: the patch grid, `g` or `(rows, cols)`; patch_size in pixels.
-    Returns (L, H) (or (H,) for one layer; a list of (H_l,) arrays for a list input): the mean
-    over images of (1/N) Σ_ij A_ij δ_ij over the patch tokens.
+    Args:
+        probs: (L, B, H, T, T) (what `apply(..., capture=('attn',))` returns in
+          `aux['attn']`), (B, H, T, T) for one layer, or a list of per-layer (B, H_l, T, T)
+          arrays (list layout with per-layer head counts); T = n_prefix + rows·cols tokens.
+        grid: the patch grid, `g` or `(rows, cols)`.
+        patch_size: the patch size in pixels.
+        n_prefix: the prefix tokens (class, distillation) before the patch tokens; their
+          rows and columns are left out.
+        renormalise: divide each patch row of the attention by its sum over the patch
+          tokens (False: the probabilities as they are, the prefix's share left out).
+
+    Returns:
+        (L, H) (or (H,) for one layer; a list of (H_l,) arrays for a list input): the mean
+        over images of (1/N) Σ_ij A_ij δ_ij over the N patch tokens, δ_ij the distance
+        between patches i and j in pixels.
+
+    Raises:
+        ValueError: `probs` is not (batch, heads, tokens, tokens) per layer, or its token
+          count is not `n_prefix` + the grid's.
     """
     gh, gw = (grid, grid) if isinstance(grid, (int, np.integer)) else tuple(grid)
     n = gh * gw

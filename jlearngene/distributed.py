@@ -45,6 +45,7 @@ class Setup:
 
     @property
     def multi_process(self) -> bool:
+        """Whether more than one process takes part (the settings did not resolve to one process)."""
         return self.source != 'single'
 
 

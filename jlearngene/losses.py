@@ -60,6 +60,19 @@ def _mean(per_example: jax.Array, mask) -> jax.Array:
 
 
 def cross_entropy_per_example(logits, targets, *, label_smoothing: float = 0.0) -> jax.Array:
+    """Cross-entropy of each example (not averaged).
+
+    Args:
+        logits: (batch, classes).
+        targets: integer labels (batch,) or target distributions (batch, classes).
+        label_smoothing: mass moved uniformly over the classes before the loss.
+
+    Returns:
+        (batch,) float32 losses.
+
+    Raises:
+        ValueError: `logits` and `targets` do not describe one batch.
+    """
     _check_batch('cross_entropy', logits, targets, mean=False)
     logits = jnp.asarray(logits, jnp.float32)
     t = _targets(targets, logits.shape[-1], label_smoothing)

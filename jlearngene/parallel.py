@@ -62,6 +62,7 @@ def make_mesh(num_devices: int | None = None, *, model: int = 1) -> Mesh:
 
 
 def data_size(mesh: Mesh) -> int:
+    """The size of the mesh's 'data' axis."""
     return int(mesh.shape[DATA])
 
 
@@ -71,6 +72,7 @@ def model_size(mesh: Mesh) -> int:
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
+    """The sharding that keeps an array whole on every device of `mesh`."""
     return NamedSharding(mesh, P())
 
 

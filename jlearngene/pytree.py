@@ -36,6 +36,7 @@ def key_name(k) -> str:
 
 
 def path_str(path: Iterable) -> str:
+    """A key path as text, its keys joined by '/' ('blocks/attn/q/kernel')."""
     return '/'.join(key_name(k) for k in path)
 
 
@@ -51,6 +52,9 @@ def unflatten(flat: Mapping[str, Any]) -> dict:
 
 
 def path_matches(pattern: str | re.Pattern, path: str) -> bool:
+    """Whether `pattern` (a regex) matches the whole of `path` or of one of its '/'-suffixes, so
+    'attn/q/kernel' matches 'blocks/attn/q/kernel'.
+    """
     rx = re.compile(pattern) if isinstance(pattern, str) else pattern
     if rx.fullmatch(path):
         return True
@@ -103,6 +107,7 @@ def merge(base: PyTree, update: Mapping[str, Any]) -> PyTree:
 
 
 def size(x) -> int:
+    """The number of elements of an array-like (or of its shape)."""
     return int(np.prod(np.shape(x), dtype=np.int64))
 
 
@@ -146,6 +151,7 @@ def structure_diff(a: PyTree, b: PyTree) -> dict[str, list]:
 
 
 def describe_diff(diff: Mapping[str, list]) -> str:
+    """`structure_diff`'s result in one line: missing and unexpected paths, then shape mismatches."""
     parts = [f'{k}: {diff[k]}' for k in ('missing', 'unexpected') if diff[k]]
     if diff['shape']:
         parts.append('shape mismatch: ' + ', '.join(f'{k} {sa} vs {sb}' for k, sa, sb in diff['shape']))
@@ -153,6 +159,16 @@ def describe_diff(diff: Mapping[str, list]) -> str:
 
 
 def assert_same_structure(a: PyTree, b: PyTree, what: str = 'trees') -> None:
+    """Check that two trees have the same paths and shapes.
+
+    Args:
+        a: a tree.
+        b: the tree it should match.
+        what: the trees, in words, for the message.
+
+    Raises:
+        ValueError: they differ; the message names every difference (`describe_diff`).
+    """
     diff = structure_diff(a, b)
     if any(diff.values()):
         raise ValueError(f'{what} differ: {describe_diff(diff)}')

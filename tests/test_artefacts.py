@@ -243,7 +243,7 @@ def test_descend_command_writes_a_trainable_and_timm_descendant(letra_dir, tmp_p
     # outputs are not replaced unasked; a request the gene cannot make is one line
     assert cli.main(['descend', path, '--out', out]) == 1
     assert out in capsys.readouterr().err
-    assert cli.main(['descend', path, '--width', '20', '--out', str(tmp_path / 'd2')]) == 1
+    assert cli.main(['descend', path, '--width', '20', '--out', str(tmp_path / 'd2')]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and 'width=20' in err[0]
     assert not os.path.exists(tmp_path / 'd2')

@@ -240,9 +240,10 @@ def _relabelled(src: str, dst, **fields) -> str:
     return str(dst)
 
 
-def _cli_error(argv, capsys) -> str:
-    """`cli.main(argv)` fails (status 1) with one line on stderr, no traceback; the line."""
-    assert cli.main(argv) == 1
+def _cli_error(argv, capsys, code: int = 1) -> str:
+    """`cli.main(argv)` fails (status `code`: 2 for a request no config fits, a usage error)
+    with one line on stderr, no traceback; the line."""
+    assert cli.main(argv) == code
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and 'internal error' not in err[0], err
     return err[0]
@@ -253,7 +254,7 @@ def _cli_error(argv, capsys) -> str:
 def test_descend_refuses_a_width_the_gene_cannot_make(gene_dirs, tmp_path, capsys, name, makes):
     for width in ('50', '3', '0', '-64'):
         out = tmp_path / f'w{width}'
-        line = _cli_error(['descend', gene_dirs[name], '--width', width, '--out', str(out)], capsys)
+        line = _cli_error(['descend', gene_dirs[name], '--width', width, '--out', str(out)], capsys, 2)
         assert f'--width {width}' in line, line
         assert (makes if int(width) > 0 else 'positive integer') in line, line
         assert not out.exists()
@@ -271,7 +272,7 @@ def test_descend_checks_every_request_flag(gene_dirs, tmp_path, capsys):
              (['--option', 'kk=2'], ['--option kk', 'head, others, embeddings'])]
     for flags, facts in cases:
         out = tmp_path / 'out'
-        line = _cli_error(['descend', path, *flags, '--out', str(out)], capsys)
+        line = _cli_error(['descend', path, *flags, '--out', str(out)], capsys, 2)
         assert all(f in line for f in facts), (flags, line)
         assert not out.exists()
     method, gene, meta = artefacts.load_gene(path)

@@ -196,7 +196,7 @@ def test_readme_snippets_define_every_name_they_use():
                 defined.add(node.arg)
         used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         assert used <= defined, (sorted(used - defined), block)
-    model_block = text.split('## The model in a few lines')[1].split('```', 2)[1]
+    model_block = text.split('## One example')[1].split('```', 2)[1]
     assert 'NHWC' in model_block
 
 

@@ -90,61 +90,10 @@ def test_budget_fractions_of_the_spec():
     assert harness.fraction_steps(1e-4, 100) == 1
 
 
-def test_plateau_rule():
+def test_plateau_step():
     rising = [(50 * i, a) for i, a in enumerate([0.5, 0.8, 0.9, 0.95, 0.96, 0.965, 0.97, 0.97, 0.971])]
-    s, ok = scratch.plateau(rising, 0.005, 2)
-    assert s == 300 and ok                 # first within 0.5 pt of 0.971 (0.97); last two flat
-    still = rising[:5]                     # ..., 0.9, 0.95, 0.96: still gaining
-    assert scratch.plateau(still, 0.005, 2) == (200, False)
-    assert scratch.plateau([(0, 0.1), (10, 0.2)], 0.005, 4) == (10, False)   # too short to tell
-
-
-def test_scratch_retrains_a_run_still_rising_up_to_max_steps():
-    """A run the plateau rule flags is trained again at twice the steps while that stays
-    within scratch.max_steps; the sweep itself runs at scratch.steps; every seed ends at the
-    steps the longest-needing seed needed."""
-    from jlearngene.models import vit_config
-
-    class Fake:
-        def __init__(self, max_steps, rising_below=None):
-            self.config = {'scratch': {'lrs': (1e-3, 2e-3, 4e-3), 'steps': 100, 'eval_every': 10,
-                                       'plateau': 0.005, 'patience': 2, 'max_steps': max_steps}}
-            self.calls = []
-            self.dset = None          # the digits studies' data: no validation images
-            self.rising_below = rising_below or {}    # {seed: steps a run needs to converge}
-
-        def steps(self, section, name):
-            return section['steps']
-
-        def say(self, msg):
-            pass
-
-        def fit(self, name, loss, params, ev, *, steps, lr, seed, eval_every, dset):
-            self.calls.append((lr, seed, steps))
-            rising = steps < self.rising_below.get(seed, 400)   # converged from 400 steps on
-            curve = [(t, 0.5 + (t if rising else min(t, steps // 2)) / 1000)   # flat in its 2nd half
-                     for t in range(eval_every, steps + 1, eval_every)]
-            return params, curve
-
-    cfg = vit_config('Ti', width=16, num_heads=2, mlp_dim=32, depth=1, image_size=8, patch_size=4,
-                     num_classes=3)
-    runner = Fake(max_steps=400)
-    out = scratch.baseline(runner, {(16, 1): cfg}, [0, 1])[(16, 1)]
-    lr = out['lr']
-    assert runner.calls[:3] == [(1e-3, 0, 100), (2e-3, 0, 100), (4e-3, 0, 100)]   # the sweep
-    # seed 1 starts at the 400 steps seed 0 needed
-    assert runner.calls[3:] == [(lr, 0, 200), (lr, 0, 400), (lr, 1, 400)]
-    assert out['converged'] and out['steps'] == 400 and {r['steps'] for r in out['runs'].values()} == {400}
-    # seed 0 flat at 100 steps, seed 1 still rising there: seed 0 trains again at seed 1's 200,
-    # and seed 2, flat at 100 by itself, starts at 200
-    runner = Fake(max_steps=400, rising_below={0: 100, 1: 200, 2: 100})
-    out = scratch.baseline(runner, {(16, 1): cfg}, [0, 1, 2])[(16, 1)]
-    lr = out['lr']
-    assert runner.calls[3:] == [(lr, 1, 100), (lr, 1, 200), (lr, 2, 200), (lr, 0, 200)]
-    assert {s: r['steps'] for s, r in out['runs'].items()} == {0: 200, 1: 200, 2: 200}
-    runner = Fake(max_steps=0)       # no retraining: flagged, at scratch.steps
-    out = scratch.baseline(runner, {(16, 1): cfg}, [0])[(16, 1)]
-    assert len(runner.calls) == 3 and not out['converged'] and out['steps'] == 100
+    assert scratch.plateau(rising, 0.005) == 300          # first within 0.5 pt of 0.971 (0.97)
+    assert scratch.plateau(rising[:5], 0.005) == 200      # ..., 0.9, 0.95, 0.96: S of its own run
 
 
 def test_reach_interpolates_between_evaluations():
@@ -439,8 +388,9 @@ def _check_records(results, workdir):
     for r in rows:
         assert {'method', 'shape', 'seed', 'acc', 'finetune_flops', 'fraction'} <= set(r)
         assert 0.0 <= r['acc'] <= 1.0
-        if r['method'] == 'scratch':
-            assert r['lr'] in saved['config']['scratch']['lrs'] and r['steps'] > 0
+        if r['method'] == 'scratch':     # one of the lrs swept, the extensions past an edge included
+            swept = saved['scratch'][res.shape_key(r['shape'])]['sweeps'][-1]['scores']
+            assert f"{r['lr']:g}" in swept and r['steps'] > 0
     assert saved['verdicts'] == results['verdicts']
     # the report is a function of results.json: re-rendering gives the same table
     assert study.render(workdir)['table'] == results['table']
@@ -522,7 +472,9 @@ def test_cluster_smoke_study(tmp_path):
     results = study.run_experiment(configs.load('cluster:smoke'), str(tmp_path), quiet=True)
     anc = results['ancestor']
     assert anc['classes'] == [0, 1, 2, 3, 4] and anc['descendant_classes'] == [5, 6, 7, 8, 9]
-    assert set(anc['sweep']) == {'0.001', '0.002', '0.004'}
+    # the configured sweep, and the extensions past its edge where its choice sat on one
+    extended = {f"{e['value']:g}" for sw in anc['sweeps'] for e in sw['extensions']}
+    assert set(anc['sweep']) == {'0.001', '0.002', '0.004'} | (extended & set(anc['sweep']))
     info = results['info']['0']['attention_distance']
     assert np.asarray(info['distances']).shape == (2, 4) and len(info['centroids']) == 2
     names = {(r['name'], tuple(r['shape'])) for r in results['rows']}
@@ -543,7 +495,7 @@ def test_mango_smoke_study(tmp_path):
     saved = _check_records(results, str(tmp_path))
     up = saved['upstream_flops']['0']
     small = saved['scratch']['w16_d1']                  # the small model is a converged Scratch run
-    assert up['small'] > 0 and small['lr'] in saved['config']['scratch']['lrs']
+    assert up['small'] > 0 and f"{small['lr']:g}" in small['sweeps'][-1]['scores']
     grown = {r['name']: r for r in saved['rows'] if r['method'] != 'scratch'}
     assert set(grown) == {'mango/2', 'bert2bert'}
     assert grown['mango/2']['extra_flops'] > 0 and grown['bert2bert']['extra_flops'] == 0

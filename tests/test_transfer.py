@@ -117,7 +117,9 @@ def test_a_transfer_study_chooses_on_validation_and_resumes(fashion_dir, tmp_pat
         seeds = sub['seeds']
         assert sub['upstream_seed'] == ({'0': 0, '2': 0} if key == '0.2' else {'1': 1})
         for shape_key, base in sub['scratch'].items():
-            assert base['chosen_on'] == 'validation' and len(base['sweep']) == 6
+            # 3 lrs × 2 weight decays, and both decays at each lr the sweep was extended to
+            extended = len(base['sweeps'][0]['extensions'])
+            assert base['chosen_on'] == 'validation' and len(base['sweep']) == 6 + 2 * extended
             assert base['sweep'][f"lr {base['lr']:g} wd {base['weight_decay']:g}"] == max(base['sweep'].values())
             finished = json.load(open(os.path.join(
                 workdir, 'runs', f"scratch_l{key}_{shape_key}_lr{base['lr']:g}_s{seeds[0]}_wd{base['weight_decay']:g}",
@@ -128,10 +130,17 @@ def test_a_transfer_study_chooses_on_validation_and_resumes(fashion_dir, tmp_pat
         for sweep_key, sweep in sub['descend_sweeps'].items():
             name, shape, fraction = sweep_key.split()
             chosen = max(sweep, key=sweep.get)
-            runs = [r for r in sub['rows'] if r['name'] == name and f"w{r['shape'][0]}_d{r['shape'][1]}" == shape]
+            runs = [r for r in sub['rows'] if r['name'] == name and f"w{r['shape'][0]}_d{r['shape'][1]}" == shape
+                    and (r['budget'] == 'equal') == (fraction == 'equal')]
             assert sorted(r['seed'] for r in runs) == seeds
             assert all(f"{r['lr']:g}" == chosen for r in runs)
             assert all('val' in r and 'acc_at_best_val' in r for r in runs)
+        # every method at its paper's budget and at Scratch's steps; the ceiling at Scratch's only
+        for shape_key, base in sub['scratch'].items():
+            here = [r for r in sub['rows'] if f"w{r['shape'][0]}_d{r['shape'][1]}" == shape_key]
+            assert {(r['budget'], r['steps']) for r in here if r['name'] == 'ceiling'} == {('equal', base['steps'])}
+            assert {(r['budget'], r['steps']) for r in here if r['name'] == 'tleg'} == {
+                ('paper', harness.fraction_steps(0.35, base['S'])), ('equal', base['steps'])}
         ceiling = [r for r in sub['rows'] if r['name'] == 'ceiling']
         assert all(r['upstream'] == [f"source_w{r['shape'][0]}_d{r['shape'][1]}"] for r in ceiling)
         assert all(r['upstream_flops_without_source'] == 0 for r in ceiling)
@@ -233,17 +242,23 @@ def test_the_headline_stores_what_each_recorded_clustering_kept():
 
 
 def test_the_readme_headline_is_the_render_of_the_records_it_names():
-    """The top README's headline table, legend and verdict counts are exactly what
-    `jlearngene render --headline` prints for the records its text names, in that order."""
+    """The top README's headline (its caption line and table) is exactly what
+    `headline.readme_table` renders from the record its text names, and the full headline
+    the text points to names existing transfer records. (The docs site renders both tables
+    from the records when it is built.)"""
     import re
 
     from jlearngene.experiments import headline
     root = os.path.dirname(os.path.dirname(__file__))
     readme = open(os.path.join(root, 'README.md'), encoding='utf-8').read()
-    section = readme[readme.index('#### The headline'):]
-    named = re.search(r'`jlearngene render --headline ([^`]+)`', section).group(1).split()
-    assert named and all(p.startswith('experiments/') for p in named)
-    assert headline.table([os.path.join(root, p) for p in named]).strip() in section
+    section = readme[readme.index('## The headline'):]
+    section = section[:section.index('\n## ', 1)]
+    named = re.search(r'headline\.readme_table` from [^`]*`(experiments/[^`]+)`', section).group(1)
+    rendered = headline.readme_table(headline.load(os.path.join(root, named))).strip()
+    assert rendered in section
+    assert rendered.count('\n|') >= 3                     # a caption, a header and some rows
+    full = re.search(r'`jlearngene render --headline ([^`]+)`', section).group(1).split()
+    assert named in full and all(os.path.exists(os.path.join(root, p, 'results.json')) for p in full)
 
 
 @pytest.mark.parametrize('name', ['tleg', 'letra', 'cluster', 'compare', 'scala', 'mango'])

@@ -1,6 +1,7 @@
 """Genes and descendants as model checkpoints (`train.checkpoint.save_model`'s artefacts):
 the gene directory of a run's saved gene (`save_run_gene`) or of a model (`save_model_gene`),
-and a descendant written as a model, optionally also as a timm file (`write_descendant`).
+and a descendant written as a model, optionally also as a timm file (`write_descendant`,
+whose outputs `check_descendant_outputs` checks).
 """
 from __future__ import annotations
 
@@ -16,6 +17,20 @@ from jlearngene.genes.common import Method
 from jlearngene.models.config import ViTConfig
 
 
+def check_descendant_outputs(out: str | os.PathLike, to_timm: str | None, *, gene: str | None,
+                             overwrite: bool, how: str = 'overwrite=True') -> None:
+    """A one-line error unless a descendant of the gene directory `gene` may be written as
+    the model `out` and, when given, the timm file `to_timm`: each is new, or with
+    `overwrite` an artefact of the same kind that is not, and does not contain, the gene
+    (`train.files.check_replaceable`); `how` names the switch in the message
+    ('--overwrite' on the command line)."""
+    from jlearngene.interop.state_dict import check_output
+    from jlearngene.train import checkpoint
+    checkpoint.check_model_output(out, overwrite=overwrite, inputs=(gene,), how=how)
+    if to_timm is not None:
+        check_output(to_timm, '--to-timm', 'timm', overwrite, inputs=(gene,), how=how)
+
+
 def write_descendant(out: str | os.PathLike, params: Any, cfg: ViTConfig, *, meta: Mapping[str, Any],
                      options: Mapping[str, Any], seed: int, overwrite: bool = False,
                      to_timm: str | None = None) -> dict[str, Any]:
@@ -24,20 +39,22 @@ def write_descendant(out: str | os.PathLike, params: Any, cfg: ViTConfig, *, met
     `to_timm` also as a timm `.safetensors` state dict (header: the jlearngene config, timm
     class and constructor arguments, as `jlearngene convert --to-timm` writes). Parameters
     that are not finite floats are refused, and the timm conversion runs, before anything
-    is written. Returns {'out', 'timm', 'timm_kwargs'}."""
+    is written; so are outputs that may not be written (`check_descendant_outputs`).
+    Returns {'out', 'timm', 'timm_kwargs'}."""
     from jlearngene.interop import timm as T
-    from jlearngene.interop.state_dict import check_output, check_values
+    from jlearngene.interop.state_dict import check_values
     from jlearngene.train import checkpoint
     result: dict[str, Any] = {'out': os.path.abspath(os.fspath(out)), 'timm': None, 'timm_kwargs': None}
+    inputs = (meta.get('path'),)
+    check_descendant_outputs(out, to_timm, gene=meta.get('path'), overwrite=overwrite)
     check_values(params, f"the descendant of gene {meta.get('path') or meta.get('method')!r}")
     sd = None
     if to_timm is not None:
-        check_output(to_timm, '--to-timm', 'the timm state dict', '.safetensors', overwrite)
         sd = T.to_timm(params, cfg)
         result['timm_kwargs'] = T.timm_kwargs(cfg)
     extra = {'source': {'format': FORMAT, 'gene': meta.get('path'), 'method': meta.get('method'),
                         'options': jsonable(dict(options), 'options'), 'seed': int(seed)}}
-    checkpoint.save_model(result['out'], params, cfg, extra=extra, overwrite=overwrite)
+    checkpoint.save_model(result['out'], params, cfg, extra=extra, overwrite=overwrite, inputs=inputs)
     if sd is not None:
         result['timm'] = os.path.abspath(T.save_model_safetensors(sd, to_timm, cfg, result['timm_kwargs']))
     return result
@@ -57,7 +74,8 @@ def save_run_gene(checkpoint_dir: str | os.PathLike, out: str | os.PathLike, *,
                             'use jlearngene gene --method NAME --from-model for a model')
     return save_gene(out, name, gene, configs={} if cfg is None else {'source': cfg},
                      gene_options=extra.get('options') or {},
-                     provenance={'from': src, 'checkpoint_extra': extra}, overwrite=overwrite)
+                     provenance={'from': src, 'checkpoint_extra': extra}, overwrite=overwrite,
+                     inputs=(src,))
 
 
 def save_model_gene(checkpoint_dir: str | os.PathLike, method: str | Method,
@@ -90,4 +108,4 @@ def save_model_gene(checkpoint_dir: str | os.PathLike, method: str | Method,
     configs_ = {'source': cfg, **({'target': target} if target is not None else {})}
     return save_gene(out, m, jax.device_get(gene), configs=configs_,
                      gene_options={k: v for k, v in opts.items() if k != 'large_cfg'},
-                     provenance={'from': src}, overwrite=overwrite)
+                     provenance={'from': src}, overwrite=overwrite, inputs=(src,))

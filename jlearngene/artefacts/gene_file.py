@@ -36,7 +36,7 @@ import re
 import secrets
 import shutil
 from typing import Any
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
@@ -165,11 +165,26 @@ def n_params(tree: Any) -> int:
 # ----------------------------------------------------------------------------------------
 # Writing.
 
+def is_gene_dir(path: str | os.PathLike) -> bool:
+    """Whether `path` is a gene directory (it holds `gene.json`)."""
+    return os.path.isfile(os.path.join(os.fspath(path), META_FILE))
+
+
+def check_gene_output(path: str | os.PathLike, *, overwrite: bool, inputs: Sequence[str] = (),
+                      how: str = 'overwrite=True') -> None:
+    """GeneFileError unless a gene may be written at `path` (`train.files.check_replaceable`:
+    nothing there, or a gene directory and `overwrite`; never one of `inputs`)."""
+    from jlearngene.train import files
+    files.check_replaceable(path, 'a gene directory', is_gene_dir, overwrite=overwrite, how=how,
+                            inputs=inputs, error=GeneFileError)
+
+
 def save_gene(path: str | os.PathLike, method: str | Method, gene: Any, *,
               configs: Mapping[str, ViTConfig] | None = None,
               gene_options: Mapping[str, Any] | None = None,
               descend_options: Mapping[str, Any] | None = None,
-              provenance: Mapping[str, Any] | None = None, overwrite: bool = False) -> str:
+              provenance: Mapping[str, Any] | None = None, overwrite: bool = False,
+              inputs: Sequence[str] = ()) -> str:
     """Write `gene` of `method` (a name or `Method`) as the gene directory `path`; returns
     its absolute path.
 
@@ -181,7 +196,8 @@ def save_gene(path: str | os.PathLike, method: str | Method, gene: Any, *,
 
     The gene is checked to be one of `method` first (its `gene_param_count`), of finite
     floats (`interop.state_dict.check_values`). An existing non-empty directory is
-    replaced only with `overwrite=True` and only when it is a gene directory; the new files
+    replaced only with `overwrite=True` and only when it is a gene directory that is not,
+    and holds none of, `inputs` (what the caller read; `check_gene_output`); the new files
     are written beside it and swapped in when complete, so a failed write keeps the old.
     """
     from jlearngene.interop.state_dict import StateDictError, check_values, save_safetensors
@@ -202,15 +218,7 @@ def save_gene(path: str | os.PathLike, method: str | Method, gene: Any, *,
     for role, cfg in cfgs.items():
         if not isinstance(cfg, ViTConfig):
             raise GeneFileError(f"{path}: configs[{role!r}] is a {type(cfg).__name__}, not a ViTConfig")
-    if os.path.isfile(path):
-        raise GeneFileError(f'{path}: is a file; a gene is written as a directory')
-    if os.path.isdir(path) and os.listdir(path):
-        if not os.path.isfile(os.path.join(path, META_FILE)):
-            raise GeneFileError(f'{path}: exists and is not a gene directory (no {META_FILE}); '
-                                'choose another path')
-        if not overwrite:
-            raise GeneFileError(f'{path}: a gene directory already exists; pass overwrite=True '
-                                '(--overwrite) to replace it')
+    check_gene_output(path, overwrite=overwrite, inputs=inputs)
     leaves: dict[str, Any] = {}
     skeleton = _skeleton(gene, leaves)
     arrays = {k: np.ascontiguousarray(np.asarray(jax.device_get(v))) for k, v in leaves.items()}

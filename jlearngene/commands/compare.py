@@ -18,5 +18,7 @@ VARIANTS = "digits (default), smoke or paper, optionally followed by ',quick' (o
 
 
 def main(argv: list[str]) -> int:
+    """The command: `argv` parsed as the `compare` config's VARIANT and the run flags
+    (`train.parse_named`), then run like `jlearngene train` (`train.run`); its exit status."""
     from jlearngene.commands import train
     return train.run(train.parse_named(argv, 'jlearngene compare', CONFIG, WORKDIR, __doc__, VARIANTS))

@@ -27,6 +27,11 @@ class Parser(argparse.ArgumentParser):
         super().__init__(prog=prog, description=description, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):
+        """Raises `UsageError(message)` where argparse would print the usage and exit 2.
+
+        Raises:
+            UsageError: always.
+        """
         raise UsageError(message)
 
 

@@ -55,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
                      'DeiT-3); default: as the checkpoint was converted')
     pos.add_argument('--embed-class', dest='no_embed_class', action='store_const', const=False,
                      help='--to-timm: write pos_embed with prefix-token rows (timm default)')
-    p.add_argument('--overwrite', action='store_true', help='replace an existing output')
+    p.add_argument('--overwrite', action='store_true',
+                   help='replace an existing output of the same kind (never other files, nor the input)')
     return p
 
 
@@ -74,26 +75,6 @@ def file_format(path: str) -> str:
             return 'unknown'
         return 'big_vision' if any('/' in k for k in keys) else 'timm'
     return 'timm' if kind in ('safetensors', 'torch') else kind
-
-
-# Keys that every timm ViT state dict has one of (after DDP's 'module.' prefix).
-_TIMM_VIT_KEYS = ('patch_embed.proj.weight', 'pos_embed', 'cls_token')
-
-
-def _archive_keys(path: str, kind: str) -> list[str] | None:
-    """The array names of an .npz or the tensor names of a .safetensors file (from its zip
-    directory or JSON header: nothing else is read); None when they cannot be read."""
-    try:
-        if kind == 'npz':
-            import numpy as np
-            with np.load(path, allow_pickle=False) as f:
-                return list(f.files)
-        with open(path, 'rb') as f:
-            n = int.from_bytes(f.read(8), 'little')
-            header = json.loads(f.read(n))
-        return [k for k in header if k != '__metadata__']
-    except Exception:  # noqa: BLE001 - zipfile / numpy / json raise many kinds for bad files
-        return None
 
 
 def _sniff(path: str) -> str:
@@ -132,7 +113,7 @@ def describe_file(path: str) -> str:
     .npz checkpoint', 'an empty file (0 bytes)', "an .npz archive of 2 arrays ('x', 'y') but
     no ViT's keys", 'a PyTorch checkpoint', 'a text file', 'a PNG image', ... (from its
     contents, not its name). OSError for a missing path or a directory."""
-    from jlearngene.interop.state_dict import file_kind
+    from jlearngene.interop.state_dict import archive_keys, file_kind, keys_format
     kind = file_kind(path)
     if kind == 'empty':
         return 'an empty file (0 bytes)'
@@ -140,15 +121,14 @@ def describe_file(path: str) -> str:
         return 'a PyTorch checkpoint (torch.save; a timm state dict converts with --from-timm)'
     if kind not in ('npz', 'safetensors'):
         return _sniff(path)
-    keys = _archive_keys(path, kind)
+    keys = archive_keys(path, kind)
     noun, unit = ('an .npz archive', 'array') if kind == 'npz' else ('a .safetensors file', 'tensor')
     if keys is None:
         return f'{noun} that cannot be read (truncated or damaged)'
-    bare = [k[len('module.'):] if k.startswith('module.') else k for k in keys]
     if any('/' in k for k in keys):
         return 'a big_vision .npz checkpoint' if kind == 'npz' else (
             f"{noun} with big_vision's '/'-joined keys (big_vision checkpoints are .npz files)")
-    if any(k in _TIMM_VIT_KEYS or k.startswith('blocks.') for k in bare):
+    if keys_format(keys, kind) == 'timm':
         return 'a timm state dict'
     if not keys:
         return f'{noun} with no {unit}s'
@@ -217,8 +197,9 @@ def from_timm_file(path: str, out: str, *, overrides: dict | None = None, overwr
     """Convert a timm state dict file into a model checkpoint; returns (cfg, params, extra)."""
     from jlearngene.interop import timm as T
     from jlearngene.interop.state_dict import check_values, load_state_dict
-    from jlearngene.train.checkpoint import save_model
+    from jlearngene.train.checkpoint import check_model_output, save_model
 
+    check_model_output(out, overwrite=overwrite, inputs=(path,), how='--overwrite')
     _check_source_file(path, '--from-timm', 'timm')
     sd = load_state_dict(path)
     defaults = timm_file_defaults(path)
@@ -226,24 +207,23 @@ def from_timm_file(path: str, out: str, *, overrides: dict | None = None, overwr
     check_values(params, f'--from-timm {path!r}')
     extra = {'source': {'format': 'timm', 'file': os.path.abspath(path),
                         'no_embed_class': not T.has_embed_class(sd, cfg)}}
-    save_model(out, params, cfg, extra=extra, overwrite=overwrite)
+    save_model(out, params, cfg, extra=extra, overwrite=overwrite, inputs=(path,))
     return cfg, params, extra
 
 
-# Each export format's flag, what it writes and the suffix of that file.
-_EXPORT = {'timm': ('--to-timm', 'the timm state dict', '.safetensors'),
-           'big_vision': ('--to-big-vision', 'the big_vision checkpoint', '.npz')}
+# Each export format's flag (what it writes: `interop.state_dict.EXPORTS`).
+_EXPORT_FLAG = {'timm': '--to-timm', 'big_vision': '--to-big-vision'}
 
 
 def _load_for_export(ckpt: str, out: str, fmt: str, overwrite: bool):
     """(params, cfg, extra) of the model checkpoint `ckpt` to be written as `out` in `fmt`
-    (`_EXPORT`); `out` is checked first."""
+    (`interop.state_dict.EXPORTS`); `out` is checked first: nothing there, or with
+    `overwrite` an export of the same format (`check_output`)."""
     from jlearngene.interop.state_dict import check_output
     from jlearngene.train.checkpoint import load_model
     from jlearngene.train.integrity import CheckpointError
-    flag, what, suffix = _EXPORT[fmt]
-    check_output(out, '--out', what, suffix, overwrite)
-    check_model_checkpoint(ckpt, flag)
+    check_output(out, '--out', fmt, overwrite, inputs=(ckpt,))
+    check_model_checkpoint(ckpt, _EXPORT_FLAG[fmt])
     params, cfg, extra = load_model(ckpt)
     if cfg is None:
         raise CheckpointError(f'model checkpoint {ckpt!r} stores no model config; cannot name {fmt} keys')
@@ -269,8 +249,9 @@ def from_big_vision_file(path: str, out: str, *, overrides: dict | None = None,
     from jlearngene.interop import big_vision as BV
     from jlearngene.interop.state_dict import check_values
     from jlearngene.models.config import ViTConfig
-    from jlearngene.train.checkpoint import save_model
+    from jlearngene.train.checkpoint import check_model_output, save_model
 
+    check_model_output(out, overwrite=overwrite, inputs=(path,), how='--overwrite')
     _check_source_file(path, '--from-big-vision', 'big_vision')
     ckpt = BV.load_npz(path)
     cfg = BV.infer_config(ckpt)
@@ -280,7 +261,7 @@ def from_big_vision_file(path: str, out: str, *, overrides: dict | None = None,
     check_values(params, f'--from-big-vision {path!r}')
     extra = {'source': {'format': 'big_vision', 'file': os.path.abspath(path),
                         'layout': BV.detect_layout(ckpt)}}
-    save_model(out, params, cfg, extra=extra, overwrite=overwrite)
+    save_model(out, params, cfg, extra=extra, overwrite=overwrite, inputs=(path,))
     return cfg, params, extra
 
 
@@ -298,6 +279,15 @@ def to_big_vision_file(ckpt: str, out: str, *, layout: str | None = None, overwr
 
 
 def main(argv: list[str]) -> int:
+    """The command: runs the one conversion `argv` names (`from_timm_file`,
+    `from_big_vision_file`, `to_timm_file` or `to_big_vision_file`) and prints what it wrote;
+    exit status 0.
+
+    Raises:
+        ValueError: a flag that does not apply to the chosen direction (`--layout` without
+            `--to-big-vision`; `--num-heads` with `--from-big-vision`; `--set` or
+            `--num-heads` with an export).
+    """
     args = _parser().parse_args(argv)
     from jlearngene import pytree
     if args.layout and not args.to_big_vision:

@@ -140,6 +140,13 @@ def _wrap(text: str) -> str:
 
 
 def main(argv: list[str]) -> int:
+    """The command: grows the shipped gene's descendants of `SHAPES` and Scratch beside them
+    in --workdir, held for the run (`grow`), prints the table against Scratch's recorded
+    converged accuracy and writes the curves (`plot`); exit status 0.
+
+    Raises:
+        UsageError: --steps below 1.
+    """
     args = _parser().parse_args(argv)
     if args.steps is not None and args.steps < 1:
         from jlearngene.commands.config_args import UsageError

@@ -18,6 +18,9 @@ options stored with the gene; `--seed` seeds whatever is drawn fresh.
 `--out DIR` is a model checkpoint: `jlearngene train --config digits_vit --config.init=DIR`
 starts from it (the run's model config must equal the printed one), `jlearngene eval`,
 `info` and `convert` read it. `--to-timm FILE` also writes a timm `.safetensors` state dict.
+`--overwrite` replaces only what the command writes (a model checkpoint at --out, a timm
+state dict at --to-timm), never other files or the gene read. A request the gene cannot
+make exits with status 2, like a malformed flag, before anything is computed.
 """
 from __future__ import annotations
 
@@ -71,7 +74,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="descend option (repeatable; JSON value), e.g. --option head=new")
     p.add_argument('--seed', type=int, default=0, help='PRNG seed for what is drawn fresh')
     p.add_argument('--to-timm', metavar='FILE', help='also write a timm .safetensors state dict')
-    p.add_argument('--overwrite', action='store_true', help='replace existing outputs')
+    p.add_argument('--overwrite', action='store_true',
+                   help='replace existing outputs of the same kind (never other files, nor the gene)')
     return p
 
 
@@ -79,25 +83,49 @@ def descend_gene_dir(gene_dir: str, *, width=None, depth=None, heads=None, mlp_d
                      overrides=None, options=None, seed: int = 0):
     """(params, cfg, options, meta): the descendant of the gene directory for a request
     (`artefacts.descendant_config`), computed under `jax.jit`."""
-    import jax
-
     from jlearngene import artefacts, zoo
     method, gene, meta = artefacts.load_gene(zoo.find(gene_dir))
+    cfg, opts = _request(method, gene, meta, width=width, depth=depth, heads=heads,
+                         mlp_dim=mlp_dim, overrides=overrides, options=options)
+    return _descend(method, gene, cfg, opts, seed), cfg, opts, meta
+
+
+def _request(method, gene, meta, *, options, **request):
+    """(target cfg, descend options) of a request: the gene's stored descend options
+    overridden by `options`, and `artefacts.descendant_config` (GeneError for a request
+    that no config fits)."""
+    from jlearngene import artefacts
     opts = {**meta.get('descend_options', {}), **dict(options or {})}
-    cfg, opts = artefacts.descendant_config(method, gene, artefacts.base_config(meta), width=width,
-                                            depth=depth, heads=heads, mlp_dim=mlp_dim,
-                                            overrides=overrides, options=opts)
+    return artefacts.descendant_config(method, gene, artefacts.base_config(meta), options=opts,
+                                       **request)
+
+
+def _descend(method, gene, cfg, opts, seed: int):
+    """The descendant's params, computed under `jax.jit` and fetched to the host."""
+    import jax
     run = jax.jit(lambda g, k: method.descend(g, cfg, key=k, **opts))
-    params = jax.device_get(run(gene, jax.random.key(seed)))
-    return params, cfg, opts, meta
+    return jax.device_get(run(gene, jax.random.key(seed)))
 
 
 def main(argv: list[str]) -> int:
+    """The command: its outputs are checked first (`artefacts.check_descendant_outputs`,
+    naming --overwrite), then the request against the gene on shapes, where a request
+    that no config fits is a usage error (status 2, like a malformed flag), then the
+    descendant is computed and written."""
     args = _parser().parse_args(argv)
-    from jlearngene import artefacts, genes
-    params, cfg, opts, meta = descend_gene_dir(
-        args.gene, width=args.width, depth=args.depth, heads=args.heads, mlp_dim=args.mlp_dim,
-        overrides=dict(args.set), options=dict(args.option), seed=args.seed)
+    from jlearngene import artefacts, genes, zoo
+    from jlearngene.commands.config_args import UsageError
+    gene_dir = zoo.find(args.gene)
+    artefacts.check_descendant_outputs(args.out, args.to_timm, gene=gene_dir,
+                                       overwrite=args.overwrite, how='--overwrite')
+    method, gene, meta = artefacts.load_gene(gene_dir)
+    try:
+        cfg, opts = _request(method, gene, meta, width=args.width, depth=args.depth,
+                             heads=args.heads, mlp_dim=args.mlp_dim, overrides=dict(args.set),
+                             options=dict(args.option))
+    except genes.GeneError as e:
+        raise UsageError(str(e)) from None
+    params = _descend(method, gene, cfg, opts, args.seed)
     written = artefacts.write_descendant(args.out, params, cfg, meta=meta, options=opts,
                                          seed=args.seed, overwrite=args.overwrite,
                                          to_timm=args.to_timm)

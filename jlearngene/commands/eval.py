@@ -13,6 +13,9 @@ HELP = "evaluate a run's checkpoint (latest, best, a step) or a saved model on a
 
 
 def parser() -> config_args.Parser:
+    """The parser of `jlearngene eval`'s flags: --workdir with --checkpoint, or --model,
+    --split, and an optional --config (its --config.FIELD=VALUE overrides are left to
+    `config_args.parse`)."""
     p = config_args.Parser('jlearngene eval', __doc__)
     p.add_argument('--workdir', help='training workdir (its config.json and checkpoints)')
     p.add_argument('--checkpoint', default='model',
@@ -93,6 +96,15 @@ def evaluate(config, params, cfg, split: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    """The command: checks the flags and the workdir or --model before anything is read,
+    then loads the parameters (`load_params`), evaluates them on --split, else the config's
+    `eval_split` (`evaluate`), and prints one summary line and the result as a JSON line
+    (`json_line`); exit status 0. The config is --config's, else the workdir's config.json.
+
+    Raises:
+        UsageError: neither --workdir nor --model; --model, or overrides, without --config;
+            a --checkpoint that is not 'model', 'latest', 'best' or a step.
+    """
     args, overrides = config_args.parse(parser(), argv)
     if not args.workdir and not args.model:
         raise UsageError('give --workdir (a training run) or --model with --config')

@@ -35,13 +35,25 @@ def _parser() -> argparse.ArgumentParser:
                    help='gene option for --from-model (repeatable; JSON value)')
     p.add_argument('--target-set', action='append', type=parse_override, default=[],
                    metavar='FIELD=VALUE', help='--from-model: the target config for Mango/LiGO')
-    p.add_argument('--overwrite', action='store_true', help='replace an existing gene directory')
+    p.add_argument('--overwrite', action='store_true',
+                   help='replace an existing gene directory (never another folder, nor the input)')
     return p
 
 
 def main(argv: list[str]) -> int:
+    """The command: checks --out first (`artefacts.check_gene_output`), writes the gene
+    directory from the run's saved gene (`artefacts.save_run_gene`) or from the model
+    checkpoint (`artefacts.save_model_gene`, with the target config --target-set makes) and
+    prints its description; exit status 0.
+
+    Raises:
+        ValueError: --method, --option or --target-set with --from-run; --from-model without
+            --method; --target-set for a model checkpoint that stores no config.
+    """
     args = _parser().parse_args(argv)
     from jlearngene import artefacts
+    artefacts.check_gene_output(args.out, overwrite=args.overwrite, how='--overwrite',
+                                inputs=(args.from_run or args.from_model,))
     if args.from_run:
         if args.method or args.option or args.target_set:
             raise ValueError('--method/--option/--target-set apply to --from-model only; a run '

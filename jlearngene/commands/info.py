@@ -2,13 +2,13 @@
 shipped with the package, `jlearngene.zoo`), of one config, of an experiment config file
 (`file.py[:arg]`), of a checkpoint (a model artefact, a run checkpoint step directory, or
 a training workdir), of a study's workdir (finished or not: its runs, what is left, its
-results), of a gene directory or a shipped gene's name (`jlearngene.artefacts`:
-its method, configs, stored parameters and the widths and depths of the descendants it
-makes, tried on shapes), or of a file: a timm state dict (.safetensors, .npz, .pth) or a
-big_vision .npz (the config `jlearngene convert` infers from it, its parameter count and its
-tensors), a plot (.png), a run's metrics.jsonl, config.json (config.txt) or another JSON
-file. A path that does not exist, an empty file and a file of another kind are one-line
-errors that say which."""
+results) or another folder of runs (`jlearngene demo`'s), of a gene directory or a shipped
+gene's name (`jlearngene.artefacts`: its method, configs, stored parameters and the widths
+and depths of the descendants it makes, tried on shapes), or of a file: a timm state dict
+(.safetensors, .npz, .pth) or a big_vision .npz (the config `jlearngene convert` infers from
+it, its parameter count and its tensors), a plot (.png), a run's metrics.jsonl, config.json
+(config.txt) or another JSON file. A path that does not exist, an empty file and a file of
+another kind are one-line errors that say which."""
 from __future__ import annotations
 
 import json
@@ -231,14 +231,33 @@ def _label_budget(run_name: str) -> str | None:
     return match.group(1) if match else None
 
 
+def _study_owner(path: str) -> dict | None:
+    """The `study.json` of a workdir (which study owns it), None when it has none; a
+    damaged one is a one-line ValueError naming the file."""
+    file = os.path.join(path, 'study.json')
+    if not os.path.isfile(file):
+        return None
+    try:
+        with open(file, encoding='utf-8') as f:
+            owner = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f'{file}: not a readable JSON file ({e}); it names the study that '
+                         f'owns {path}') from None
+    if not isinstance(owner, dict):
+        raise ValueError(f'{file}: holds a JSON {type(owner).__name__}, not the object naming '
+                         f'the study that owns {path}')
+    return owner
+
+
 def _study_text(path: str) -> str:
-    """A study's workdir (its `study.json`), finished or not: which study, its finished runs
-    and their training seconds (wall clock; CPU time where every record has it), for a
-    transfer study by stage (upstream, each label budget), the runs stopped part-way (they
-    train again from their start), the superseded ones, and its results once it has them."""
+    """A study's workdir (its `study.json`), finished or not, or a folder of runs that no
+    study owns (`jlearngene demo`'s workdir: `runs/` without `study.json`): which study,
+    its finished runs and their training seconds (wall clock; CPU time where every record
+    has it), for a transfer study by stage (upstream, each label budget), the runs stopped
+    part-way (they train again from their start), the superseded ones, and its results
+    once it has them."""
     from jlearngene.train.metrics import read_metrics
-    with open(os.path.join(path, 'study.json'), encoding='utf-8') as f:
-        owner = json.load(f)
+    owner = _study_owner(path)
     runs_dir = os.path.join(path, 'runs')
     names = sorted(n for n in os.listdir(runs_dir) if not n.startswith('.')) if os.path.isdir(runs_dir) else []
     seconds, cpu, partial = 0.0, [], []
@@ -267,8 +286,13 @@ def _study_text(path: str) -> str:
     superseded = os.path.join(path, 'superseded')
     n_sup = len(os.listdir(superseded)) if os.path.isdir(superseded) else 0
     done = os.path.isfile(os.path.join(path, 'results.json'))
-    lines = [f"study workdir {path}: the {owner.get('experiment', '?')!r} study, "
-             + ('finished (results.json)' if done else 'not finished (no results.json yet)'),
+    if owner is None:
+        head = (f'workdir {path}: runs that no study owns (no study.json; e.g. jlearngene '
+                'demo\'s), ' + ('with results.json' if done else 'no results.json'))
+    else:
+        head = (f"study workdir {path}: the {owner.get('experiment', '?')!r} study, "
+                + ('finished (results.json)' if done else 'not finished (no results.json yet)'))
+    lines = [head,
              f'runs/: {len(names) - len(partial)} finished ({seconds:,.0f} s of training'
              + (f', {sum(cpu):,.0f} s of CPU time' if cpu and None not in cpu else '') + ')'
              + (f', {len(partial)} not: ' + ', '.join(partial) if partial else '')]
@@ -282,7 +306,7 @@ def _study_text(path: str) -> str:
                      'differ from the study that ran after them')
     if done:
         lines.append(_other_file_table(os.path.join(path, 'results.json')) or '')
-    else:
+    elif owner is not None:
         lines.append('the same `jlearngene train --config ... --workdir` command resumes it: '
                      'finished runs are read back, the others train from their start')
     return '\n'.join(lines)
@@ -322,13 +346,18 @@ def _path_text(target: str) -> str | None:
     if target.partition(':')[0].endswith('.py'):
         return _config_file_table(target)
     if not os.path.isdir(target):
+        if os.path.exists(target) and not os.path.isfile(target):
+            raise ValueError(f'{target!r} is not a regular file (a FIFO, socket or device): '
+                             'nothing to describe')
         return _file_table(target) if os.path.exists(target) else None
     if any(os.path.exists(os.path.join(target, f)) for f in ('gene.json', 'gene.safetensors')):
         return _gene_table(target)
     if not os.listdir(target):
         raise ValueError(f'{target!r} is an empty directory: not a checkpoint, training workdir or '
                          'gene directory')
-    if os.path.isfile(os.path.join(target, 'study.json')):
+    if os.path.isfile(os.path.join(target, 'study.json')) or (
+            os.path.isdir(os.path.join(target, 'runs'))
+            and not os.path.isfile(os.path.join(target, 'results.json'))):
         return _study_text(target)
     if os.path.isfile(os.path.join(target, 'results.json')):
         return _workdir_text(target)
@@ -346,6 +375,14 @@ def _warning_lines(records: list[dict]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    """The command: prints what the argument names, tried in this order: a config file or an
+    existing path (`_path_text`), a shipped gene's name, a ViT variant (its parameter table,
+    with --set's overrides); with no argument, every variant and the shipped genes. Exit
+    status 0.
+
+    Raises:
+        FileNotFoundError: an argument that is none of these.
+    """
     parser = Parser('jlearngene info', __doc__)
     parser.add_argument('variant', nargs='?', help="variant name ('S', 'B/16'; all if omitted), a config "
                         'file (file.py[:arg]), a checkpoint directory, a training workdir, a gene '

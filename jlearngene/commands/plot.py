@@ -51,6 +51,8 @@ def plot(workdir: str, out: str | None = None) -> str:
 
 
 def main(argv: list[str]) -> int:
+    """The command: writes the curves of the workdir (or of its metrics.jsonl) with `plot`
+    and prints the PNG's path; exit status 0."""
     from jlearngene.commands.config_args import Parser
     parser = Parser('jlearngene plot', __doc__)
     parser.add_argument('workdir')

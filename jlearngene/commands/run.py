@@ -100,6 +100,21 @@ def check_run_data(config, cfg: ViTConfig) -> dict:
     return out
 
 
+def record_data_location(config, info) -> str | None:
+    """When the config leaves `data.root` empty and the data were read from a folder that
+    the source chose itself (fashion_mnist: $JLEARNGENE_DATA/fashion_mnist or Debian's
+    copy; `DataInfo.location`), say which on stdout (process 0) and set `data.root` to it,
+    so that config.json and the checkpoints record the copy that was read. Returns the
+    folder, or None when the config names its data itself."""
+    location = getattr(info, 'location', None)
+    if not location or 'root' not in config.data or config.data.root:
+        return None
+    if distributed.is_main_process():
+        print(f'data: {config.data.name} read from {location} (data.root is empty)', flush=True)
+    config.data.root = location
+    return location
+
+
 def _steps_per_call(value):
     """A config's `steps_per_call`: 'auto' or a positive integer, also as the text that a
     command-line override of the 'auto' default gives."""
@@ -122,7 +137,12 @@ def run_classification(config, workdir: str, *, progress: bool = True):
         raise ValueError(f'batch_size {config.batch_size} is not a multiple of '
                          f'microbatches {microbatches}')
     steps_per_call = _steps_per_call(config.get('steps_per_call', 'auto'))
+    from jlearngene.experiments import harness
+    harness.check_not_a_study(workdir)      # a study's workdir holds its runs, not this one's
+    # workdir/model is replaced at the end: only when it is a model, checked before training
+    checkpoint.check_model_output(os.path.join(workdir, 'model'), overwrite=True)
     sources = check_run_data(config, cfg)   # every split, before the first step
+    record_data_location(config, sources['train'].info)
     train_it, _ = data.from_config(config.data, 'train', batch_size=config.batch_size,
                                    seed=config.seed, train=True, source=sources['train'])
     params = initial_params(config, cfg)

@@ -41,6 +41,13 @@ def add_run_flags(p: config_args.Parser, *, workdir: str | None = None) -> None:
 
 
 def parser(prog: str = 'jlearngene train') -> config_args.Parser:
+    """The parser of `jlearngene train`'s flags: the required --config (its
+    --config.FIELD=VALUE overrides are left to `config_args.parse`) and the run flags
+    (`add_run_flags`); its epilog lists the bundled configs.
+
+    Args:
+        prog: the program name its usage and errors show.
+    """
     from jlearngene.experiments import configs
     p = config_args.Parser(prog, __doc__, epilog=f'bundled configs (NAME): {", ".join(configs.names())}')
     config_args.add_config(p)
@@ -81,6 +88,13 @@ def check_init(config) -> None:
 
 
 def main(argv: list[str], prog: str = 'jlearngene train') -> int:
+    """The command: `argv`'s flags parsed and the config loaded (`parse_flags`), then run
+    (`run`); its exit status.
+
+    Args:
+        argv: the command line after `train`.
+        prog: the program name its usage and errors show.
+    """
     return run(parse_flags(argv, prog))
 
 

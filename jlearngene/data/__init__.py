@@ -33,11 +33,11 @@ bilinear in the source; `Augment.flip` is off by default (flipped digits are oth
 Eval yields ceil(num_examples / batch_size) batches on every process.
 
 Config names: 'digits' (scikit-learn's bundled digits; no download), 'fashion_mnist' (its
-IDX files on disk: `root`, $JLEARNGENE_DATA/fashion_mnist or Debian's dataset-fashion-mnist;
-splits 'train', 'validation', 'test'; `classes`, `label_fraction`, `validation_per_class`,
-`subset_seed` choose a transfer task's data, see `subsets`), 'tfds' (`tfds_name`,
-`data_dir`; prepared array_record data only), 'folder' (`root/split/<label>/*.png|jpg`),
-'arrays' (in-memory `images`, `labels`).
+IDX files on disk, from one folder: `root`, else $JLEARNGENE_DATA/fashion_mnist, else Debian's
+dataset-fashion-mnist; splits 'train', 'validation', 'test'; `classes`, `label_fraction`,
+`validation_per_class`, `subset_seed` choose a transfer task's data, see `subsets`), 'tfds'
+(`tfds_name`, `data_dir`; prepared array_record data only), 'folder'
+(`root/split/<label>/*.png|jpg`), 'arrays' (in-memory `images`, `labels`).
 
 A study's downstream task, its two label budgets and its validation images::
 

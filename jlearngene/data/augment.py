@@ -78,10 +78,13 @@ class Augment:
 
     @property
     def per_example(self) -> bool:
+        """Whether each example is augmented, by a crop or a flip (`augment_image`)."""
         return bool(self.crop_padding or self.rrc_scale or self.flip)
 
     @property
     def soft_labels(self) -> bool:
+        """Whether batches carry soft targets, 'label_soft', from mixup, cutmix or label
+        smoothing (`mix_batch`)."""
         return bool(self.mixup_alpha > 0 or self.cutmix_alpha > 0 or self.label_smoothing > 0)
 
 

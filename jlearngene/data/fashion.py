@@ -1,9 +1,12 @@
 """Fashion-MNIST (Zalando; 28x28 grey, 60,000 train / 10,000 test, 10 classes) from its four
 IDX files on local disk, gzipped or not; nothing is downloaded.
 
-The files are looked for in `root` (config `data.root`), then `$JLEARNGENE_DATA/fashion_mnist`,
-then where Debian's `dataset-fashion-mnist` package installs them (`DEBIAN_DIR`); the first
-folder holding any of the four files is the one read. Every file is checked (gzip stream,
+The files are read from one folder (`data_dir`): `root` (config `data.root`) when given,
+else `$JLEARNGENE_DATA/fashion_mnist` when that variable is set, else where Debian's
+`dataset-fashion-mnist` package installs them (`DEBIAN_DIR`). A folder that is chosen is the
+only place read: a missing folder, a file in its place or a folder without the files is a
+one-line DataError naming it, never a fall back to another copy. The folder read is the
+sources' `DataInfo.location`. Every file is checked (gzip stream,
 magic number, shape, count against its bytes, images against labels, label range); a
 problem is a one-line DataError naming the file and how to get the data.
 
@@ -40,12 +43,16 @@ HOW_TO_GET = ('get Fashion-MNIST with `apt-get install dataset-fashion-mnist` (i
               f'${ENV_VAR}/fashion_mnist or data.root')
 
 
-def search_dirs(root: str | None = None) -> list[str]:
-    """The folders looked in, in order: `root`, $JLEARNGENE_DATA/fashion_mnist, DEBIAN_DIR."""
-    dirs = [os.path.expanduser(os.fspath(root))] if root else []
+def data_dir(root: str | None = None) -> tuple[str, str]:
+    """(folder, what chose it): `root` when given ('data.root'), else
+    $JLEARNGENE_DATA/fashion_mnist when that variable is set, else DEBIAN_DIR (Debian's
+    dataset-fashion-mnist). Nothing is looked for: `find_dir` checks the folder."""
+    if root:
+        return os.path.expanduser(os.fspath(root)), 'data.root'
     if os.environ.get(ENV_VAR):
-        dirs.append(os.path.join(os.path.expanduser(os.environ[ENV_VAR]), 'fashion_mnist'))
-    return dirs + [DEBIAN_DIR]
+        return (os.path.join(os.path.expanduser(os.environ[ENV_VAR]), 'fashion_mnist'),
+                f'${ENV_VAR}/fashion_mnist')
+    return DEBIAN_DIR, "Debian's dataset-fashion-mnist folder"
 
 
 def _present(folder: str, name: str) -> str | None:
@@ -56,13 +63,17 @@ def _present(folder: str, name: str) -> str | None:
 
 
 def find_dir(root: str | None = None) -> str:
-    """The first folder of `search_dirs(root)` holding any of the four files."""
-    dirs = search_dirs(root)
-    for folder in dirs:
-        if any(_present(folder, n) for names in FILES.values() for n in names):
-            return folder
-    raise DataError(f'fashion_mnist: {FILES["train"][0]}[.gz] not found in '
-                    f'{", ".join(dirs)}; {HOW_TO_GET}')
+    """The folder the files are read from (`data_dir(root)`), once it is a folder holding
+    any of the four files; else a one-line DataError naming it and what chose it."""
+    folder, chosen = data_dir(root)
+    if not os.path.exists(folder):
+        raise DataError(f'fashion_mnist: {chosen} {folder} does not exist; {HOW_TO_GET}')
+    if not os.path.isdir(folder):
+        raise DataError(f'fashion_mnist: {chosen} {folder} is a file, not a folder; {HOW_TO_GET}')
+    if not any(_present(folder, n) for names in FILES.values() for n in names):
+        raise DataError(f'fashion_mnist: {FILES["train"][0]}[.gz] not found in {folder} '
+                        f'({chosen}); {HOW_TO_GET}')
+    return folder
 
 
 def files(split: str, root: str | None = None) -> tuple[str, str]:
@@ -155,7 +166,7 @@ def fashion_mnist(split: str = 'train', *, root: str | None = None, classes=None
     images, labels = arrays('test' if split == 'test' else 'train', root)
     info = DataInfo(name='fashion_mnist', split=split, num_classes=len(CLASS_NAMES),
                     image_shape=(SIZE, SIZE, 1), num_examples=len(labels), mean=MEAN, std=STD,
-                    class_names=CLASS_NAMES)
+                    class_names=CLASS_NAMES, location=os.path.abspath(find_dir(root)))
     part = {'train': 'labelled', 'validation': 'validation', 'test': 'all'}[split]
     src = subsets.subset(ArraySource(images, labels, info), part, classes=classes,
                          label_fraction=label_fraction, validation_per_class=validation_per_class,
@@ -170,5 +181,5 @@ def fashion_mnist(split: str = 'train', *, root: str | None = None, classes=None
     return src
 
 
-__all__ = ['CLASS_NAMES', 'DEBIAN_DIR', 'ENV_VAR', 'FILES', 'SPLITS', 'arrays', 'fashion_mnist',
-           'files', 'find_dir', 'read_idx', 'search_dirs']
+__all__ = ['CLASS_NAMES', 'DEBIAN_DIR', 'ENV_VAR', 'FILES', 'SPLITS', 'arrays', 'data_dir',
+           'fashion_mnist', 'files', 'find_dir', 'read_idx']

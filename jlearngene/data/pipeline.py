@@ -322,8 +322,8 @@ def from_config(data_config, split: str, *, batch_size: int, seed: int, train: b
     `train`), `splits` (maps 'train'/'test' to the source's split names, e.g.
     {'test': 'train[90%:]'}), plus per source: tfds: `tfds_name`, `data_dir`, `image_key`,
     `label_key`; folder: `root`, `channels`; arrays: `images`, `labels`, `num_classes`;
-    fashion_mnist (splits 'train', 'validation', 'test'): `root` (looked in before
-    $JLEARNGENE_DATA/fashion_mnist and Debian's folder), `classes` (kept and relabelled
+    fashion_mnist (splits 'train', 'validation', 'test'): `root` (the only folder read
+    when given; empty: $JLEARNGENE_DATA/fashion_mnist, else Debian's folder), `classes` (kept and relabelled
     0..k-1; empty: all), `label_fraction` (of the training images, equal per class),
     `validation_per_class` (training images held out as 'validation'), `subset_seed`
     (fixes both choices; see `data.subsets`).

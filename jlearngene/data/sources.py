@@ -38,7 +38,9 @@ class DataInfo:
 
     `image_shape` is (H, W, C); H and W are None when the images vary in size (then pass
     `image_size` to the pipeline). `mean`/`std` are the default normalisation applied to
-    images scaled to [0, 1]: `(x / 255 - mean) / std`.
+    images scaled to [0, 1]: `(x / 255 - mean) / std`. `location` is the folder the images
+    were read from (None for data in memory or bundled with a package), so that a run can
+    say and record which copy it read.
     """
     name: str
     split: str
@@ -48,6 +50,7 @@ class DataInfo:
     mean: tuple = (0.5,)
     std: tuple = (0.5,)
     class_names: tuple | None = None
+    location: str | None = None
 
 
 def resize(image: np.ndarray, size, method: str = 'bilinear') -> np.ndarray:
@@ -294,7 +297,8 @@ def image_folder(root: str, split: str, *, image_size=None, channels: int | None
         hh, ww = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         shape = (hh, ww, channels)
     info = DataInfo(name=f'folder:{root}', split=split, num_classes=len(class_names),
-                    image_shape=shape, num_examples=len(files), class_names=tuple(class_names))
+                    image_shape=shape, num_examples=len(files), class_names=tuple(class_names),
+                    location=os.path.abspath(root))
     return ImageFolderSource(files, labels, 'L' if channels == 1 else 'RGB', image_size,
                              resize_method, info)
 

@@ -18,11 +18,12 @@ numpy keeps stable across releases, so a library upgrade does not change a study
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 
-from jlearngene.data.sources import ArraySource, DataError, DataInfo
+from jlearngene.data.sources import ArraySource, DataError
 
 PARTS = ('labelled', 'validation', 'all')
 
@@ -30,9 +31,15 @@ PARTS = ('labelled', 'validation', 'all')
 def check_options(*, classes=None, label_fraction=1.0, validation_per_class=0, seed=0,
                   num_classes: int | None = None) -> tuple[int, ...] | None:
     """The selection options checked (DataError naming the field), `classes` as a tuple
-    (None: every class). Reads no data."""
-    if classes is not None and not isinstance(classes, (list, tuple, np.ndarray)):
-        raise DataError(f'classes must be a sequence of class ids, got {classes!r}')
+    (None: every class). `classes` is any ordered sequence of integer class ids (a list, a
+    tuple, a range, a 1-D array), `label_fraction` any real number type (Python's or
+    numpy's). Reads no data."""
+    if classes is not None and (isinstance(classes, (str, bytes))
+                                or not isinstance(classes, (Sequence, np.ndarray))
+                                or np.ndim(classes) != 1):
+        got = f'an array of shape {np.shape(classes)}' if isinstance(classes, np.ndarray) else repr(classes)
+        raise DataError(f'classes must be an ordered sequence of class ids (a list, tuple, '
+                        f'range or 1-D array), got {got}')
     if classes is not None and len(classes) == 0:
         classes = None
     if classes is not None:
@@ -45,7 +52,8 @@ def check_options(*, classes=None, label_fraction=1.0, validation_per_class=0, s
         if bad:
             raise DataError(f'classes {bad} are not class ids' + (
                 f' (0..{num_classes - 1})' if num_classes is not None else ''))
-    if (isinstance(label_fraction, bool) or not isinstance(label_fraction, (int, float))
+    if (isinstance(label_fraction, (bool, np.bool_))
+            or not isinstance(label_fraction, (int, float, np.integer, np.floating))
             or not 0 < label_fraction <= 1):
         raise DataError(f'label_fraction must be a number in (0, 1], got {label_fraction!r}')
     for name, value in (('validation_per_class', validation_per_class), ('subset_seed', seed)):
@@ -138,10 +146,9 @@ def subset(source, part: str, *, classes: Sequence[int] | None = None,
     names = info.class_names
     if classes is not None and names is not None:
         names = tuple(names[c] for c in classes)
-    out = DataInfo(name=name or info.name, split=split or info.split,
-                   num_classes=info.num_classes if classes is None else len(classes),
-                   image_shape=info.image_shape, num_examples=len(idx), mean=info.mean,
-                   std=info.std, class_names=names)
+    out = dataclasses.replace(info, name=name or info.name, split=split or info.split,
+                              num_classes=info.num_classes if classes is None else len(classes),
+                              num_examples=len(idx), class_names=names)
     images, labels = images[idx], relabel(labels[idx], classes)
     for a in (images, labels):
         a.setflags(write=False)

@@ -89,6 +89,17 @@ def prepare(config: Config, workdir: str) -> float:
 
 
 OWNER = 'study.json'   # which study and config a study's workdir belongs to
+# what a plain training run (`jlearngene train` of a classification config) leaves in its
+# workdir; a study's runs live in runs/<name>, never there
+PLAIN_RUN_FILES = ('metrics.jsonl', 'checkpoints', 'config.json', 'model')
+
+
+def check_not_a_study(workdir: str) -> None:
+    """A one-line ValueError where `workdir` belongs to a study (its `study.json`): a plain
+    training run there would mix its checkpoints and metrics with the study's runs."""
+    path = os.path.join(workdir, OWNER)
+    if os.path.exists(path):
+        raise ValueError(f'workdir {workdir!r} belongs to a study ({path}); give this run another --workdir')
 
 
 def claim_workdir(workdir: str, config: Config) -> None:
@@ -104,6 +115,10 @@ def claim_workdir(workdir: str, config: Config) -> None:
         owner = None
     except (OSError, ValueError) as e:
         raise ValueError(f'{path}: unreadable ({e}); it names the study that owns {workdir!r}') from None
+    plain_run = [f for f in PLAIN_RUN_FILES if os.path.exists(os.path.join(workdir, f))]
+    if plain_run:
+        raise ValueError(f'workdir {workdir!r} holds a training run ({", ".join(plain_run)}), not a '
+                         'study; give this study another --workdir')
     if owner is None:
         if os.path.exists(os.path.join(workdir, 'results.json')) or os.path.isdir(os.path.join(workdir, 'runs')):
             raise ValueError(f'workdir {workdir!r} holds runs or results of a study that is not '
@@ -164,9 +179,12 @@ class Data:
 
     @property
     def has_validation(self) -> bool:
+        """Whether the task holds validation images out of its training split (`validation`)."""
         return 'validation' in self.sources
 
     def train(self, seed: int):
+        """An endless iterator of training batches (of the task's labelled part), shuffled
+        and augmented as `seed` draws."""
         return data.from_config(self.data_config, 'train', batch_size=self.config['batch_size'],
                                 seed=seed, train=True, source=self.sources.get('train'))[0]
 
@@ -175,6 +193,8 @@ class Data:
                                 seed=0, train=False, source=self.sources.get(split))[0]
 
     def test(self):
+        """A fresh pass over the test split (of the task's classes): every image once, in
+        padded batches."""
         return self._eval('test')
 
     def validation(self):
@@ -184,9 +204,17 @@ class Data:
         return self._eval('validation')
 
     def identity(self) -> list:
-        """What names this data for a finished run's fingerprint (`fit`)."""
+        """What names this data for a finished run's fingerprint (`fit`): its name, classes,
+        size, config and task, and a digest of what its splits hold (`data_digest`), so that
+        changed files are other data."""
         extra = {k: v for k, v in self.task.items() if k != 'classes'}
-        return [self.info.name, self.classes, self.num_examples, self.data_config] + ([extra] if extra else [])
+        return ([self.info.name, self.classes, self.num_examples, self.data_config]
+                + ([extra] if extra else []) + [self.digest])
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """`data_digest` of this data's config, read once per `Data`."""
+        return data_digest(json.dumps(self.data_config, sort_keys=True, default=repr))
 
     def raw_batches(self, n: int, batch: int):
         """The first `n` training images in [0, 1], unaugmented, `batch` at a time."""
@@ -195,22 +223,65 @@ class Data:
         return [images[i:i + batch].astype(np.float32) / 255.0 for i in range(0, len(images), batch)]
 
 
+STORE_VAR = 'JLEARNGENE_STORE'   # a folder of finished runs shared between workdirs (`fit`'s store)
+def data_location(dset: Data) -> str:
+    """The folder a study's data was read from (`DataInfo.location`), or 'memory' for data
+    that has none (the bundled digits, arrays)."""
+    return getattr(dset.info, 'location', None) or 'memory'
+
+
+def data_digest(data_config_json: str) -> str:
+    """sha256 of what the train and test splits of a data config (as JSON) hold: the images
+    and labels of in-memory sources (the digits, Fashion-MNIST's IDX files, arrays); the
+    path, size and modification time of every file of an image folder or a prepared tfds
+    dataset (reading those whole would cost as much as an epoch)."""
+    dc = json.loads(data_config_json)
+    h = hashlib.sha256()
+    for split in ('train', 'test'):
+        src = data.source_from_config(dc, split)
+        h.update(split.encode())
+        if isinstance(getattr(src, 'images', None), np.ndarray):
+            h.update(np.ascontiguousarray(src.images).tobytes())
+            h.update(np.ascontiguousarray(np.asarray(src.labels)).tobytes())
+        elif hasattr(src, 'files'):
+            for f, label in zip(src.files, src.labels):
+                st = os.stat(f)
+                h.update(f'{f}|{st.st_size}|{st.st_mtime_ns}|{label}'.encode())
+        else:
+            root = os.path.join(dc.get('data_dir') or '', str(dc.get('tfds_name', '')).split(':')[0].split('/')[0])
+            for folder, _, names in sorted(os.walk(root)):
+                for f in sorted(names):
+                    st = os.stat(os.path.join(folder, f))
+                    h.update(f'{os.path.relpath(os.path.join(folder, f), root)}|{st.st_size}|{st.st_mtime_ns}'.encode())
+    return h.hexdigest()
+
+
 FINISHED = 'finished.json'   # a finished run's fingerprint, curve, seconds (wall, CPU) and final step (`fit`)
+
+
+# Sources a finished run's numbers cannot depend on: what reports, renders, converts, lists
+# or plans runs (the protocol names a run by its settings, all in its fingerprint), so that
+# fixing a table or a message leaves every finished run reusable.
+NOT_TRAINING_CODE = ('cli.py', 'commands', 'interop', 'zoo', 'artefacts', 'diagnostics.py', 'costs.py',
+                     'experiments/report.py', 'experiments/headline.py', 'experiments/results.py',
+                     'experiments/study.py', 'experiments/scratch.py', 'experiments/configs')
 
 
 @functools.cache
 def source_digest() -> str:
-    """sha256 of the jlearngene package's Python sources: a finished run is reused only by
-    the code that made it."""
+    """sha256 of the jlearngene sources a run trains with (every .py file but those of
+    `NOT_TRAINING_CODE`): a finished run is reused only by the code that made it."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     h = hashlib.sha256()
     for folder, _, names in sorted(os.walk(root)):
         for f in sorted(names):
-            if f.endswith('.py'):
-                path = os.path.join(folder, f)
-                h.update(os.path.relpath(path, root).encode())
-                with open(path, 'rb') as fh:
-                    h.update(fh.read())
+            path = os.path.join(folder, f)
+            rel = os.path.relpath(path, root).replace(os.sep, '/')
+            if not f.endswith('.py') or any(rel == x or rel.startswith(x + '/') for x in NOT_TRAINING_CODE):
+                continue
+            h.update(rel.encode())
+            with open(path, 'rb') as fh:
+                h.update(fh.read())
     return h.hexdigest()
 
 
@@ -268,6 +339,8 @@ def _why_not_reused(run_dir: str, parts: Mapping[str, Any], digests: Mapping[str
     if not differ:
         return 'its checkpoint is unreadable'
     said = [_PART_NAMES.get(k, k) for k in differ]
+    if 'data' in differ and isinstance(parts.get('data'), list):
+        said[differ.index('data')] += f' ({parts["data"][0]}: other files, or other contents)'
     if 'software' in differ and isinstance(meta.get('software'), list):
         said[differ.index('software')] += ': ' + ', '.join(
             f'{field} {a!r} there, {b!r} here' for field, a, b in
@@ -314,7 +387,7 @@ def _reuse(run_dir: str, fingerprint: str, like):
 def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: float,
         optim: Mapping[str, Any], workdir: str, seed: int, eval_every: int | None,
         stop_at: float | None = None, identity: Any = None, reused: list | None = None,
-        val_curves: dict | None = None):
+        val_curves: dict | None = None, store: str | None = None):
     """Train `trainable` on `loss_fn` for `steps` with the optimiser settings `optim` (an
     `optim` config section) at learning rate `lr`
     (warm-up at most a fifth of the run), evaluating with `eval_fn` every `eval_every` steps
@@ -334,7 +407,13 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     nothing.
 
     A `Data` with validation images (`Data.has_validation`) is evaluated on them too, at
-    the same steps: that curve [(step, validation accuracy)] goes to `val_curves[name]`."""
+    the same steps: that curve [(step, validation accuracy)] goes to `val_curves[name]`.
+
+    `store` (a folder, e.g. $JLEARNGENE_STORE) shares finished runs between workdirs: a
+    finished run is copied to `store/<fingerprint>`, and a run whose fingerprint is there is
+    copied into `runs/<name>` and read back instead of trained, so every study that asks for
+    the same model (same name, settings, data, initial params, `identity`, code and
+    software) trains it once."""
     opt_cfg = dict(plain(optim), lr=lr)
     opt_cfg['warmup_steps'] = min(int(opt_cfg.get('warmup_steps', 0)), max(steps // 5, 0))
     run_dir = os.path.join(workdir, 'runs', name)
@@ -349,6 +428,8 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     fingerprint = _fingerprint(**digests) if reusable else None
     validation = eval_fn is not None and getattr(dset, 'has_validation', False)
     done = _reuse(run_dir, fingerprint, trainable) if reusable else None
+    if done is None and reusable and store and _fetch(store, fingerprint, workdir, name, parts, digests):
+        done = _reuse(run_dir, fingerprint, trainable)
     if done is not None:
         if reused is not None:
             reused.append(name)
@@ -388,7 +469,43 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
         if validation:
             record['val_curve'] = val_curve
         files.write_text(finished, json.dumps(record))
+        if store:
+            _deposit(store, fingerprint, run_dir)
     return params, curve, secs
+
+
+def _fetch(store: str, fingerprint: str, workdir: str, name: str, parts, digests) -> bool:
+    """Copy the finished run `store/<fingerprint>` into `workdir/runs/<name>` (a finished
+    run of another fingerprint there is set aside first, an unfinished one is replaced);
+    False where the store has no such run."""
+    src = os.path.join(store, fingerprint)
+    if not os.path.isfile(os.path.join(src, FINISHED)):
+        return False
+    run_dir = os.path.join(workdir, 'runs', name)
+    if os.path.exists(os.path.join(run_dir, FINISHED)):
+        _set_aside(workdir, name, parts, digests)
+    elif os.path.exists(run_dir):
+        shutil.rmtree(run_dir)          # an interrupted run of this name: it would train again
+    tmp = f'{run_dir}.from_store.{os.getpid()}'
+    shutil.copytree(src, tmp)
+    os.replace(tmp, run_dir)
+    logging.getLogger(__name__).info('runs/%s: taken from the store %s', name, src)
+    return True
+
+
+def _deposit(store: str, fingerprint: str, run_dir: str) -> None:
+    """Copy the finished run `run_dir` to `store/<fingerprint>`, renamed into place once
+    complete (a run already there is kept)."""
+    target = os.path.join(store, fingerprint)
+    if os.path.exists(target):
+        return
+    os.makedirs(store, exist_ok=True)
+    tmp = f'{target}.tmp.{os.getpid()}'
+    shutil.copytree(run_dir, tmp)
+    try:
+        os.replace(tmp, target)
+    except OSError:                      # another process put it there first
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @functools.cache
@@ -422,6 +539,7 @@ class LabelBudget:
 
     @property
     def key(self) -> str:
+        """The fraction as results name it (`f'{fraction:g}'`: 0.01 -> '0.01', 0.1 -> '0.1')."""
         return f'{self.fraction:g}'
 
 
@@ -443,11 +561,45 @@ def label_budgets(config: Config) -> list[LabelBudget]:
                          'validation images, never the test images')
     out = []
     for f, s, n in zip(fractions, seeds, steps):
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
+            raise ValueError(f'study: labels.fractions has {f!r}; each is the labelled fraction of the '
+                             'training images, in (0, 1]')
+        if not isinstance(s, (tuple, list)) or not all(isinstance(x, int) and not isinstance(x, bool) for x in s):
+            raise ValueError(f'study: labels.seeds at {f:g} is {s!r}; give a tuple of seeds per label '
+                             'budget, e.g. labels.seeds=((0,1,2,3,4),(0,1,2))')
         s = tuple(int(x) for x in s)
         if not s or len(set(s)) != len(s):
             raise ValueError(f'study: labels.seeds at {f:g} is {s}; give distinct seeds')
         out.append(LabelBudget(float(f), s, int(n)))
+    keys = [b.key for b in out]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f'study: labels.fractions {fractions} repeats a label budget ({keys}); '
+                         'each budget is one section of the record')
     return out
+
+
+def check_tasks(config: Config) -> None:
+    """A study's two tasks (`tasks.ancestor`, `tasks.descendant`), each a one-line
+    ValueError before anything trains: both given and not empty (an empty one would mean
+    every class), no class repeated, and no class in both (the source model would train on
+    the descendants' validation images and labelled budget)."""
+    tc = get(config, 'tasks', None)
+    if not tc:
+        return
+    named = {}
+    for which in ('ancestor', 'descendant'):
+        classes = get(tc, which, None)
+        if (not isinstance(classes, (tuple, list)) or not classes
+                or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in classes)):
+            raise ValueError(f'study: tasks.{which}={classes!r}; give the class numbers of the '
+                             f'{"source" if which == "ancestor" else "downstream"} task, e.g. (0,1,2,3,4)')
+        if len(set(classes)) != len(classes):
+            raise ValueError(f'study: tasks.{which}={tuple(classes)} repeats a class')
+        named[which] = set(classes)
+    both = sorted(named['ancestor'] & named['descendant'])
+    if both:
+        raise ValueError(f'study: tasks.ancestor and tasks.descendant share the classes {both}: the '
+                         'source model would train on the downstream task\'s images; give disjoint classes')
 
 
 def fraction_steps(fraction: float, S: int) -> int:
@@ -523,7 +675,10 @@ class Context:
         self.base: dict = {}            # Scratch's baseline by shape, once trained
         self.timings: dict[str, float] = {}
         self.identity = plain(config)   # what a finished run in workdir must match to be reused
-        self.reused: list[str] = []
+        # finished runs shared between studies (`fit`'s store): $JLEARNGENE_STORE, or none
+        self.store = os.environ.get(STORE_VAR) or None
+        self.reused: list[str] = []     # runs finished by an earlier process, read back
+        self.trained: set[str] = set()  # runs this process trained
         self.memo: dict = {}
         # set by the protocol as the study proceeds
         self.rows: list = []           # the study's rows (`recipes.Row`)
@@ -535,6 +690,7 @@ class Context:
         self.val_curves: dict = {}     # validation curves by run name (tasks with validation)
         self.source: dict = {}         # the teacher's Scratch record (lr, S, runs per seed)
         self.descend_sweeps: dict = {}  # a label budget's descendant lr sweeps (validation accuracy)
+        self.descend_extensions: dict = {}  # each of those sweeps' extensions past an edge
 
     def downstream(self, budget: LabelBudget) -> Data:
         """The descendants' task at a label budget (`label_budgets`): its labelled images,
@@ -551,36 +707,60 @@ class Context:
 
     @property
     def n(self) -> int:
+        """The descendants' training images (`dset.num_examples`), what epochs count."""
         return self.dset.num_examples
 
     @property
     def two_tasks(self) -> bool:
+        """Whether the config has `tasks`: an ancestor task and a descendants' task."""
         return bool(get(self.config, 'tasks', None))
 
     def say(self, msg: str) -> None:
+        """A progress line on stderr unless the study is quiet (`say`)."""
         say(msg, self.quiet)
 
     def steps(self, section: Config, name: str) -> int:
+        """The optimiser steps of the config section `section` (named `name` in errors):
+        its `steps`, else its `epochs` over `n` images at the study's batch (`budget`)."""
         return budget(section, self.n, self.bs, name)
 
     def shape_configs(self, shape: Sequence[int]) -> tuple[ViTConfig, ...]:
+        """The configs of `shape` in this study (`shape_configs`, through the study's
+        `adjust`); the first is Scratch's."""
         return shape_configs(self.config, shape, self.K, self.adjust)
 
     def fit(self, name, loss_fn, params, eval_fn, *, steps, lr, seed, eval_every=None, optim=None,
-            stop_at=None, dset=None):
-        """`fit` in the study's workdir, with the study's optimiser unless `optim` is given."""
+            stop_at=None, dset=None, identity=None):
+        """`fit` in the study's workdir, with the study's optimiser unless `optim` is given;
+        `identity`: what the run depends on beyond its data, settings and initial params
+        (default the whole study config; a narrower one lets other studies reuse the run
+        through the store, `$JLEARNGENE_STORE`)."""
+        read_back = []
+        if self.workdir and not os.path.isfile(os.path.join(self.workdir, 'runs', name, FINISHED)):
+            self.say(f'{name}: training {steps} steps (lr {lr:g}, seed {seed}) ...')
         params, curve, secs = fit(name, loss_fn, params, eval_fn, dset or self.dset, steps=steps,
                                   lr=lr, optim=self.config['optim'] if optim is None else optim,
                                   workdir=self.workdir, seed=seed, eval_every=eval_every,
-                                  stop_at=stop_at, identity=self.identity, reused=self.reused,
-                                  val_curves=self.val_curves)
+                                  stop_at=stop_at, identity=self.identity if identity is None else identity,
+                                  reused=read_back, val_curves=self.val_curves, store=self.store)
+        # `reused`: the runs an earlier process finished, each once; a run this process
+        # trained and reads back again is neither
+        if read_back and name not in self.trained and name not in self.reused:
+            self.reused.append(name)
+        if not read_back:
+            self.trained.add(name)
         self.timings[name] = secs
         return params, curve
 
     def step_flops(self, cfg: ViTConfig, params=None) -> float:
+        """Training FLOPs of one optimiser step of `cfg` at the study's batch (forward and
+        backward, `costs.TRAIN_FACTOR`); `params`, when given, are the sizes that count
+        (`costs.flops_per_image`)."""
         return float(costs.TRAIN_FACTOR * costs.flops_per_image(cfg, params) * self.bs)
 
     def run_flops(self, cfg: ViTConfig, steps: float, teacher: ViTConfig | None = None) -> float:
+        """Training FLOPs of `steps` optimiser steps of `cfg` at the study's batch, plus the
+        forward passes of a distillation `teacher` on every image (`costs.training_cost`)."""
         return float(costs.training_cost([costs.Run('r', cfg, steps * self.bs / self.n, self.n,
                                                     teacher=teacher)])['flops'])
 

@@ -1,11 +1,12 @@
 """The headline table of the transfer studies (the top README's), from their records alone:
 per study, label budget and shape, converged Scratch (the floor), then for each method (at
-its first variant, its paper's default) the descendant's accuracy at the study's largest
-budget against converged Scratch (Δ and Welch's p), the share of the ceiling's gain it
-keeps, (method − Scratch) / (ceiling − Scratch), beside what it stores (its gene's parameters
-over the source model's, heads left out), the training FLOPs until it first reaches
-Scratch's converged accuracy − 0.5 pt (its own, plus its upstream amortised over N
-descendants, without and with the pretrained source), and each study's verdict counts.
+its first variant, its paper's default) the descendant's accuracy at its paper's budget
+against converged Scratch (Δ and Welch's p), the share of the ceiling's gain it keeps at
+Scratch's own steps, (method − Scratch) / (ceiling − Scratch), beside what it stores (its
+gene's parameters over the source model's, heads left out), the training FLOPs until it
+first reaches Scratch's converged accuracy − 0.5 pt (its own, read from its run at
+Scratch's steps, plus its upstream amortised over N descendants, without and with the
+pretrained source), and each study's verdict counts.
 
     jlearngene render --headline experiments/tleg/fashion experiments/letra/fashion ...
 """
@@ -31,16 +32,25 @@ HEADS = ('head', 'pre_logits')    # a gene's size and the source's leave the tas
 
 def load(workdir: str) -> dict:
     """A transfer study's finished record (results.json, summaries recomputed), or a one-line
-    `results.ResultsError` for a record without label budgets."""
+    `results.ResultsError` naming the file and field for a record without label budgets, one
+    whose fields do not fit together (`results.read`) or one whose config plans no study
+    (what the headline stores is read from the plan)."""
+    recorded = results.read(workdir, transfer=True)
     path = os.path.join(workdir, 'results.json')
-    with open(path, encoding='utf-8') as f:
-        recorded = json.load(f)
-    if not isinstance(recorded, dict) or not isinstance(recorded.get('budgets'), dict):
-        raise results.ResultsError(f'{path}: no label budgets; the headline reads transfer studies '
-                                   '(their fashion records)')
-    for sub in recorded['budgets'].values():
-        results.validate(sub, path)
-    return study.finish(recorded, harness.module(recorded['config']['experiment']).STUDY.claims)
+    _plans(recorded['config'], path)
+    return study.finish(recorded, results.claims(recorded, path))
+
+
+def _plans(config: dict, where: str) -> None:
+    """A ResultsError naming `where` unless the recorded `config` plans its study
+    (`study.plan`, shapes only), as the headline's gene sizes need."""
+    try:
+        study.plan(config, len(config['tasks']['descendant']))
+    except KeyError as e:
+        raise results.ResultsError(f'{where}: config: no {e.args[0]!r}, which the study\'s plan '
+                                   'reads') from None
+    except (TypeError, ValueError, AttributeError) as e:
+        raise results.ResultsError(f'{where}: config: plans no study ({e})') from None
 
 
 @functools.cache
@@ -82,9 +92,11 @@ def shown(rows_spec: Sequence[str]) -> set[str]:
 
 def entries(recorded: dict, name: str) -> list[dict]:
     """One entry per (label budget, row `shown`, shape) of a transfer study's record
-    `recorded`: `results.versus_scratch`'s, with what the row stores and its FLOPs to the
-    target. Converged Scratch comes first at each shape: the floor, with its own FLOPs to the
-    target."""
+    `recorded`: `results.versus_scratch`'s (accuracy, Δ and p at the paper's budget, the
+    ceiling share at Scratch's steps), with what the row stores and its FLOPs to the target,
+    read from its run at Scratch's steps where it has one (evaluated at least 20 times), else
+    from its paper's budget. Converged Scratch comes first at each shape: the floor, with its
+    own FLOPs to the target."""
     config = recorded['config']
     out = []
     for key, sub in recorded['budgets'].items():
@@ -93,6 +105,8 @@ def entries(recorded: dict, name: str) -> list[dict]:
         rows = shown(sub['rows_spec']) | {'scratch'}
         for e in (e for e in results.versus_scratch(sub) if e['name'] in rows):
             s, genes_ = e.pop('summary'), stored.get((e['name'], shape_key(e['shape'])))
+            if e['equal'] is not None:      # FLOPs to the target: the run at Scratch's steps
+                s = e['equal'].pop('summary')
             reach = s['reach_flops']
             out.append(dict(
                 e, study=name, budget=key, labels=sub['label_fraction'],
@@ -117,8 +131,9 @@ def verdict_counts(recorded: dict) -> dict[str, dict[str, int]]:
 def markdown(records: Sequence[tuple[str, dict]]) -> str:
     """The headline table of `records` [(study name, record)], one row per (study, label
     budget, method, shape), then each study's verdict counts."""
-    head = ('| study | labels | shape | method | acc. (mean ± std) | Δ vs Scratch | Welch p | ceiling share '
-            '| stores (of source) | GFLOPs to Scratch − 0.5 pt, N = 1 / 4 / 10: w/o source | with source |')
+    head = ("| study | labels | shape | method | acc. at paper budget (mean ± std) | Δ vs Scratch | Welch p "
+            "| ceiling share at Scratch's steps | stores (of source) "
+            '| GFLOPs to Scratch − 0.5 pt, N = 1 / 4 / 10: w/o source | with source |')
     lines = [head, '|' + '---|' * (head.count('|') - 1)]
     for name, recorded in records:
         for e in entries(recorded, name):
@@ -133,21 +148,28 @@ def markdown(records: Sequence[tuple[str, dict]]) -> str:
             lines.append(f"| {name} | {e['labels'] * 100:g} % | {shape_text(e['shape'])} | {label} | "
                          f"{e['acc']:.4f} ± {e['std']:.4f} | {delta} | {p} | {share} | {stored} | "
                          f"{flops[0]} | {flops[1]} |")
-    lines += ['', 'Ceiling share: (method − Scratch) / (ceiling − Scratch), – where the ceiling is not '
-              'above Scratch. Stores: the gene\'s parameters over the source model\'s, heads left out. '
-              'GFLOPs: own training until the first evaluation at Scratch − 0.5 pt plus upstream / N, '
-              '– where a seed never reaches it. A method with variants shows its first, its paper\'s '
-              'default; the others are in its study\'s record.']
+    lines += ['', 'Accuracy, Δ and Welch p: at the method\'s paper budget (the ceiling: at Scratch\'s '
+              'steps, its only budget). Ceiling share: (method − Scratch) / (ceiling − Scratch), both '
+              'fine-tuned for Scratch\'s own steps where the record has that budget (else at the largest), '
+              '– where the ceiling is not above Scratch. Stores: the gene\'s parameters over the source '
+              'model\'s, heads left out. GFLOPs: own training until the first evaluation at Scratch − '
+              '0.5 pt (in the run at Scratch\'s steps where there is one) plus upstream / N, – where a '
+              'seed never reaches it. A method with variants shows its first, its paper\'s default; the '
+              'others are in its study\'s record.']
     lines += ['', verdict_line(records)]
     return '\n'.join(lines)
 
 
 def verdict_line(records: Sequence[tuple[str, dict]]) -> str:
     """Each study's verdict counts per label budget; a study without paper claims (the
-    comparison) says so instead of counting zeros."""
+    comparison: label budgets, none with a verdict) says so instead of counting zeros, and
+    one without label budgets says that."""
     parts = []
     for name, recorded in records:
         counts = verdict_counts(recorded)
+        if not counts:
+            parts.append(f'{name}: no label budgets')
+            continue
         if not any(counts.values()):
             parts.append(f'{name}: no paper claims of its own')
             continue
@@ -158,9 +180,71 @@ def verdict_line(records: Sequence[tuple[str, dict]]) -> str:
 
 
 def table(workdirs: Sequence[str]) -> str:
-    """`markdown` of the transfer records in `workdirs`, each named by its experiment."""
+    """`markdown` of the transfer records in `workdirs`, each named by its experiment, and by
+    its folder as well where several records are of one experiment ('letra
+    (runs/letra_b)'); a folder given twice is a one-line ValueError (its rows would count
+    twice)."""
+    _once(workdirs)
     records = [load(w) for w in workdirs]
-    return markdown([(r['config']['experiment'], r) for r in records])
+    experiments = [r['config']['experiment'] for r in records]
+    return markdown([(e if experiments.count(e) == 1 else f'{e} ({os.path.normpath(w)})', r)
+                     for e, w, r in zip(experiments, workdirs, records)])
+
+
+def _once(workdirs: Sequence[str]) -> None:
+    """A ValueError naming a folder that `workdirs` gives twice (the same folder by any
+    path)."""
+    seen: dict[str, str] = {}
+    for w in workdirs:
+        real = os.path.realpath(w)
+        if real in seen:
+            same = '' if seen[real] == w else f' (as {seen[real]!r} and {w!r})'
+            raise ValueError(f'{w}: the same record given twice{same}; each study counts once')
+        seen[real] = w
 
 
 __all__ = ['entries', 'load', 'markdown', 'shown', 'table', 'verdict_counts', 'verdict_line']
+
+
+def readme_table(recorded: dict, labels: str = '0.01') -> str:
+    """The README's short headline: one transfer study's record `recorded` (the comparison's,
+    where every method descends from one teacher), at the label budget `labels` (a key of
+    its `budgets`) and the shape with the most methods (the first such): one row per method
+    `shown`, with what it stores, its ceiling share, Δ against converged Scratch and Welch's p,
+    after one line naming the study, the budget, the shape and Scratch's accuracy, and
+    saying what a ceiling share is.
+
+    Args:
+        recorded: a transfer study's record, as `load` returns it.
+        labels: the label budget, as the record's `budgets` key (`'0.01'`: 1 %).
+
+    Returns:
+        Markdown: the caption line, a blank line, then the table.
+
+    Raises:
+        KeyError: the record has no label budget `labels`.
+    """
+    name = recorded['config']['experiment']
+    if labels not in recorded['budgets']:
+        raise KeyError(f'{name}: no label budget {labels!r} (it has {", ".join(recorded["budgets"])})')
+    rows = [e for e in entries(recorded, name) if e['budget'] == labels]
+    shapes = [tuple(e['shape']) for e in rows]
+    shape = max(dict.fromkeys(shapes), key=shapes.count)
+    rows = [e for e in rows if tuple(e['shape']) == shape]
+    floor = next(e for e in rows if e['name'] == 'scratch')
+    lines = [f"The `{name}` study, {float(labels) * 100:g} % of the new task's labels, shape "
+             f"{shape_text(list(shape))}: converged Scratch {floor['acc']:.4f} ± {floor['std']:.4f} over "
+             f"{floor['seeds']} seeds. Ceiling share: (method − Scratch) / (ceiling − Scratch), – where "
+             'the ceiling is not above Scratch.', '',
+             '| method | stores (of source) | ceiling share | Δ vs Scratch | Welch p |', '|---|---|---|---|---|']
+    for e in rows:
+        if e['name'] == 'scratch':
+            continue
+        lines.append('| {} | {} | {} | {:+.4f} | {} |'.format(
+            e['label'], '–' if e['stored'] is None else f"{e['stored']:.2f}",
+            '–' if e['ceiling_share'] is None else f"{e['ceiling_share']:+.2f}", e['delta'],
+            'n/a' if e['p'] is None else f"{e['p']:.3g}"))
+    return '\n'.join(lines)
+
+
+__all__ += ['readme_table']

@@ -9,8 +9,8 @@ import numpy as np
 
 from jlearngene.experiments import recipes
 from jlearngene.train import files
-from jlearngene.experiments.results import (ALPHA, MIN_GAP, _mean_std, parse_key, shape_text,
-                                            versus_scratch)
+from jlearngene.experiments.results import (ALPHA, MIN_GAP, _mean_std, budget_kind, parse_key,
+                                            shape_text, versus_scratch)
 
 
 def gflops(x) -> str:
@@ -38,7 +38,23 @@ def _budget(s: dict) -> str:
         return f"{s['steps']} steps"
     taken = s['steps_taken']
     stopped = f', {taken:.0f} taken' if taken < s['steps'] else ''
+    if budget_kind(s) == 'equal':
+        return f"Scratch's {s['steps']} steps ({s['fraction']:g}·S){stopped}"
     return f"{s['fraction']:g}·S = {s['steps']} steps{stopped}"
+
+
+def doubling_text(b: dict) -> str:
+    """A baseline's convergence by doubling in words: 'yes (2400: 0.902 → 4800: 0.905)' from
+    its first seed's chain (held-out accuracy at n and at 2n); 'yes' for a record without
+    chains, '**no** (...)' where a seed did not converge within the cap."""
+    chains = [c for c in (b.get('doubling') or {}).values() if c]
+    word = 'yes' if b['converged'] else '**no**'
+    if not chains:
+        return word
+    chain, n = chains[0], b.get('steps')
+    at = [i for i, (m, _, _) in enumerate(chain) if m == n]
+    pair = chain[at[0]:at[0] + 2] if at else chain[-2:]
+    return f"{word} ({' → '.join(f'{m}: {h:.3f}' for m, h, _ in pair)})"
 
 
 def markdown(results: dict) -> str:
@@ -61,7 +77,11 @@ def markdown(results: dict) -> str:
               'test accuracy):' if on_validation else
               '**Scratch** (lr sweep on the first seed, every seed at the chosen lr; S: the plateau '
               f"step, first evaluation within {cfg['scratch']['plateau'] * 100:g} pt of the final "
-              'accuracy):'), '',
+              'accuracy):'),
+             *(['Converged: a run of n steps whose run of 2n steps ends less than '
+                f"{cfg['scratch']['plateau'] * 100:g} pt higher on held-out accuracy (n: held-out "
+                'accuracy → 2n: held-out accuracy, first seed).']
+               if any(b.get('doubling') for b in results['scratch'].values()) else []), '',
              f"| shape | {sweep_head} | chosen {'setting' if on_validation else 'lr'} | steps | S | converged "
              '| acc. (mean ± std) | target |',
              '|---|---|---|---|---|---|---|---|']
@@ -69,7 +89,7 @@ def markdown(results: dict) -> str:
         sweep = ', '.join(f'{lr}: {a:.3f}' for lr, a in b['sweep'].items())
         chosen = f"{b['lr']:g}" + (f", wd {b['weight_decay']:g}" if 'weight_decay' in b else '')
         lines.append(f"| {shape_text(parse_key(key))} | {sweep} | {chosen} | {b['steps']} | "
-                     f"{b['S']} | {'yes' if b['converged'] else '**no**'} | {b['acc']:.4f} ± {b['std']:.4f} | "
+                     f"{b['S']} | {doubling_text(b)} | {b['acc']:.4f} ± {b['std']:.4f} | "
                      f"{b['acc'] - cfg['target_gap']:.4f} |")
     lines += ancestor_lines(results)
     edges = sweep_edges(results) if 'label_fraction' not in results else []   # a budget's: above
@@ -148,9 +168,12 @@ def ancestor_lines(results: dict) -> list[str]:
     if not a:
         return []
     sweep = ', '.join(f'{lr}: {acc:.3f}' for lr, acc in a['sweep'].items())
+    steps = f"{a['steps']} steps; " if 'steps' in a else ''
     lines = ['', f"**Ancestor** (the teacher; classes {a['classes']}, relabelled; descendants on "
-             f"classes {a['descendant_classes']}): lr sweep {sweep}; chosen {a['lr']:g}; S = {a['S']}; "
-             f"accuracy {a['acc']:.4f} ± {a['std']:.4f}; converged: {'yes' if a['converged'] else '**no**'}."]
+             f"classes {a['descendant_classes']}): lr sweep {sweep}; chosen {a['lr']:g}; {steps}S = {a['S']}; "
+             f"test accuracy {a['acc']:.4f} ± {a['std']:.4f}"
+             + (' (per seed: ' + ', '.join(f'{x:.4f}' for x in a['accs'].values()) + ')' if a.get('accs') else '')
+             + f"; converged: {doubling_text(a)}."]
     return lines
 
 
@@ -161,13 +184,14 @@ def by_method(results: dict) -> list[str]:
     source for one descendant; where every seed reached it) and the break-even N."""
     summary = [s for s in results['summary'] if s['name'] != 'scratch']
     scratch = {tuple(s['shape']): s for s in results['summary'] if s['name'] == 'scratch'}
-    lines = ['**Per method** (its largest budget; Δ: accuracy minus Scratch\'s at the same shapes; '
+    lines = ['**Per method** (its largest paper budget; Δ: accuracy minus Scratch\'s at the same shapes; '
              "FLOPs ratio: FLOPs to the target, upstream without the source counted for one "
              "descendant, over Scratch's, where every seed reached it):", '',
              '| method | budget | shapes made | runs at the target | Δ vs Scratch (mean) '
              '| FLOPs to target / Scratch\'s | beats Scratch from N (w/o source) |', '|---|---|---|---|---|---|---|']
     for name in results['rows_spec']:
         mine = [s for s in summary if s['name'] == name]
+        mine = [s for s in mine if budget_kind(s) == 'paper'] or mine
         if not mine:
             continue
         top = max(s['fraction'] for s in mine)
@@ -201,7 +225,8 @@ def mean_curve(rows: list[dict], start_key: str = 'upstream_flops_without_source
 def plot(results: dict, workdir: str, filename: str = 'accuracy_vs_flops.png') -> list[str]:
     """accuracy_vs_flops.png: a panel per shape, test accuracy (mean over seeds) against total
     training FLOPs (upstream without the pretrained source for one descendant, plus its own), each
-    method at its largest budget, Scratch's target dashed; returns its path."""
+    method at Scratch's steps where it trained there, else at its largest budget, Scratch's
+    target dashed; returns its path."""
     if 'budgets' in results:
         return transfer_plot(results, workdir)
     import matplotlib
@@ -220,6 +245,8 @@ def plot(results: dict, workdir: str, filename: str = 'accuracy_vs_flops.png') -
             rows = [r for r in results['rows'] if r['name'] == name and r['shape'] == shape]
             if not rows:
                 continue
+            # the run at Scratch's steps where there is one (evaluated most often), else the largest budget
+            rows = [r for r in rows if budget_kind(r) == 'equal'] or rows
             top = max(r['fraction'] for r in rows)
             rows = [r for r in rows if r['fraction'] == top]
             target = rows[0]['target']
@@ -275,50 +302,102 @@ def transfer_markdown(results: dict) -> str:
                   '(held out of every labelled part); the test images give the numbers below. '
                   'Welch p: the method against converged Scratch; ceiling share: (method − '
                   'Scratch) / (ceiling − Scratch), where the ceiling is above Scratch.', '']
-        lines += headline(sub) + ['']
+        lines += headline(sub) + [''] + ceiling_lines(sub)
         if sub.get('descend_sweeps'):
-            lines += ['Descendant lr sweeps (first seed, final validation accuracy): '
+            lines += ['Descendant lr sweeps (first seed, final validation accuracy; "equal": at '
+                      "Scratch's steps): "
                       + '; '.join(f"{k}: " + ', '.join(f'{lr} {a:.3f}' for lr, a in v.items())
                                   for k, v in sub['descend_sweeps'].items()) + '.', '']
         lines += sweep_edges(sub) + [markdown({**sub, 'ancestor': None})]
     return '\n'.join(lines)
 
 
-def sweep_edges(sub: dict) -> list[str]:
-    """A line naming the lr choices of a label budget (the ancestor's, Scratch's, each
-    descendant sweep's) that fell on the largest or smallest lr swept: there a wider sweep
-    could move the row, so a reader should know; nothing when every choice is inside."""
+def _sweeps(sub: dict) -> list[tuple[str, float, list[float], dict | None]]:
+    """Every lr choice of a label budget's record: (who, chosen lr, the lrs swept, its
+    extensions record or None where the record predates them)."""
     lrs = sorted(sub['config']['scratch']['lrs'])
-    picks = [('the ancestor', sub['ancestor']['lr'], lrs)] if sub.get('ancestor') else []
-    picks += [(f'Scratch at {shape_text(parse_key(k))}', b['lr'], lrs) for k, b in sub['scratch'].items()]
-    picks += [(k, float(max(v, key=v.get)), sorted(float(x) for x in v))
+
+    def last(b: dict):
+        sw = (b.get('sweeps') or [None])[-1]
+        return (sorted(float(x) for x in sw['scores']), sw) if sw else (lrs, None)
+
+    picks = []
+    if sub.get('ancestor'):
+        picks.append(('the ancestor', sub['ancestor']['lr'], *last(sub['ancestor'])))
+    picks += [(f'Scratch at {shape_text(parse_key(k))}', b['lr'], *last(b)) for k, b in sub['scratch'].items()]
+    ext = sub.get('descend_extensions') or {}
+    picks += [(k, float(max(v, key=v.get)), sorted(float(x) for x in v), ext.get(k))
               for k, v in (sub.get('descend_sweeps') or {}).items()]
-    edges = {'largest': [], 'smallest': []}
-    for who, lr, swept in picks:
-        if len(swept) > 1 and lr in (swept[0], swept[-1]):
-            edges['largest' if lr == swept[-1] else 'smallest'].append(who)
-    if not any(edges.values()):
+    return picks
+
+
+def ceiling_lines(sub: dict) -> list[str]:
+    """A line naming the shapes where the ceiling (the whole source model fine-tuned) does
+    not end above converged Scratch: there no gene can pay off, a finding about the task
+    pair rather than about a method; nothing where it is above everywhere or absent."""
+    below = [(e['shape'], e['delta'], e['p']) for e in versus_scratch(sub)
+             if e['name'] == 'ceiling' and e['delta'] <= 0]
+    if not below:
         return []
-    return ['Chosen at the edge of its lr sweep (a wider sweep could move these): '
-            + '; '.join(f'the {edge} lr for {len(who)} of {len(picks)} choices ({", ".join(who)})'
-                        for edge, who in edges.items() if who) + '.', '']
+    return ['The ceiling is not above converged Scratch at '
+            + ', '.join(f"{shape_text(sh)} (Δ {d:+.4f}, {'p n/a' if p is None else f'p {p:.3g}'})"
+                        for sh, d, p in below)
+            + ': there fine-tuning the whole source model does not beat training from scratch, '
+            'so no gene from it can.', '']
+
+
+def sweep_edges(sub: dict) -> list[str]:
+    """Lines on the lr choices of a label budget (the ancestor's, Scratch's, each descendant
+    sweep's): which sweeps were extended past an edge, and which choices still sit at the
+    largest or smallest lr tried (after the extensions: they hit the cap; in a record
+    without extensions: a wider sweep could move the row); nothing when every choice is
+    inside its sweep."""
+    picks = _sweeps(sub)
+    extended = [(who, e) for who, _, _, e in picks if e and e.get('extensions')]
+    edges = {'largest': [], 'smallest': []}
+    capped = []
+    for who, lr, swept, e in picks:
+        if len(swept) > 1 and lr in (swept[0], swept[-1]):
+            (capped if e is not None else edges['largest' if lr == swept[-1] else 'smallest']).append(who)
+    out = []
+    if extended:
+        out.append('Sweeps extended past an edge (a grid step at a time, at most twice): ' + '; '.join(
+            f"{who}: " + ', '.join(f"{x['value']:g} ({x['side']})" for x in e['extensions'])
+            for who, e in extended) + '.')
+    if capped:
+        out.append(f'Still at the edge after the extensions (hit the cap): {len(capped)} of {len(picks)} '
+                   f'choices ({", ".join(capped)}).')
+    if any(edges.values()):
+        out.append('Chosen at the edge of its lr sweep (a wider sweep could move these): '
+                   + '; '.join(f'the {edge} lr for {len(who)} of {len(picks)} choices ({", ".join(who)})'
+                               for edge, who in edges.items() if who) + '.')
+    return [line for x in out for line in (x, '')]
 
 
 def headline(sub: dict) -> list[str]:
-    """Per method and shape at its largest budget: final test accuracy against converged
-    Scratch (Δ, Welch's p) and the ceiling share (`results.versus_scratch`)."""
-    out = ['| shape | method | acc. (mean ± std) | at the best validation step | Δ vs Scratch | Welch p '
-           '| ceiling share |', '|---|---|---|---|---|---|---|']
+    """Per method and shape: final test accuracy against converged Scratch (Δ, Welch's p) at
+    its paper's (largest) budget and at Scratch's own steps, and the ceiling share at
+    Scratch's steps (`results.versus_scratch`)."""
+    out = ["| shape | method | paper budget | acc. (mean ± std) | at the best validation step | Δ vs Scratch "
+           "| Welch p | at Scratch's steps: acc. | Δ | Welch p | ceiling share |",
+           '|---|---|---|---|---|---|---|---|---|---|---|']
     for e in versus_scratch(sub):
         best = '–' if e['acc_at_best_val'] is None else f"{e['acc_at_best_val']:.4f}"
         if e['name'] == 'scratch':
-            out.append(f"| {shape_text(e['shape'])} | Scratch (converged) | {e['acc']:.4f} ± {e['std']:.4f} | "
-                       f'{best} | – | – | 0 |')
+            out.append(f"| {shape_text(e['shape'])} | Scratch (converged) | {e['summary']['steps']} steps | "
+                       f"{e['acc']:.4f} ± {e['std']:.4f} | {best} | – | – | – | – | – | 0 |")
             continue
         share = '–' if e['ceiling_share'] is None else f"{e['ceiling_share']:+.2f}"
+        paper = budget_kind(e['summary']) == 'paper'
         p = 'n/a' if e['p'] is None else f"{e['p']:.3g}"
-        out.append(f"| {shape_text(e['shape'])} | {e['label']} | {e['acc']:.4f} ± {e['std']:.4f} | {best} | "
-                   f"{e['delta']:+.4f} | {p} | {share} |")
+        q = e['equal']
+        eq = ['–'] * 3 if q is None else [f"{q['acc']:.4f} ± {q['std']:.4f}", f"{q['delta']:+.4f}",
+                                          'n/a' if q['p'] is None else f"{q['p']:.3g}"]
+        cells = ([f"{e['fraction']:g}·S", f"{e['acc']:.4f} ± {e['std']:.4f}", best, f"{e['delta']:+.4f}", p]
+                 if paper else ['–'] * 5)
+        if not paper:      # a row at Scratch's steps only (the ceiling)
+            eq = [f"{e['acc']:.4f} ± {e['std']:.4f}", f"{e['delta']:+.4f}", p]
+        out.append(f"| {shape_text(e['shape'])} | {e['label']} | " + ' | '.join(cells + eq) + f' | {share} |')
     return out
 
 

@@ -11,22 +11,24 @@ its genes upstream, its descendants and its budgets. The protocol
 (`../shared/specs/fair_studies.md`):
 
 1. **Scratch first** (`scratch.baseline`), for every descendant shape and the reference
-   shape: a learning-rate sweep (`scratch.lrs`, at least three values; the chosen lr is the
-   best final test accuracy on the first seed), every seed at the chosen lr for
-   `scratch.steps` (or `epochs`), evaluated every `scratch.eval_every` steps. S is the plateau
-   step: the first evaluation within `scratch.plateau` (0.5 pt) of the run's final accuracy;
-   the run counts as converged when the mean of its last `scratch.patience` evaluations is
-   within `scratch.plateau` of the mean of the `patience` before them. The target for every
-   method is Scratch's mean final accuracy minus `target_gap` (0.5 pt). Only the paper
-   configs (scale 'paper') may give a single lr: there Scratch follows the paper's schedule
-   and S is that schedule.
+   shape: a learning-rate sweep (`scratch.lrs`, at least three values) on the first seed,
+   extended a grid step past an edge its choice sits on (at most twice), then convergence by
+   doubling: a run of n steps counts as converged when a run of 2n steps ends less than
+   `scratch.plateau` (0.5 pt) higher on held-out accuracy, doubled up to `scratch.max_steps`;
+   where the converged length is longer than the sweep's, the sweep is read again there;
+   every seed at the chosen setting, all at the steps the longest-needing seed needed. S is
+   the plateau step of the converged run: the first evaluation within `scratch.plateau` of
+   its final accuracy. The target for every method is Scratch's mean final accuracy minus
+   `target_gap` (0.5 pt). Only the paper configs (scale 'paper', `scratch.patience` 0) may
+   give a single lr: there Scratch follows the paper's schedule and S is that schedule.
 2. **Upstream, per seed**: the teacher is the reference shape's Scratch run of that seed (on
    the ancestor's task where the study has two, `tasks`); then each recipe in use makes its
    family's genes (`Recipe.upstream`), each counted in training FLOPs.
 3. **Descendants, per seed**: every (row, shape) the plan allows (`plan`, shapes only),
-   initialised by its recipe, evaluated, fine-tuned for each of its budgets (by default
-   `descend.fractions` · S_shape steps at `descend.lr`; 0: the initialisation alone),
-   stopping at the target with `descend.stop_at_target`.
+   initialised by its recipe, evaluated, fine-tuned for each of its budgets (`_budgets`: by
+   default `descend.fractions` · S_shape steps at `descend.lr`, 0: the initialisation alone;
+   with `descend.equal_budget`, also Scratch's own steps at that shape, evaluated at least
+   `descend.equal_evals` times), stopping at the target with `descend.stop_at_target`.
 4. **Reporting** (`results.finish`, `report`): per row mean ± std over seeds, FLOPs until
    the target is first reached, upstream FLOPs with and without the pretrained source, the
    amortised cost per descendant for N = `amortise`, the break-even N, the claims' verdicts;
@@ -38,19 +40,24 @@ setting"): the teacher and every upstream run train on the ancestor's classes, o
 source seed (`seeds`), before any descendant. Then, per label budget (`labels.fractions`,
 each with its own seeds and Scratch steps), the descendants' task holds that fraction of its
 training images labelled and `labels.validation_per_class` images per class held out of
-every budget: Scratch sweeps lr × `scratch.weight_decays` and reads its plateau on the
-validation accuracy; every (row, shape, budget) sweeps `descend.lrs` on the budget's first
-seed and keeps the lr of the best final validation accuracy; the test images give the
-reported numbers only. A budget seed the source was not trained with descends from the
-source seeds in turn (`upstream_seeds`). The 'ceiling' row fine-tunes a whole source-task
-model of each descendant shape. The record holds one study record per budget under
-`budgets`, rendered as one section each (`report.transfer_markdown`).
+every budget: Scratch sweeps lr × `scratch.weight_decays` and reads its doubling test and
+plateau on the validation accuracy; every (row, shape, budget) sweeps `descend.lrs` (extended
+past an edge) on the budget's first seed and keeps the lr of the best final validation
+accuracy; the test images give the reported numbers only. A budget seed the source was not
+trained with descends from the source seeds in turn (`upstream_seeds`). The 'ceiling' row
+fine-tunes a whole source-task model of each descendant shape (each trained as the teacher
+is: its own sweep, converged by doubling) for Scratch's own steps. The record holds one
+study record per budget under `budgets`, rendered as one section each
+(`report.transfer_markdown`).
+
+Finished runs are reused from the workdir (`harness.fit`), and from the folder
+`$JLEARNGENE_STORE` names where it is set: there every study that asks for the same model
+(the same fingerprint: settings, data, initial params, model, training code) trains it once.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import time
 from typing import Any
@@ -201,8 +208,10 @@ def check(config: Config) -> None:
     or written: Scratch sweeps ≥ 3 learning rates except in the paper configs; at least one
     seed, none repeated (a repeated seed is no replication); at least one method; budget
     fractions given and not negative (0: the initialisation alone); every method's family
-    finds its config section."""
-    lrs = tuple(config['scratch']['lrs'])
+    finds its config section; a study with two tasks names disjoint, non-empty class lists
+    (`harness.check_tasks`); label budgets line up and none repeats (`harness.label_budgets`);
+    every swept value (learning rates, weight decays) is a number, none repeated."""
+    lrs = _sweep_values('scratch.lrs', config['scratch']['lrs'])
     paper = harness.get(config, 'scale', '') == 'paper'
     if not lrs or (len(lrs) < MIN_SWEEP and not paper):
         raise ValueError(f'study: scratch.lrs={lrs}: Scratch sweeps at least {MIN_SWEEP} '
@@ -221,6 +230,7 @@ def check(config: Config) -> None:
     if min(fractions) < 0:
         raise ValueError(f'study: descend.fractions={fractions} has a negative budget; give '
                          'fractions of S ≥ 0 (0: the initialisation alone)')
+    harness.check_tasks(config)
     if harness.label_budgets(config):
         _check_transfer(config)
     for method in config['methods']:
@@ -231,15 +241,31 @@ def check(config: Config) -> None:
                              f'{_studies_with(recipe.section, method)}')
 
 
+def _sweep_values(name: str, values, *, positive: bool = True) -> tuple[float, ...]:
+    """A swept setting's values as floats, or a one-line ValueError: a value that is not a
+    number, not positive (a weight decay may be 0), or repeated."""
+    if not isinstance(values, (tuple, list)):
+        values = (values,)
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float))
+           or not (v > 0 if positive else v >= 0)]
+    if bad:
+        raise ValueError(f'study: {name}={tuple(values)} has {bad[0]!r}; give '
+                         + ('positive numbers' if positive else 'numbers ≥ 0'))
+    if len(set(values)) != len(values):
+        raise ValueError(f'study: {name}={tuple(values)} repeats a value')
+    return tuple(float(v) for v in values)
+
+
 def _check_transfer(config: Config) -> None:
     """A transfer study's own rules (fair_studies.md, "Transfer setting"): Scratch sweeps
     ≥ 2 weight decays, the descendants ≥ 3 learning rates, and nothing stops at the target
     (the target is read on test images; every choice reads the validation images)."""
-    wds = tuple(harness.get(config['scratch'], 'weight_decays', ()) or ())
+    wds = _sweep_values('scratch.weight_decays', harness.get(config['scratch'], 'weight_decays', ()) or (),
+                        positive=False)
     if len(wds) < 2:
         raise ValueError(f'study: scratch.weight_decays={wds}: with label budgets Scratch sweeps at '
                          'least 2 weight decays')
-    lrs = tuple(harness.get(config['descend'], 'lrs', ()) or ())
+    lrs = _sweep_values('descend.lrs', harness.get(config['descend'], 'lrs', ()) or ())
     if len(lrs) < MIN_SWEEP:
         raise ValueError(f'study: descend.lrs={lrs}: with label budgets every method sweeps at '
                          f'least {MIN_SWEEP} learning rates on the first seed')
@@ -289,7 +315,8 @@ def _scratch_records(base: dict, shapes, ctx: harness.Context) -> list[dict]:
                             params=costs.param_count(cfg), extra_flops=0.0,
                             step_flops=ctx.step_flops(cfg),
                             finetune_flops=r['steps'] * ctx.step_flops(cfg), upstream=[],
-                            **{k: r[k] for k in ('val', 'val_curve', 'acc_at_best_val') if k in r}))
+                            **{k: r[k] for k in ('val', 'val_curve', 'acc_at_best_val', 'weight_decay',
+                                                 'converged_at', 'doubling') if k in r}))
     return out
 
 
@@ -313,6 +340,10 @@ def run(config: Config, workdir: str, study: Study, *, quiet: bool = False) -> d
     t_start = harness.prepare(config, workdir)
     with workdir_lock.hold_workdir(workdir):        # one process per workdir
         harness.claim_workdir(workdir, config)
+        ctx.say(f"{config['experiment']} study in {workdir}: {len(rows)} rows, shapes {ctx.shapes}, seeds "
+                f"{list(config['seeds'])}; data {ctx.dset.info.name} ({ctx.dset.num_examples} training "
+                f"images) read from {harness.data_location(ctx.dset)}; each run prints a line as it starts "
+                'training and as it finishes')
         return _run(config, workdir, study, ctx, rows, used, rows_of, t_start)
 
 
@@ -361,6 +392,7 @@ def _run(config: Config, workdir: str, study: Study, ctx: harness.Context, rows:
             ctx.base = scratch.baseline(ctx, scratch_cfgs, budget.seeds, steps=budget.steps,
                                         tag=f'scratch_l{budget.key}')
             records, ctx.descend_sweeps = _scratch_records(ctx.base, ctx.shapes, ctx), {}
+            ctx.descend_extensions = {}
             pairs = upstream_seeds(seeds, budget.seeds)
             for seed in budget.seeds:
                 _descendants(ctx, rows, seed, ups[pairs[seed]], records, label_key=budget.key)
@@ -369,10 +401,11 @@ def _run(config: Config, workdir: str, study: Study, ctx: harness.Context, rows:
                           {s: ups[pairs[s]].info for s in budget.seeds})
             sub.update(label_fraction=budget.fraction, labelled=ctx.dset.num_examples,
                        upstream_seed={str(s): pairs[s] for s in budget.seeds},
-                       descend_sweeps=ctx.descend_sweeps)
+                       descend_sweeps=ctx.descend_sweeps, descend_extensions=ctx.descend_extensions)
             out['budgets'][budget.key] = sub
         out.update(timings=ctx.timings, reused=sorted(ctx.reused))
     out['seconds'] = time.perf_counter() - t_start
+    out['data_read_from'] = harness.data_location(ctx.dset)
     return harness.write_results(finish(out, study.claims), workdir, report.markdown, report.plot)
 
 
@@ -397,16 +430,29 @@ def _upstream(ctx: harness.Context, workdir: str, used: list, rows_of: dict, see
     return up, dict(up.flops, teacher=ctx.source['runs'][seed]['steps'] * ctx.step_flops(t_cfg))
 
 
+def _budgets(ctx: harness.Context, row: Row, shape, S: int, up: Upstream) -> list[tuple[float, int, float, str]]:
+    """[(fraction of S, steps, lr, kind)] a descendant trains for: its recipe's paper budgets
+    ('paper'), then, with `descend.equal_budget` (or a recipe that only has it, the
+    ceiling), Scratch's own steps at that shape ('equal', the fraction those steps are of S)."""
+    out = [(f, n, lr, 'paper') for f, n, lr in row.recipe.budgets(ctx, row, shape, S, up)]
+    if row.recipe.equal_budget_only or harness.get(ctx.config['descend'], 'equal_budget', False):
+        steps = int(ctx.base[shape]['steps'])
+        out.append((round(steps / max(S, 1), 3), steps, float(ctx.config['descend']['lr']), 'equal'))
+    return out
+
+
 def _descendants(ctx: harness.Context, rows: list[Row], seed: int, up: Upstream, records: list,
                  *, label_key: str | None = None) -> None:
-    """Every (row, shape) of the plan for one seed, at each of its budgets, appended to
-    `records`. With a label budget (`label_key`) the descendants' task holds validation
-    images: on the budget's first seed each (row, shape, budget) sweeps `descend.lrs` and
-    keeps the lr of the best final validation accuracy (`ctx.descend_sweeps`), which the
-    later seeds use."""
+    """Every (row, shape) of the plan for one seed, at each of its budgets (`_budgets`),
+    appended to `records`. With a label budget (`label_key`) the descendants' task holds
+    validation images: on the budget's first seed each (row, shape, budget) sweeps
+    `descend.lrs`, extended past an edge (`scratch.sweep`), and keeps the lr of the best final
+    validation accuracy (`ctx.descend_sweeps`), which the later seeds use. An equal-budget run
+    is evaluated at least `descend.equal_evals` times (its FLOPs to the target are read there)."""
     config, base = ctx.config, ctx.base
     gap = float(config['target_gap'])
     evals = int(config['descend']['evals'])
+    equal_evals = max(evals, int(harness.get(config['descend'], 'equal_evals', evals)))
     stop = bool(harness.get(config['descend'], 'stop_at_target', False))
     lrs = tuple(float(x) for x in harness.get(config['descend'], 'lrs', ()) or ())
     validation = ctx.dset.has_validation
@@ -422,20 +468,34 @@ def _descendants(ctx: harness.Context, rows: list[Row], seed: int, up: Upstream,
             acc0 = harness.accuracy(params0, d_cfg, ctx.dset)
             per_step = ctx.step_flops(d_cfg, params0)
             target = base[shape]['acc'] - gap
-            for fraction, steps, lr in row.recipe.budgets(ctx, row, shape, S, up):
-                name = f'{row.tag}_{shape_key(shape)}_f{fraction:g}_s{seed}'
+            # the fine-tuning run depends on its initial params (in its fingerprint), the
+            # model and the batch: not the study, so another study's same run is reused
+            identity = dict(model=d_cfg.to_dict(), batch_size=config['batch_size'],
+                            eval_batch_size=config['eval_batch_size'])
+            for fraction, steps, lr, kind in _budgets(ctx, row, shape, S, up):
+                budget_tag = 'eq' if kind == 'equal' else f'f{fraction:g}'
+                name = f'{row.tag}_{shape_key(shape)}_{budget_tag}_s{seed}'
                 if label_key is not None:
                     name += f'_l{label_key}'
 
                 tune = functools.partial(_tune, ctx, d_cfg=d_cfg, params0=params0, acc0=acc0,
-                                         steps=steps, seed=seed, evals=evals,
-                                         stop_at=target if stop else None)
-                sweep_key = f'{row.name} {shape_key(shape)} {fraction:g}'
+                                         steps=steps, seed=seed,
+                                         evals=equal_evals if kind == 'equal' else evals,
+                                         stop_at=target if stop else None, identity=identity)
+                sweep_key = f'{row.name} {shape_key(shape)} ' + ('equal' if kind == 'equal' else f'{fraction:g}')
                 if lrs and steps:
                     if sweep_key not in ctx.descend_sweeps:
-                        tried = {x: tune(f'{name}_lr{x:g}', lr=x) for x in lrs}
-                        ctx.descend_sweeps[sweep_key] = {f'{x:g}': _final(v or c) for x, (c, v) in tried.items()}
-                        lr = max(lrs, key=lambda x: _final(tried[x][1] or tried[x][0]))
+                        tried = {}
+
+                        def score(x, name=name, tune=tune, tried=tried):
+                            tried[x] = tune(f'{name}_lr{x:g}', lr=x)
+                            return _final(tried[x][1] or tried[x][0])
+
+                        found = scratch.sweep(lrs, score)
+                        ctx.descend_sweeps[sweep_key] = {f'{x:g}': v for x, v in found.scores.items()}
+                        ctx.descend_extensions[sweep_key] = dict(extensions=found.extensions,
+                                                                 at_cap=found.at_cap)
+                        lr = found.choice
                         curve, val = tried[lr]
                     else:
                         sweep = ctx.descend_sweeps[sweep_key]
@@ -445,8 +505,8 @@ def _descendants(ctx: harness.Context, rows: list[Row], seed: int, up: Upstream,
                     curve, val = tune(name, lr=lr)
                 taken = curve[-1][0]
                 rec = dict(method=row.method, name=row.name, label=label(row), shape=list(shape),
-                           seed=seed, fraction=fraction, steps=steps, steps_taken=taken, lr=lr,
-                           acc_init=acc0, acc=curve[-1][1], curve=curve,
+                           seed=seed, fraction=fraction, budget=kind, steps=steps, steps_taken=taken,
+                           lr=lr, acc_init=acc0, acc=curve[-1][1], curve=curve,
                            params=costs.param_count(params0), extra_flops=extra, step_flops=per_step,
                            finetune_flops=taken * per_step,
                            upstream=list(row.recipe.billed_at(row, shape)))
@@ -454,19 +514,20 @@ def _descendants(ctx: harness.Context, rows: list[Row], seed: int, up: Upstream,
                     best = max(range(len(val)), key=lambda i: val[i][1])
                     rec.update(val=val[-1][1], val_curve=val, acc_at_best_val=curve[1:][best][1])
                 records.append(rec)
+                what = 'Scratch\'s steps' if kind == 'equal' else f'{fraction:g}·S'
                 ctx.say(f'des {shape_text(shape)} {label(row):<20} seed {seed} '
-                        f'{fraction:g}·S = {steps} steps (lr {lr:g}): {acc0:.4f} -> {curve[-1][1]:.4f}')
+                        f'{what} = {steps} steps (lr {lr:g}): {acc0:.4f} -> {curve[-1][1]:.4f}')
 
 
 def _tune(ctx: harness.Context, name: str, *, d_cfg: ViTConfig, params0, acc0: float, steps: int,
-          lr: float, seed: int, evals: int, stop_at: float | None):
+          lr: float, seed: int, evals: int, stop_at: float | None, identity=None):
     """(test curve from the initialisation on, validation curve or None) of one fine-tuning
     run; none where the budget is 0 or the initialisation is at the target already."""
     curve, val = [(0, acc0)], None
     if steps and not (stop_at is not None and acc0 >= stop_at):
         _, tuned = ctx.fit(name, tasks.classification_loss(d_cfg), params0, harness.eval_fn(d_cfg),
                            steps=steps, lr=lr, seed=seed + 7, eval_every=max(1, steps // evals),
-                           stop_at=stop_at)
+                           stop_at=stop_at, identity=identity)
         curve += tuned
         val = ctx.val_curves.get(name)
     return curve, val
@@ -515,19 +576,13 @@ def finish(recorded: dict, claims) -> dict:
 def render(workdir: str, out: str | None = None) -> dict:
     """Recompute a recorded study's summary, verdicts, `results.md` and plot from its
     `results.json` (nothing is trained), written to `out` (default `workdir`, so a read-only
-    record renders elsewhere); returns the results. A file that is not a study's record is a
-    one-line `results.ResultsError` naming it and its first bad field."""
+    record renders elsewhere); returns the results. A file that is not a study's record, or
+    whose fields do not fit together, is a one-line `results.ResultsError` naming it and its
+    first bad field (`results.read`), before anything renders."""
+    recorded = results.read(workdir)
     path = os.path.join(workdir, 'results.json')
-    with open(path, encoding='utf-8') as f:
-        try:
-            recorded = json.load(f)
-        except json.JSONDecodeError as e:
-            raise results.ResultsError(f'{path}: not JSON ({e.msg} at line {e.lineno})') from None
-    for sub in recorded['budgets'].values() if isinstance(recorded.get('budgets'), dict) else [recorded]:
-        results.validate(sub, path)
+    claims = results.claims(recorded, path)
     recorded.pop('table', None)
-    mod = harness.module(recorded['config']['experiment'])
     if out is not None:
         os.makedirs(out, exist_ok=True)
-    return harness.write_results(finish(recorded, mod.STUDY.claims), out or workdir,
-                                 report.markdown, report.plot)
+    return harness.write_results(finish(recorded, claims), out or workdir, report.markdown, report.plot)

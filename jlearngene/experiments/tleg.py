@@ -14,6 +14,9 @@ from jlearngene.genes import tleg
 
 
 def descendant_config(cfg, config):
+    """The study's Des-Net config for a descendant shape `cfg`: `tleg.descendant_config` at that
+    depth, with the official pooling order where `config['descend']['official_pool_order']`.
+    """
     return tleg.descendant_config(cfg, cfg.depth,
                                   official_pool_order=bool(config['descend']['official_pool_order']))
 

@@ -3,6 +3,7 @@
 A method is a `Method` record (`common.Method`) with the same verbs everywhere:
 
 * `source`: where its gene comes from.
+
   - 'learned': `init_gene(cfg, key, **options) -> gene` makes a fresh gene for a source
     (Aux-Net) of config `cfg`; `materialize(trainable, frozen, cfg) -> params` turns the
     trainable gene (plus frozen parts) into the params that are run while it learns, so
@@ -11,6 +12,7 @@ A method is a `Method` record (`common.Method`) with the same verbs everywhere:
     trained model of config `cfg` (He-LG: its last k layers; Auto-LG: its first k layers
     and embeddings; Pre-Fin: the whole model).
   - 'none': no gene; it is None (Scratch).
+
 * `descend(gene, target_cfg, *, key=None, **options) -> params`: canonical stacked params
   of a descendant of shape `target_cfg`, with exactly `vit.init(target_cfg)`'s structure;
   jittable with the config and options static; GeneError for impossible requests. Where they
@@ -32,8 +34,10 @@ Each method module registers its `Method`s when imported; this package imports t
 * `cluster` (Cluster-Learngene): clustered attention heads of an ancestor;
 * `scala` (Scala, with US-Net and MatFormer): sub-networks of one slimmable ViT;
 * `mango` (Mango) and `growth` (Net2Net, StackBERT, bert2BERT, LiGO): a small pretrained
-  model grown into a large one; `selection` (IMwLM): weights selected from a larger model. Shared pieces (errors,
-shape checks, inheriting embeddings and heads, layer gathers) are in `common`.
+  model grown into a large one; `selection` (IMwLM): weights selected from a larger model.
+
+Shared pieces (errors, shape checks, inheriting embeddings and heads, layer gathers) are in
+`common`.
 """
 from jlearngene.genes.common import GeneError, Method, get, names, register
 from jlearngene.genes import (  # noqa: E402  (registers the methods)

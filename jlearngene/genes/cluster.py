@@ -148,17 +148,34 @@ def _layer_clusters(values: np.ndarray, labels: np.ndarray, order: str) -> Layer
 def cluster_heads(distances, eps: float = 10.0, min_heads: int = 1, *,
                   algorithm: str = 'density', num_clusters: int | Sequence[int] | None = None,
                   seed: int = 0) -> tuple[LayerClusters, ...]:
-    """Per layer, the heads clustered by their mean attention distance (`distances`,
-    (layers, heads)).
+    """Per layer, the heads clustered by their mean attention distance.
 
     'density' (the paper): scikit-learn's DBSCAN(eps, min_samples=min_heads) on the 1-D
-    distances (|ΔMAD| ≤ eps links heads, so clusters chain; the paper's Eps and MinHds).
-    With min_heads = 1 every head belongs to a cluster; with more, DBSCAN's noise heads
-    belong to none (a layer left without a cluster is an error). eps = 0 joins only equal
-    distances, so every head is kept. Ties in size keep DBSCAN's label order (that of each
-    cluster's first core head). 'kmeans' (the reviewers' comparison): scikit-learn's KMeans
-    with `num_clusters` per layer (an int or one per layer; `seed`, 10 restarts); `eps` and
-    `min_heads` are not used; ties in size go by smallest member.
+    distances (|ΔMAD| ≤ eps links heads, so clusters chain; the paper's Eps and MinHds). With
+    min_heads = 1 every head belongs to a cluster; with more, DBSCAN's noise heads belong to
+    none. eps = 0 joins only equal distances, so every head is kept. Ties in size keep
+    DBSCAN's label order (that of each cluster's first core head). 'kmeans' (the reviewers'
+    comparison): scikit-learn's KMeans with `num_clusters` per layer (`seed`, 10 restarts);
+    `eps` and `min_heads` are not used; ties in size go by smallest member.
+
+    Args:
+        distances: (layers, heads) mean attention distances in pixels
+          (`diagnostics.mean_attention_distance`).
+        eps: the density radius in pixels.
+        min_heads: DBSCAN's `min_samples`.
+        algorithm: 'density' or 'kmeans' (`ALGORITHMS`).
+        num_clusters: for 'kmeans', an int or one per layer.
+        seed: for 'kmeans'.
+
+    Returns:
+        One `LayerClusters` per layer, the clusters in priority order (size, descending), each
+        with its members and its centroid head (the member closest to the cluster's mean
+        distance, ties to the lower head).
+
+    Raises:
+        ValueError: `distances` is not a finite (layers, heads) array, `eps` or `min_heads` is
+          out of range, a layer is left without a cluster, or `num_clusters` does not fit.
+        GeneError: `algorithm` is not one of `ALGORITHMS`.
     """
     d = np.asarray(distances, np.float64)
     if d.ndim != 2 or d.size == 0 or not np.all(np.isfinite(d)):
@@ -218,10 +235,26 @@ def random_centroids(clusters: Sequence[LayerClusters | Sequence[int]], heads: i
 def head_schedule(ancestor_heads: int, depth: int, *, heads: Sequence[int] | None = None,
                   omega: float | str | Sequence[float] | None = None,
                   ancestor_depth: int | None = None) -> tuple[int, ...]:
-    """Head count per descendant layer: `heads` (one int per layer) or `omega` (H_l =
-    ⌊H_a/ω_l⌋: one ω for every layer, one per layer, or 'decrementing' / 'incrementing',
-    the paper's ω = 2 / 1.5 / 1 and 1 / 1.5 / 2 over the thirds of the ancestor's depth by
-    absolute layer index: 0–3, 4–7, 8–11 for 12 layers; layers beyond it take the last)."""
+    """The head count of each descendant layer, from counts or from ω.
+
+    Args:
+        ancestor_heads: H_a, the ancestor's heads per layer.
+        depth: the descendant's depth.
+        heads: one head count per layer (give this or `omega`).
+        omega: H_l = ⌊H_a/ω_l⌋: one ω for every layer, one per layer, or 'decrementing' /
+          'incrementing', the paper's ω = 2 / 1.5 / 1 and 1 / 1.5 / 2 over the thirds of the
+          ancestor's depth by absolute layer index (0–3, 4–7, 8–11 for 12 layers; layers beyond
+          it take the last).
+        ancestor_depth: the ancestor's depth, for the named schedules (default `depth`).
+
+    Returns:
+        (depth,) head counts.
+
+    Raises:
+        GeneError: both or neither of `heads` and `omega`, counts that are not `depth`
+          positive integers, ratios that are not positive or leave a layer without heads, or
+          an unknown schedule name.
+    """
     if (heads is None) == (omega is None):
         raise GeneError('head_schedule: give exactly one of heads= (counts per layer) and '
                         'omega= (ratios H_a / H_l)')
@@ -323,13 +356,27 @@ def gene_from_model(params: Params, cfg: ViTConfig, *, clusters=None, distances=
     """The Cluster-Learngene gene of an ancestor `params` of config `cfg` (see the module
     docstring for its structure).
 
-    `clusters`: `cluster_heads`' output or centroid lists per layer (e.g.
-    `OFFICIAL_CENTROIDS['B']`); or `distances` ((layers, heads), from
-    `diagnostics.mean_attention_distance`) clustered here with `cluster_heads(distances, eps,
-    min_heads)`; with neither, every head is its own centroid (the identity gene).
-    `ffn`: 'paper', 'none' or explicit groups (`ffn_groups`); None is 'paper' with clusters
-    and 'none' for the identity gene. `official`: the attention in the official code's form
-    (row chunks of the fused qkv, no q/k/v biases, the whole output projection).
+    Args:
+        params: the ancestor's canonical params.
+        cfg: the ancestor's config.
+        clusters: `cluster_heads`' output, or centroid lists per layer (e.g.
+          `OFFICIAL_CENTROIDS['B']`).
+        distances: (layers, heads) distances (`diagnostics.mean_attention_distance`), clustered
+          here with `cluster_heads(distances, eps, min_heads)`; with neither this nor
+          `clusters` every head is its own centroid (the identity gene).
+        eps: `cluster_heads`' radius, with `distances`.
+        min_heads: `cluster_heads`' `min_samples`, with `distances`.
+        ffn: 'paper', 'same_count', 'none' or explicit groups (`ffn_groups`); None is 'paper'
+          with clusters and 'none' for the identity gene.
+        official: the attention in the official code's form (row chunks of the fused qkv, no
+          q/k/v biases, the whole output projection).
+
+    Returns:
+        The gene.
+
+    Raises:
+        GeneError: both `clusters` and `distances`, distances or clusters that do not fit the
+          ancestor's layers and heads, or an ancestor that is not a model of `cfg`.
     """
     params = common.check_model(params, cfg, 'cluster')
     depth, heads = cfg.depth, layout.axis_size(params, 'blocks/attn/q/kernel', 'heads')
@@ -615,14 +662,36 @@ def materialize_descendant(state: Params) -> Params:
 def descend(gene: Gene, target_cfg: ViTConfig, *, key: jax.Array | None = None,
             heads: Sequence[int] | None = None, head: str = 'inherit',
             embeddings: str | None = None, phi: str = 'identity') -> Params:
-    """The descendant's params: `materialize_descendant(descendant_state(...))` (see there
-    for the options; `head_schedule` turns ω into `heads`). Jittable with `target_cfg` and
-    the options static. Under the defaults, the gene of an ancestor whose heads are all
-    their own centroids (ε = 0, or `gene_from_model` without clusters) at ω = 1 gives the
-    ancestor itself.
+    """The descendant's params: `materialize_descendant(descendant_state(...))`.
 
-    The official code's behaviour: `gene_from_model(..., official=True,
-    ffn=OFFICIAL_FFN_GROUPS[...])` (or ffn='same_count'), then phi='official', head='new'."""
+    Jittable with `target_cfg` and the options static. Under the defaults, the gene of an
+    ancestor whose heads are all their own centroids (ε = 0, or `gene_from_model` without
+    clusters) at ω = 1 gives the ancestor itself. The official code's behaviour is
+    `gene_from_model(..., official=True, ffn=OFFICIAL_FFN_GROUPS[...])` (or ffn='same_count'),
+    then phi='official', head='new'.
+
+    Args:
+        gene: the Cluster-Learngene gene.
+        target_cfg: the descendant's config (`descendant_config(cfg, heads)`: num_heads is the
+          most heads a layer has).
+        key: the PRNG key: draws the head (head='new'), φ (phi='official'), layers beyond the
+          ancestor's depth and, with embeddings='random', the embeddings.
+        heads: the head count per layer (`head_schedule` turns ω into it); None gives every
+          layer `target_cfg.num_heads`.
+        head: 'inherit' or 'new'.
+        embeddings: None or 'inherit' copies them, 'random' draws them.
+        phi: the FFN expansion's init (`init_phi`): 'identity' (function-preserving) or
+          'official'.
+
+    Returns:
+        Canonical params of `target_cfg`: stacked when every layer has the same head count,
+        else the list layout.
+
+    Raises:
+        GeneError: a layer asks for more heads than `target_cfg.num_heads`, an official-form
+          gene meets a target with q/k/v biases, the shapes do not fit, or something must be
+          drawn and there is no `key`.
+    """
     return materialize_descendant(descendant_state(gene, target_cfg, key=key, heads=heads,
                                                    head=head, embeddings=embeddings, phi=phi))
 

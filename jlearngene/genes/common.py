@@ -367,7 +367,17 @@ _REGISTRY: dict[str, Method] = {}
 
 
 def register(method: Method) -> Method:
-    """Add `method` to the registry under `method.name` (a name is registered once)."""
+    """Add `method` to the registry under `method.name`.
+
+    Args:
+        method: the method.
+
+    Returns:
+        `method`, so that a module can write `METHOD = register(Method(...))`.
+
+    Raises:
+        GeneError: another method is registered under that name.
+    """
     if method.name in _REGISTRY and _REGISTRY[method.name] is not method:
         raise GeneError(f'a method named {method.name!r} is already registered')
     _REGISTRY[method.name] = method
@@ -375,7 +385,17 @@ def register(method: Method) -> Method:
 
 
 def get(name: str) -> Method:
-    """The registered method `name`."""
+    """The registered method `name`.
+
+    Args:
+        name: a registered name (`names()`).
+
+    Returns:
+        Its `Method`.
+
+    Raises:
+        GeneError: no method has that name (the message lists the known ones).
+    """
     try:
         return _REGISTRY[name]
     except KeyError:

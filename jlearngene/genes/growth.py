@@ -358,11 +358,11 @@ def _ligo_operator_shapes(small: Params, want: Params) -> Params:
 def ligo_init_operator(small_cfg: ViTConfig, large_cfg: ViTConfig, key: jax.Array, *,
                        width_init: str = 'rand', depth_init: str = 'stackbert_noisy',
                        depth_noise: float = 0.03) -> Params:
-    """A LiGO operator from `small_cfg` to `large_cfg`, initialised as the official code:
+    """A LiGO operator from `small_cfg` to `large_cfg`, initialised as the official code::
 
-    {'width': {'embed': C (D2−D1, D1), 'head': (D2−D1, D1), 'q'|'k'|'v': (L2, A2−A1, A1),
-               'mlp': (L2, M2−M1, M1)},
-     'depth': <block tree of (L2, L1) coefficients>}
+        {'width': {'embed': C (D2−D1, D1), 'head': (D2−D1, D1), 'q'|'k'|'v': (L2, A2−A1, A1),
+                   'mlp': (L2, M2−M1, M1)},
+         'depth': <block tree of (L2, L1) coefficients>}
 
     width_init 'rand' (official default): each row of C is U(0, 1) normalised to sum 1 (not
     function-preserving); 'sel': a random one-hot row (copy a source unit, no division).

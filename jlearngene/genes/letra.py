@@ -104,10 +104,12 @@ class Sizes:
 
     @property
     def pairs(self) -> int:
+        """The learngene's layer pairs, L_s / 2."""
         return self.depth // 2
 
     @property
     def aux_depth(self) -> int:
+        """The Aux-Net's depth, two layers per coefficient set."""
         return 2 * self.sets
 
     def pair_of_set(self) -> np.ndarray:
@@ -116,7 +118,15 @@ class Sizes:
 
 
 def check_gene(gene: Any) -> None:
-    """GeneError unless `gene` has the structure of a LeTra gene."""
+    """Check that `gene` has the structure of a LeTra gene.
+
+    Args:
+        gene: the tree to check (arrays or `jax.ShapeDtypeStruct`s).
+
+    Raises:
+        GeneError: its top-level keys, width matrices or learngene blocks are not a LeTra
+          gene's.
+    """
     want = {'learngene', 'width', 'depth', 'pos_embed'}
     if not isinstance(gene, Mapping) or set(gene) != want:
         got = sorted(gene) if isinstance(gene, Mapping) else type(gene).__name__
@@ -129,8 +139,18 @@ def check_gene(gene: Any) -> None:
 
 
 def sizes(gene: Gene) -> Sizes:
-    """The `Sizes` of a gene (arrays or `jax.ShapeDtypeStruct`s); GeneError where the width
-    matrices, coefficients and learngene disagree."""
+    """The `Sizes` a gene fixes, read from its shapes.
+
+    Args:
+        gene: a LeTra gene (arrays or `jax.ShapeDtypeStruct`s).
+
+    Returns:
+        The learngene's and the Aux-Net's sizes and the number of coefficient sets.
+
+    Raises:
+        GeneError: it is no LeTra gene, or its width matrices, coefficients and learngene
+          disagree.
+    """
     check_gene(gene)
     lg, w = gene['learngene'], gene['width']
     depth, width, heads, head_dim = np.shape(lg['blocks']['attn']['q']['kernel'])
@@ -172,9 +192,23 @@ def sizes(gene: Gene) -> Sizes:
 
 def learngene_config(cfg: ViTConfig, *, heads: int | None = None, depth: int | None = None,
                      width: int | None = None, mlp_dim: int | None = None) -> ViTConfig:
-    """The learngene's config for an Aux-Net of config `cfg`: `heads` heads of the Aux-Net's
-    head_dim (default half its heads), `depth` layers (default half; even), width and MLP
-    scaled by heads/aux heads unless given. GeneError for impossible sizes."""
+    """The learngene's config for an Aux-Net of config `cfg`.
+
+    Args:
+        cfg: the Aux-Net's config (even depth).
+        heads: the learngene's heads, of the Aux-Net's head_dim (default half the Aux-Net's).
+        depth: the learngene's layers (default half the Aux-Net's; even).
+        width: the learngene's width (default the Aux-Net's scaled by heads / Aux-Net heads).
+        mlp_dim: the learngene's MLP size (default scaled the same way).
+
+    Returns:
+        The learngene's `ViTConfig`.
+
+    Raises:
+        GeneError: the sizes are impossible (more heads or layers than the Aux-Net, an odd
+          depth, a width that does not scale to whole units, LayerScale or a distillation
+          token, which LeTra cannot transform).
+    """
     h = cfg.num_heads // 2 if heads is None else heads
     d = cfg.depth // 2 if depth is None else depth
     if not (isinstance(h, int) and 1 <= h <= cfg.num_heads):
@@ -223,15 +257,27 @@ def _pair_coefficients(key, n_sets):
 def init_gene(cfg: ViTConfig, key: jax.Array, *, learngene_heads: int | None = None,
               learngene_depth: int | None = None, learngene_width: int | None = None,
               learngene_mlp_dim: int | None = None) -> Gene:
-    """A fresh gene for an Aux-Net of config `cfg`, initialised as the official code: the
-    learngene as `vit.init` (timm); every width matrix U[0,1) with rows normalised to sum 1
+    """A fresh gene for an Aux-Net of config `cfg`, initialised as the official code.
+
+    The learngene as `vit.init` (timm); every width matrix U[0,1) with rows normalised to sum 1
     ('rand'); every coefficient pair (1, u)/(1+u), u ~ U(0, 0.03), drawn independently for
     weights and biases ('stackbert_noisy': each Aux layer starts near the first layer of its
-    pair); the Aux-Net's position embedding trunc-normal(0.02).
+    pair); the Aux-Net's position embedding trunc-normal(0.02). Runs eagerly (the learngene as
+    one `vit.init` program); jittable with `cfg` and the learngene sizes static.
 
-    The learngene's sizes are those of `learngene_config` (default: half the heads, width,
-    MLP and depth of the Aux-Net, the official ratio). Runs eagerly (the learngene as one
-    `vit.init` program); jittable with `cfg` and the learngene sizes static.
+    Args:
+        cfg: the Aux-Net's config.
+        key: the PRNG key.
+        learngene_heads: the learngene's heads (`learngene_config`'s `heads`).
+        learngene_depth: its layers.
+        learngene_width: its width.
+        learngene_mlp_dim: its MLP size.
+
+    Returns:
+        The gene `{'learngene', 'width', 'depth', 'pos_embed'}` (module docstring).
+
+    Raises:
+        GeneError: the learngene sizes do not fit the Aux-Net (`learngene_config`).
     """
     _check_supported(cfg, 'letra.init_gene')
     small = learngene_config(cfg, heads=learngene_heads, depth=learngene_depth,
@@ -305,15 +351,29 @@ def _expand_block(block: Params, e, q, k, v, m) -> Params:
 
 def depth_map(gene_sizes: Sizes, depth: int, layers: Sequence[int] | None = None,
               coefficient_layers: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(pair, coefficient set) of each of `depth` layers, from Aux-layer indices.
+    """The (pair, coefficient set) of each of `depth` layers, from Aux-layer indices.
 
     Layer i combines the learngene pair of Aux layer `layers[i]` (the official
     `--mapping_layer`) with the coefficients of Aux layer `coefficient_layers[i]`
-    (`--mapping_layer_coeff`; default `layers`; any Aux layer of a set names that set).
-    Without `layers`, layer i takes Aux layer ⌊(i + ½)·L_a/L_d⌋: the Aux-Net's layers spread
-    evenly over the descendant's depth (the Aux-Net itself at L_d = L_a; shallower descendants
-    drop layers evenly, deeper ones repeat them). GeneError for indices outside the Aux-Net or
-    a coefficient set that belongs to another pair than the layer's.
+    (`--mapping_layer_coeff`; any Aux layer of a set names that set). Without `layers`, layer
+    i takes Aux layer ⌊(i + ½)·L_a/L_d⌋: the Aux-Net's layers spread evenly over the
+    descendant's depth (the Aux-Net itself at L_d = L_a; shallower descendants drop layers
+    evenly, deeper ones repeat them).
+
+    Args:
+        gene_sizes: the gene's `Sizes`.
+        depth: the descendant's depth.
+        layers: one Aux-layer index per descendant layer (None: spread evenly).
+        coefficient_layers: one Aux-layer index per layer for the coefficients (default
+          `layers`).
+
+    Returns:
+        (pairs, sets), two (depth,) integer arrays.
+
+    Raises:
+        GeneError: `depth` is not a positive integer, the lists do not have `depth` entries or
+          index layers outside the Aux-Net, `coefficient_layers` comes without `layers`, or a
+          coefficient set belongs to another pair than its layer's.
     """
     n_aux = gene_sizes.aux_depth
     if not (isinstance(depth, (int, np.integer)) and depth >= 1):
@@ -440,10 +500,9 @@ def select_rows(gene: Gene, request: Request, *, selection: str = 'continuous',
                 key: jax.Array | None = None, per_matrix: bool = False,
                 step_rule: str = 'authors', rank_norm: str = 'l2',
                 rank_order: str = 'largest') -> dict[str, Any]:
-    """The row indices {'embed', 'head', 'q', 'k', 'v', 'mlp'} of each width matrix that a
-    descendant of `request` takes (per learngene layer for q/k/v/mlp: (L_s, k)).
+    """The row indices of each width matrix that a descendant of `request` takes.
 
-    `selection` (seed 000 of the paper's authors):
+    `selection` (the paper's strategies; only 'continuous' is in the official code):
 
     * 'continuous': the first k new rows (the official code).
     * 'step': rows 0, Δ, 2Δ, ... With `step_rule='authors'` Δ = ⌊D_aux/D_des⌋ per matrix (in
@@ -463,6 +522,23 @@ def select_rows(gene: Gene, request: Request, *, selection: str = 'continuous',
     residual neuron that row r of E makes). `per_matrix=True` is the literal per-matrix
     selection: single rows, Q_j, K_j and C each on their own, which scrambles q·k of the new
     heads and misaligns the head under 'random_wo' and 'rank'.
+
+    Args:
+        gene: the LeTra gene.
+        request: the new rows the descendant needs (`Request`).
+        selection: one of `SELECTIONS`.
+        key: the PRNG key of the random selections.
+        per_matrix: select each matrix on its own (see above).
+        step_rule: 'authors' or 'spread' (`STEP_RULES`), for 'step'.
+        rank_norm: 'l1' or 'l2' (`RANK_NORMS`), for 'rank'.
+        rank_order: 'largest' or 'smallest' (`RANK_ORDERS`), for 'rank'.
+
+    Returns:
+        The row indices of each matrix, a dict with the keys 'embed', 'head', 'q', 'k', 'v' and
+        'mlp' (per learngene layer for q/k/v/mlp, so (L_s, k) arrays there).
+
+    Raises:
+        GeneError: an option is not one of its choices, or a random selection has no `key`.
     """
     common.check_choice('letra.descend', 'selection', selection, SELECTIONS)
     common.check_choice('letra.descend', 'step_rule', step_rule, STEP_RULES)
@@ -594,9 +670,23 @@ def _all_rows(gene: Gene) -> dict[str, np.ndarray]:
 
 
 def materialize(trainable: Gene, frozen: Mapping[str, Any] | None, cfg: ViTConfig) -> Params:
-    """The Aux-Net's canonical params from the trainable gene (plus `frozen` parts, merged;
-    overlaps are an error): every width matrix whole, Aux layer i = coefficient set ⌊i/2⌋
-    applied to its learngene pair. `cfg` must have the gene's Aux-Net sizes."""
+    """The Aux-Net's canonical params from the trainable gene.
+
+    Every width matrix is applied whole, and Aux layer i is coefficient set ⌊i/2⌋ applied to
+    its learngene pair; `jax.grad` through it trains the gene.
+
+    Args:
+        trainable: the gene, or its trainable part.
+        frozen: the gene's frozen parts (None: none), merged with `trainable`.
+        cfg: the Aux-Net's config; it must have the gene's Aux-Net sizes.
+
+    Returns:
+        Canonical params of `cfg` (stacked layout).
+
+    Raises:
+        GeneError: `trainable` and `frozen` overlap, or `cfg` does not have the gene's Aux-Net
+          sizes.
+    """
     gene = common.merge_disjoint(trainable, frozen or {}, 'materialize', ('trainable', 'frozen'))
     s = sizes(gene)
     got = (cfg.width, cfg.num_heads, cfg.head_dim, cfg.mlp_dim, cfg.depth)
@@ -615,23 +705,41 @@ def descend(gene: Gene, target_cfg: ViTConfig, *, selection: str = 'continuous',
             key: jax.Array | None = None, head: str = 'inherit', embeddings: str | None = None,
             per_matrix: bool = False, step_rule: str = 'authors', rank_norm: str = 'l2',
             rank_order: str = 'largest') -> Params:
-    """Initialise a descendant of any D_s ≤ width ≤ D_a (whole heads of the gene's head_dim,
-    MLP between the learngene's and the Aux-Net's) and any depth.
+    """Initialise a descendant of any D_s ≤ width ≤ D_a and any depth.
 
-    Width: the rows of every width matrix that `select_rows` picks with `selection`,
-    `per_matrix`, `step_rule`, `rank_norm`, `rank_order`; the new position-embedding channels
-    are those of E's rows (the official first D_d channels under 'continuous'). Depth:
-    `depth_map(layers, coefficient_layers)`: explicit official lists of Aux-layer indices, or
-    the Aux-Net's layers spread evenly. With 'continuous' at the Aux-Net's sizes and depth
-    the descendant is the Aux-Net, bit for bit. Widths below the learngene's are refused.
+    Width (whole heads of the gene's head_dim, MLP between the learngene's and the Aux-Net's):
+    the rows of every width matrix that `select_rows` picks; the new position-embedding
+    channels are those of E's rows (the official first D_d channels under 'continuous').
+    Depth: `depth_map(layers, coefficient_layers)`, explicit official lists of Aux-layer
+    indices or the Aux-Net's layers spread evenly. With 'continuous' at the Aux-Net's sizes
+    and depth the descendant is the Aux-Net, bit for bit. Jittable with `target_cfg` and every
+    option but `key` static.
 
-    `head='inherit'` widens the learngene head by C's rows (same class count; bias as is);
-    'truncate' keeps the first `target_cfg.num_classes` classes of that head (kernel columns
-    and bias; the official code's head for non-ImageNet data, e.g. CIFAR-100 takes ImageNet
-    classes 0–99); 'new' draws one (needs `key`). `embeddings` None or 'inherit' widens the
-    learngene's patch embedding and final norm and selects position-embedding channels;
-    'random' draws them (needs `key`). Jittable with `target_cfg` and every option but `key`
-    static.
+    Args:
+        gene: the LeTra gene.
+        target_cfg: the descendant's config.
+        selection: the row selection (`select_rows`, `SELECTIONS`).
+        layers: the official `--mapping_layer` list (`depth_map`).
+        coefficient_layers: the official `--mapping_layer_coeff` list.
+        key: the PRNG key, for random selections and anything drawn fresh.
+        head: 'inherit' widens the learngene head by C's rows (same class count; bias as is);
+          'truncate' keeps its first `target_cfg.num_classes` classes (the official code's
+          head for non-ImageNet data, e.g. CIFAR-100 takes ImageNet classes 0–99); 'new'
+          draws one (needs `key`).
+        embeddings: None or 'inherit' widens the learngene's patch embedding and final norm and
+          selects position-embedding channels; 'random' draws them (needs `key`).
+        per_matrix: `select_rows`' literal per-matrix selection.
+        step_rule: `select_rows`' step rule.
+        rank_norm: `select_rows`' norm for 'rank'.
+        rank_order: `select_rows`' order for 'rank'.
+
+    Returns:
+        Canonical params of `target_cfg` (stacked layout), `vit.init(target_cfg)`'s structure.
+
+    Raises:
+        GeneError: the target is narrower than the learngene, wider than the Aux-Net or not in
+          whole heads; an option is not one of its choices; a head cannot be truncated (the
+          gene has none, or fewer classes); something must be drawn and there is no `key`.
     """
     common.check_choice('letra.descend', 'head', head, HEADS)
     s = sizes(gene)
@@ -645,9 +753,17 @@ def descend(gene: Gene, target_cfg: ViTConfig, *, selection: str = 'continuous',
 
 
 def gene_param_count(gene: Gene, *, include_head: bool = False) -> int:
-    """Parameters stored in the gene (S-Params): learngene, width matrices, depth
-    coefficients and position embedding; the head (learngene head and C) only with
-    `include_head`, as `descend` reads it only with head='inherit' or 'truncate'."""
+    """The parameters the gene stores (S-Params).
+
+    Args:
+        gene: the LeTra gene.
+        include_head: count the head (the learngene's head and C), which `descend` reads only
+          with head='inherit' or 'truncate'.
+
+    Returns:
+        The learngene's, the width matrices', the depth coefficients' and the position
+        embedding's parameters (and the head's with `include_head`).
+    """
     check_gene(gene)
     total = common.count(gene)
     if not include_head:

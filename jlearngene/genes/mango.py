@@ -88,10 +88,12 @@ class Packing(NamedTuple):
 
     @property
     def num_slices(self) -> int:
+        """B, the D × D kernel slices per layer (every kernel's row blocks × column blocks)."""
         return sum(a * b for _, a, b in self.kernels)
 
     @property
     def num_vectors(self) -> int:
+        """V, the width-long vectors per layer (biases, LayerNorm γ and β, LayerScale gains)."""
         return sum(n for _, n in self.vectors)
 
 
@@ -204,13 +206,23 @@ def _check_pair(small: Params, large_cfg: ViTConfig, what: str) -> tuple[Params,
 
 def init_operator(small_cfg: ViTConfig, large_cfg: ViTConfig, rank: int, key: jax.Array, *,
                   noise: float = 1e-2) -> Operator:
-    """A Mango operator from `small_cfg` to `large_cfg` of ring rank `rank`:
+    """A Mango operator from `small_cfg` to `large_cfg` of ring rank `rank`, initialised with a
+    Net2Net/StackBERT r = 0 slot plus N(0, noise²) elsewhere (module docstring).
 
-    {'S_B': (R, B1, B2, R), 'S_I': (R, D1, D2, R), 'S_O': (R, D1, D2, R),
-     'S_L': (R, L1, L2, R), 'S_V': (R, V1, V2, R), 'embed': (D1, D2), 'head_in': (D1, D2)}
+    Args:
+        small_cfg: the small model's config.
+        large_cfg: the large model's config (width and depth may both grow).
+        rank: the ring rank R.
+        key: the PRNG key of the noise.
+        noise: the standard deviation of every entry outside the r = 0 slot.
 
-    initialised with a Net2Net/StackBERT r = 0 slot plus N(0, noise²) elsewhere (module
-    docstring). Width and depth may both grow; GeneError for shrinking or impossible pairs.
+    Returns:
+        The operator, a dict of the cores S_B (R, B1, B2, R), S_I and S_O (R, D1, D2, R), S_L
+        (R, L1, L2, R) and S_V (R, V1, V2, R), and the matrices 'embed' and 'head_in' (D1, D2).
+
+    Raises:
+        GeneError: `rank` is not a positive integer, or the pair shrinks or cannot be grown
+          (`check_growth`).
     """
     common.check_no_pre_logits(large_cfg, 'mango.init_operator')
     if not (isinstance(rank, (int, np.integer)) and rank >= 1):
@@ -330,10 +342,23 @@ def _top_level(operator: Operator, small: Params, want: Params) -> Params:
 
 def grow(operator: Operator, small_params: Params, large_cfg: ViTConfig, *,
          layer_loop: bool = True, remat: bool = True) -> Params:
-    """The large model's canonical params (the structure of `vit.init(large_cfg)`) from the
-    small model's by the operator: blocks by the staged ring contraction (`contract`),
-    embeddings and heads by the operator's 'embed' / 'head_in' matrices. Jittable with
-    `large_cfg` (and the options) static; differentiable in the operator."""
+    """The large model's params from the small model's, by the operator.
+
+    Blocks by the staged ring contraction (`contract`), embeddings and heads by the operator's
+    'embed' / 'head_in' matrices. Jittable with `large_cfg` (and the options) static;
+    differentiable in the operator.
+
+    Args:
+        operator: the Mango operator (`init_operator`, trained or not).
+        small_params: the small model's canonical params.
+        large_cfg: the large model's config.
+        layer_loop: contract one target layer at a time (a `lax.map`; False: all at once).
+        remat: checkpoint each layer's contraction, so its backward pass keeps nothing per
+          layer.
+
+    Returns:
+        Canonical params of `large_cfg` (`vit.init(large_cfg)`'s structure).
+    """
     common.check_no_pre_logits(large_cfg, 'mango.grow')
     small = common.stacked(small_params, 'mango.grow')
     want, _, _ = _check_pair(small, large_cfg, 'mango.grow')

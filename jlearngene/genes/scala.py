@@ -183,12 +183,24 @@ def _side(side: str | None, ratio: float, smallest: float) -> str:
 
 def subnet(params: Params, cfg: ViTConfig, ratio: float, *, rule: str = 'clean',
            smallest: float = 0.25, side: str | None = None) -> tuple[Params, ViTConfig]:
-    """(sub_params, sub_cfg): the width-`ratio` sub-network as a real smaller canonical tree
-    that `vit.apply(sub_params, x, sub_cfg)` runs (module docstring: the two rules).
+    """The width-`ratio` sub-network as a real smaller canonical tree (module docstring: the two
+    rules). Jittable with `cfg`, `ratio` and the options static.
 
-    `smallest` is the grid's smallest ratio s (isolated activation: left block at s and 1,
-    right otherwise); `side='left'|'right'` overrides it for every parameter (US-Net:
-    'left'). Jittable with `cfg`, `ratio` and the options static.
+    Args:
+        params: the slimmable network's params.
+        cfg: its config.
+        ratio: the width ratio r; r·width must split into the same heads.
+        rule: 'clean' or 'official' (`RULES`).
+        smallest: the grid's smallest ratio s (isolated activation: the left block at s and 1,
+          the right block otherwise).
+        side: 'left' or 'right' for every parameter, overriding isolated activation (US-Net:
+          'left').
+
+    Returns:
+        (sub_params, sub_cfg), which `vit.apply(sub_params, x, sub_cfg)` runs.
+
+    Raises:
+        GeneError: `rule` is not one of `RULES`, or r·width does not split into the heads.
     """
     common.check_no_pre_logits(cfg, 'scala.subnet')
     common.check_choice('subnet', 'rule', rule, RULES)
@@ -596,12 +608,24 @@ def scala_loss(cfg: ViTConfig, grid: Sequence[float], *, rule: str = 'clean',
     """Scala's loss: L_full + Σ_k [KD(teacher_k → k) + ce_weight · CE(k, labels)] over the
     upper, lower and smallest sub-networks of the step (module docstring).
 
-    `grid`: the width grid (`width_grid`), its first entry the smallest ratio s.
-    `transfer='us'` distils every sub-network from the full network (the paper's ablation);
-    `distill='hard'` uses CE to the teacher's argmax; `isolated=False` slices every width on
-    the left (no isolated activation); `ce_weight=0` drops noise calibration. `teacher`:
-    (params, cfg) of a frozen external model for the full network's DeiT hard distillation
-    (α = `alpha`). Metrics: the four terms, the drawn ratios and the full network's accuracy.
+    Args:
+        cfg: the slimmable network's config.
+        grid: the width grid (`width_grid`), its first entry the smallest ratio s.
+        rule: the slicing rule (`subnet`).
+        ce_weight: the weight of the sub-networks' cross-entropy (0 drops noise calibration).
+        transfer: 'progressive' (each width distils from the next larger) or 'us' (every
+          width from the full network, the paper's ablation).
+        distill: 'soft' (KL) or 'hard' (cross-entropy to the teacher's argmax).
+        isolated: slice by isolated activation (False: every width on the left).
+        teacher: (params, cfg) of a frozen external model for the full network's DeiT hard
+          distillation.
+        alpha: the DeiT distillation weight of the full network's loss, with `teacher`.
+        label_smoothing: of the cross-entropy terms.
+
+    Returns:
+        `loss_fn(params, batch, rng) -> (loss, metrics)` for the trainer, with a hashable
+        `key` naming it (None with an external teacher); metrics: the four terms, the drawn
+        ratios and the full network's accuracy.
     """
     _choice('rule', rule, RULES)
     _choice('transfer', transfer, TRANSFERS)

@@ -69,7 +69,18 @@ def _block_keys(cfg: ViTConfig) -> tuple[str, ...]:
 
 
 def expanded_keys(expand: Sequence[str], cfg: ViTConfig) -> tuple[str, ...]:
-    """Block-level keys ('attn', 'norm1', ...) covered by the module groups in `expand`."""
+    """The block-level keys ('attn', 'norm1', ...) that the module groups `expand` cover.
+
+    Args:
+        expand: module groups, a subset of `MODULES`.
+        cfg: the Aux-Net's config (it decides whether 'ls' exists).
+
+    Returns:
+        The keys, in block order.
+
+    Raises:
+        GeneError: `expand` is empty, names an unknown group, or has 'ls' without LayerScale.
+    """
     if isinstance(expand, str):
         expand = (expand,)
     if not expand:
@@ -95,13 +106,24 @@ def _zero_non_kernels(tree: Params) -> Params:
 
 def init_gene(cfg: ViTConfig, key: jax.Array, expand: Sequence[str] = DEFAULT_EXPAND,
               from_layer: int = 0) -> Gene:
-    """A fresh gene for an Aux-Net of shape `cfg` (cfg.depth = L), initialised as the
-    official code: θ_A and θ_B linear weights independent trunc-normal(0.02), all biases 0,
-    LayerNorm γ_B = 1, β_B = 0, γ_A = β_A = 0; embeddings and head as `vit.init_embeddings`.
+    """A fresh gene for an Aux-Net of shape `cfg` (cfg.depth = L), initialised as the official
+    code: θ_A and θ_B linear weights independent trunc-normal(0.02), all biases 0, LayerNorm
+    γ_B = 1, β_B = 0, γ_A = β_A = 0; embeddings and head as `vit.init_embeddings`.
 
-    `expand`: module groups to expand (see `MODULES`); the others are free per-layer
-    parameters in `shared['blocks']`. `from_layer`: layers before it are free per-layer
-    parameters in `shared['prefix']` (partial expansion, paper Table 6: from_layer=2).
+    Args:
+        cfg: the Aux-Net's config.
+        key: the PRNG key.
+        expand: the module groups to expand (`MODULES`); the others are free per-layer
+          parameters in `shared['blocks']`.
+        from_layer: the layers before it are free per-layer parameters in `shared['prefix']`
+          (partial expansion, paper Table 6: from_layer=2).
+
+    Returns:
+        The gene `{'theta_a', 'theta_b', 'shared'}` (module docstring).
+
+    Raises:
+        GeneError: `expand` is not a valid choice (`expanded_keys`), or `from_layer` is not in
+          [0, depth).
     """
     keys = expanded_keys(expand, cfg)
     if not (isinstance(from_layer, int) and 0 <= from_layer < cfg.depth):
@@ -126,7 +148,14 @@ def init_gene(cfg: ViTConfig, key: jax.Array, expand: Sequence[str] = DEFAULT_EX
 # Introspection.
 
 def check_gene(gene: Any) -> None:
-    """GeneError unless `gene` has the structure of a TLEG gene (θ_A optional)."""
+    """Check that `gene` has the structure of a TLEG gene (θ_A optional).
+
+    Args:
+        gene: the tree to check.
+
+    Raises:
+        GeneError: it lacks 'theta_b' or 'shared', or has other keys.
+    """
     if not isinstance(gene, Mapping) or 'theta_b' not in gene or 'shared' not in gene:
         got = list(gene) if isinstance(gene, Mapping) else type(gene).__name__
         raise GeneError(f"not a TLEG gene: expected keys 'theta_b', 'shared' (and 'theta_a'), got {got}")
@@ -155,7 +184,17 @@ def expanded_modules(gene: Gene) -> tuple[str, ...]:
 
 
 def coefficients(depth: int) -> jax.Array:
-    """(depth,) float32 expansion coefficients l/L, l = 0..L−1."""
+    """The expansion coefficients of a network of `depth` layers.
+
+    Args:
+        depth: L.
+
+    Returns:
+        (L,) float32 coefficients l/L, l = 0..L−1.
+
+    Raises:
+        GeneError: `depth` is not a positive integer.
+    """
     if not (isinstance(depth, (int, np.integer)) and depth >= 1):
         raise GeneError(f'depth={depth!r} must be a positive integer')
     return jnp.arange(depth, dtype=jnp.float32) / depth
@@ -196,10 +235,22 @@ def _expand_core(gene: Gene, depth: int) -> Params:
 
 
 def expand(gene: Gene, depth: int) -> Params:
-    """Canonical stacked ViT params of the Aux-Net of `depth` layers: every expanded tensor
-    is θ_B + (l/depth)·θ_A; free per-layer params come from `shared`. Jittable with `depth`
-    static. A gene with free per-layer block params (`shared['blocks']`) needs depth equal to
-    its Aux-Net depth; use `descend` for other depths."""
+    """Canonical stacked ViT params of the Aux-Net of `depth` layers.
+
+    Every expanded tensor is θ_B + (l/depth)·θ_A; free per-layer params come from `shared`.
+    Jittable with `depth` static. Use `descend` for a descendant of another depth.
+
+    Args:
+        gene: the TLEG gene.
+        depth: the Aux-Net's depth.
+
+    Returns:
+        Canonical params (stacked layout).
+
+    Raises:
+        GeneError: the gene has free per-layer params (`shared['blocks']`, or a partial
+          expansion's first layers) for another depth, or `depth` is not a positive integer.
+    """
     check_gene(gene)
     blocks = _expand_core(gene, depth)
     free = gene['shared'].get('blocks')
@@ -216,12 +267,22 @@ def expand(gene: Gene, depth: int) -> Params:
 
 
 def materialize(trainable: Gene, frozen: Mapping[str, Any] | None, cfg: ViTConfig) -> Params:
-    """The Aux-Net's params from the trainable gene (DESIGN §2): `expand(gene, cfg.depth)`.
+    """The Aux-Net's params from the trainable gene: `expand(gene, cfg.depth)`.
 
-    `frozen` (optional) holds gene parts that are not trained, e.g. `{'shared': {'pos_embed':
-    ...}}` or `{'theta_a': zeros}`; it is merged into `trainable` (overlapping leaves are an
-    error). Gradients of a loss over `vit.apply(materialize(...), ...)` w.r.t. `trainable`
+    Gradients of a loss over `vit.apply(materialize(...), ...)` with respect to `trainable`
     reach only the gene.
+
+    Args:
+        trainable: the gene, or its trained part.
+        frozen: gene parts that are not trained (None: none), e.g. `{'shared': {'pos_embed':
+          ...}}` or `{'theta_a': zeros}`, merged into `trainable`.
+        cfg: the Aux-Net's config.
+
+    Returns:
+        Canonical params of `cfg`.
+
+    Raises:
+        GeneError: `trainable` and `frozen` overlap, or `expand` refuses the depth.
     """
     gene = common.merge_disjoint(trainable, frozen or {}, 'materialize', ('trainable', 'frozen'))
     return expand(gene, cfg.depth)
@@ -234,11 +295,19 @@ def descendant_config(cfg: ViTConfig, depth: int, *, num_classes: int | None = N
                       official_pool_order: bool = False, **overrides: Any) -> ViTConfig:
     """The Des-Net config: the Aux-Net's shape with its own depth (and class count).
 
-    `official_pool_order=True` reproduces the official TLEG Des-Net (timm `global_pool='avg'`
-    with `fc_norm`): LN applied *after* average pooling (`pool_norm='after'`) and LayerNorm
-    eps 1e-6, while the official Aux-Net pools mean(LN(x)) with eps 1e-5. The published
-    numbers used this; the default keeps the Aux-Net's pooling so that a Des-Net at the
-    Aux-Net's depth computes exactly the Aux-Net's function.
+    Args:
+        cfg: the Aux-Net's config.
+        depth: the descendant's depth.
+        num_classes: its class count (None: the Aux-Net's).
+        official_pool_order: reproduce the official TLEG Des-Net (timm `global_pool='avg'`
+          with `fc_norm`): LN applied *after* average pooling (`pool_norm='after'`) and
+          LayerNorm eps 1e-6, while the official Aux-Net pools mean(LN(x)) with eps 1e-5. The
+          published numbers used this; the default keeps the Aux-Net's pooling, so that a
+          Des-Net at the Aux-Net's depth computes exactly the Aux-Net's function.
+        **overrides: any other field of the config.
+
+    Returns:
+        The descendant's `ViTConfig`.
     """
     changes: dict[str, Any] = dict(depth=depth)
     if num_classes is not None:
@@ -255,18 +324,30 @@ def descend(gene: Gene, target_cfg: ViTConfig, *, head: str = 'inherit',
     """Initialise a descendant of any depth ≥ 1 (also deeper than the Aux-Net).
 
     Every expanded tensor of layer i is θ_B + (i/L_d)·θ_A with the descendant's own L_d =
-    `target_cfg.depth`. Patch/position embeddings, class token and final norm are inherited
-    (`embeddings` None or 'inherit'; 'random' draws them fresh, needs `key`).
-    `head='inherit'` copies the gene's head (same class count required); `head='new'`
-    draws a fresh one (needs `key`; use it for a different number of classes).
-    Block modules the gene does not expand are drawn fresh (`others='random'`, needs `key`;
-    paper Table 4), or copied from the Aux-Net's free per-layer params (`others='inherit'`,
-    only at the Aux-Net's depth). With partial expansion the gene's free first layers are
-    inherited as the descendant's first layers; layer i ≥ from_layer keeps coefficient i/L_d.
+    `target_cfg.depth`. With partial expansion the gene's free first layers are inherited as
+    the descendant's first layers; layer i ≥ from_layer keeps coefficient i/L_d. The pooling
+    order is a config property (`descendant_config(..., official_pool_order=True)` for the
+    official Des-Net). Jittable with `target_cfg`, `head`, `others`, `embeddings` static.
 
-    The pooling order is a config property: build `target_cfg` with
-    `descendant_config(..., official_pool_order=True)` for the official Des-Net quirk.
-    Jittable with `target_cfg`, `head`, `others`, `embeddings` static.
+    Args:
+        gene: the TLEG gene.
+        target_cfg: the descendant's config (the Aux-Net's width and heads).
+        head: 'inherit' copies the gene's head (same class count); 'new' draws one (needs
+          `key`; for another class count).
+        key: the PRNG key, for anything drawn fresh.
+        others: block modules the gene does not expand: drawn fresh ('random', needs `key`;
+          paper Table 4) or copied from the Aux-Net's free per-layer params ('inherit', only
+          at the Aux-Net's depth).
+        embeddings: None or 'inherit' copies the patch/position embeddings, class token and
+          final norm; 'random' draws them (needs `key`).
+
+    Returns:
+        Canonical params of `target_cfg` (stacked layout).
+
+    Raises:
+        GeneError: the gene's shapes do not fit `target_cfg`, an option is not one of its
+          choices, `others='inherit'` at another depth than the Aux-Net's, or something must
+          be drawn and there is no `key`.
     """
     check_gene(gene)
     common.check_choice('descend', 'others', others, OTHERS)
@@ -311,10 +392,18 @@ def descend(gene: Gene, target_cfg: ViTConfig, *, head: str = 'inherit',
 
 
 def gene_param_count(gene: Gene, *, include_head: bool = False) -> int:
-    """Parameters stored in the gene (its S-Params): θ_A + θ_B + shared (head optional), as
-    `descend` reads them by default. Free per-layer params of non-expanded modules
-    (`shared['blocks']`) are Aux-Net parameters, not part of the learngene: descendants draw
-    those modules fresh."""
+    """The parameters stored in the gene (its S-Params), as `descend` reads them by default.
+
+    Free per-layer params of non-expanded modules (`shared['blocks']`) are Aux-Net parameters,
+    not part of the learngene: descendants draw those modules fresh.
+
+    Args:
+        gene: the TLEG gene.
+        include_head: count the head too.
+
+    Returns:
+        θ_A + θ_B + shared (the head only with `include_head`).
+    """
     check_gene(gene)
     shared = {k: v for k, v in gene['shared'].items() if k != 'blocks'}
     return (common.count(gene['theta_b']) + common.count(gene.get('theta_a'))

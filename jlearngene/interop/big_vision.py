@@ -10,6 +10,7 @@ layout=...)` writes the flat dict back; from a checkpoint to canonical and back 
 arrays bit for bit (float32; float16 inputs come back as float32 of the same values).
 
 Layouts (`LAYOUTS`, told apart by `detect_layout`):
+
   * 'vit': the original ViT / AugReg `.npz`. Pre-Linen module numbering inside each block
     `Transformer/encoderblock_{i}/` (`LayerNorm_0`, `MultiHeadDotProductAttention_1`,
     `LayerNorm_2`, `MlpBlock_3/Dense_{0,1}`); the position embedding is
@@ -20,6 +21,7 @@ Layouts (`LAYOUTS`, told apart by `detect_layout`):
     root `pos_embedding` has rows for the patches only (added before the class token).
   * 'big_vision_scan': big_vision's ViT with `scan=True`: one `Transformer/encoderblock/`
     whose leaves carry a leading depth axis, exactly the canonical stacked layout.
+
 Shared by all: `embedding/{kernel,bias}` (the patch conv, HWIO = the canonical kernel), `cls`
 (class-token pooling: big_vision `pool_type='tok'`, vit_jax `classifier='token'`),
 `Transformer/encoder_norm`, `pre_logits/{kernel,bias}` when there is a representation layer

@@ -217,14 +217,66 @@ def read_safetensors_metadata(path: str | os.PathLike) -> dict[str, str]:
         return dict(f.metadata() or {})
 
 
-def check_output(path: str | os.PathLike, flag: str, what: str, suffix: str, overwrite: bool) -> None:
-    """A one-line error unless `path` (given as `flag`) names a `suffix` file for `what` that
-    may be written: a new one, or any with `overwrite`."""
+# Keys that every timm ViT state dict has one of (after DDP's 'module.' prefix).
+TIMM_VIT_KEYS = ('patch_embed.proj.weight', 'pos_embed', 'cls_token')
+
+
+def archive_keys(path: str | os.PathLike, kind: str) -> list[str] | None:
+    """The array names of an .npz (`kind` 'npz') or the tensor names of a .safetensors file
+    (from its zip directory or JSON header: nothing else is read); None when they cannot be
+    read."""
+    import json
+    try:
+        if kind == 'npz':
+            with np.load(path, allow_pickle=False) as f:
+                return list(f.files)
+        with open(path, 'rb') as f:
+            n = int.from_bytes(f.read(8), 'little')
+            header = json.loads(f.read(n))
+        return [k for k in header if k != '__metadata__']
+    except Exception:  # noqa: BLE001 - zipfile / numpy / json raise many kinds for bad files
+        return None
+
+
+def keys_format(keys: list[str], kind: str) -> str | None:
+    """The checkpoint format that an archive's keys are written in: 'big_vision' for an .npz
+    with '/'-joined keys, 'timm' for a timm ViT's '.'-joined keys (`TIMM_VIT_KEYS` or
+    'blocks.*'), else None."""
+    if any('/' in k for k in keys):
+        return 'big_vision' if kind == 'npz' else None
+    bare = [k[len('module.'):] if k.startswith('module.') else k for k in keys]
+    return 'timm' if any(k in TIMM_VIT_KEYS or k.startswith('blocks.') for k in bare) else None
+
+
+# Each export: what it writes, and the suffix of its file.
+EXPORTS = {'timm': ('a timm state dict', '.safetensors'),
+           'big_vision': ('a big_vision checkpoint', '.npz')}
+
+
+def is_export(path: str | os.PathLike, fmt: str) -> bool:
+    """Whether the file `path` is an export of format `fmt` (`EXPORTS`): its suffix, its
+    contents' kind (`file_kind`) and its keys (`keys_format`)."""
+    suffix = EXPORTS[fmt][1]
+    if not os.fspath(path).endswith(suffix) or not os.path.isfile(path):
+        return False
+    kind = file_kind(path)
+    keys = archive_keys(path, kind) if kind == suffix[1:] else None
+    return bool(keys) and keys_format(keys, kind) == fmt
+
+
+def check_output(path: str | os.PathLike, flag: str, fmt: str, overwrite: bool, *,
+                 inputs=(), how: str = '--overwrite') -> None:
+    """A one-line error unless `path` (given as `flag`) names a file that an export of
+    format `fmt` (`EXPORTS`) may write: its suffix, and nothing there or, with `overwrite`,
+    an export of the same format that is none of `inputs` (`train.files.check_replaceable`;
+    `how` names the switch: '--overwrite' or 'overwrite=True')."""
+    from jlearngene.train import files
+    what, suffix = EXPORTS[fmt]
     if not str(path).endswith(suffix):
         raise ValueError(f'{flag} {path!r}: {what} is written as {suffix}; give a file name '
                          f'ending in {suffix}')
-    if os.path.exists(path) and not overwrite:
-        raise FileExistsError(f'{path!r} already exists; pass --overwrite to replace it')
+    files.check_replaceable(path, f'{what} ({suffix})', lambda p: is_export(p, fmt),
+                            overwrite=overwrite, how=how, inputs=inputs)
 
 
 # ----------------------------------------------------------------------------------------

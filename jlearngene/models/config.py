@@ -125,19 +125,22 @@ class ViTConfig:
     # Derived sizes -------------------------------------------------------------------
     @property
     def attn_width(self) -> int:
-        """num_heads × head_dim: the width of the q/k/v projections' outputs."""
+        """The width of the q/k/v projections' outputs, num_heads × head_dim."""
         return self.num_heads * self.head_dim
 
     @property
     def num_patches(self) -> int:
+        """The number of patch tokens, (image_size // patch_size)²."""
         return (self.image_size // self.patch_size) ** 2
 
     @property
     def num_prefix_tokens(self) -> int:
+        """The number of tokens before the patches (the class and distillation tokens, where present)."""
         return int(self.class_token) + int(self.distill_token)
 
     @property
     def num_tokens(self) -> int:
+        """The number of tokens of a sequence, prefix tokens and patches."""
         return self.num_patches + self.num_prefix_tokens
 
     def replace(self, **changes: Any) -> ViTConfig:
@@ -152,10 +155,22 @@ class ViTConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict (what `from_dict` reads, JSON-serialisable)."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ViTConfig:
+        """A config from `to_dict`'s output (e.g. read back from JSON).
+
+        Args:
+            d: the fields.
+
+        Returns:
+            The validated config.
+
+        Raises:
+            ConfigError: `d` names a field ViTConfig does not have, or a value is invalid.
+        """
         _check_fields(d, 'ViTConfig has no field(s)')
         return cls(**dict(d))
 
@@ -223,10 +238,19 @@ def validate(cfg: ViTConfig) -> None:
 
 
 def vit_config(variant: str = 'Ti', **overrides: Any) -> ViTConfig:
-    """A named DeiT-shaped config ('Ti', 'S', 'B', 'L'), optionally 'S/16' with a patch size.
+    """A named DeiT-shaped config ('Ti', 'S', 'B', 'L'), optionally with a patch size ('S/16').
 
-    Any field can be overridden: `vit_config('S', depth=6, num_classes=10, image_size=32,
-    patch_size=4)`.
+    Args:
+        variant: the name, optionally '/patch' (`VARIANTS` lists the names).
+        **overrides: any field of `ViTConfig`, e.g. `vit_config('S', depth=6,
+          num_classes=10, image_size=32, patch_size=4)`.
+
+    Returns:
+        The validated config.
+
+    Raises:
+        ConfigError: an unknown variant, a patch size that is not an integer, an unknown
+          field, or values that do not fit together (`validate`).
     """
     name, _, patch = variant.partition('/')
     if name not in VARIANTS:

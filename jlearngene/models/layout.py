@@ -92,12 +92,22 @@ def has_pre_logits(params: Any) -> bool:
 
 
 def axes(cfg: ViTConfig | None, params: Any) -> Any:
-    """A tree with the structure of `params` whose leaves are `Axes` tuples.
+    """The logical axis names of every leaf of `params`.
 
-    `params` may be real arrays or `jax.ShapeDtypeStruct`s (e.g. from `jax.eval_shape`).
     The names depend only on the paths (and on whether the tree has a pre-logits layer, see
-    `leaf_axes`); a `cfg` (None skips the check) must match the parameters' shapes
-    (`vit.check_params`: ConfigError naming the first differing leaf).
+    `leaf_axes`).
+
+    Args:
+        cfg: the model's config, checked against the parameters' shapes (None skips the check).
+        params: the parameters: arrays or `jax.ShapeDtypeStruct`s (e.g. from
+          `jax.eval_shape`), either layout.
+
+    Returns:
+        A tree with the structure of `params` whose leaves are `Axes` tuples.
+
+    Raises:
+        ConfigError: `cfg` does not match the parameters' shapes (`vit.check_params`, the
+          first differing leaf named).
     """
     if cfg is not None:
         vit.check_params(params, cfg, 'axes')
@@ -114,16 +124,25 @@ def axis_size(params: Any, path: str, axis: str) -> int:
 
 
 def is_stacked(params: Any) -> bool:
+    """Whether `params` holds its blocks stacked on a leading layers axis (else the list layout)."""
     return isinstance(params['blocks'], dict)
 
 
 def depth_of(params: Any) -> int:
+    """The number of blocks of `params`, in either layout."""
     blocks = params['blocks']
     return int(jax.tree.leaves(blocks)[0].shape[0]) if isinstance(blocks, dict) else len(blocks)
 
 
 def unstack_blocks(params: Any) -> Any:
-    """Stacked layout -> list layout (a list of per-block trees). Identity on list layout."""
+    """Stacked layout to list layout (one tree per block); the list layout is returned as it is.
+
+    Args:
+        params: canonical parameters.
+
+    Returns:
+        The same parameters with `blocks` a list of per-block trees.
+    """
     if not is_stacked(params):
         return params
     blocks = params['blocks']
@@ -132,8 +151,18 @@ def unstack_blocks(params: Any) -> Any:
 
 
 def stack_blocks(params: Any) -> Any:
-    """List layout -> stacked layout. Blocks must share structure and shapes; otherwise the
-    error names the first differing block and leaf (such models stay in the list layout)."""
+    """List layout to stacked layout; the stacked layout is returned as it is.
+
+    Args:
+        params: canonical parameters.
+
+    Returns:
+        The same parameters with the blocks stacked on a leading layers axis.
+
+    Raises:
+        ValueError: there are no blocks, or they differ in structure or shapes (the first
+          differing block and leaf named; such models stay in the list layout).
+    """
     if is_stacked(params):
         return params
     blocks: Sequence[Any] = params['blocks']
@@ -273,6 +302,7 @@ class MatrixView:
 
     @property
     def matrix_shape(self) -> tuple[int, ...]:
+        """The shape as a matrix view (the leading axes, then fan-in and fan-out each flattened to one axis)."""
         n_lead, n_in = len(self.lead), len(self.fan_in)
         return (self.shape[:n_lead] + (math.prod(self.shape[n_lead:n_lead + n_in]),
                                        math.prod(self.shape[n_lead + n_in:])))

@@ -180,8 +180,20 @@ def block_elements(cfg: ViTConfig) -> int:
 _init_jit = compiler.run_once_jit(_init, lambda cfg, key: block_elements(cfg), static_argnums=0)
 
 
-@functools.wraps(_init)
 def init(cfg: ViTConfig, key: jax.Array) -> Params:
+    """Random parameters of the ViT `cfg`, as timm/DeiT initialises one.
+
+    One compiled program per config (run eagerly, the draws would compile a program per
+    operation and shape: most of the time a small model's initialisation takes); small
+    models compile quickly on CPU (`compiler.run_once_jit`).
+
+    Args:
+        cfg: the model's config.
+        key: the PRNG key.
+
+    Returns:
+        The canonical parameter tree (stacked layout), float32.
+    """
     return _init_jit(_static_config(cfg, 'init'), key)
 
 
@@ -296,8 +308,17 @@ def check_params(params: Any, cfg: ViTConfig, what: str = 'apply') -> None:
 
 
 def check_images(images: Any, cfg: ViTConfig, what: str = 'apply') -> None:
-    """ValueError unless `images` is a rank-4 NHWC batch with the config's channel count
-    (the spatial size is checked by `embed`, against the patch size and `pos_embed`)."""
+    """ValueError unless `images` is a rank-4 NHWC batch of real floating values with the
+    config's channel count (the spatial size is checked by `embed`, against the patch size
+    and `pos_embed`). Integer, bool and complex images are refused, not cast: raw uint8
+    pixels would run unnormalised (0..255 where the model expects the pipelines'
+    `(x / 255 - mean) / std`), a complex batch would lose its imaginary part."""
+    dtype = np.dtype(images.dtype if hasattr(images, 'dtype') else np.asarray(images).dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        hint = ('scale and normalise pixels as the data pipelines do, (x / 255 - mean) / std '
+                'as float32' if jnp.issubdtype(dtype, jnp.integer) or dtype == np.bool_
+                else 'pass real floating images')
+        raise ValueError(f'{what}: images are {dtype.name}, not a floating type; {hint}')
     shape = tuple(np.shape(images))
     c = cfg.channels
     if len(shape) == 4 and shape[-1] == c:
@@ -350,6 +371,9 @@ _INV_SQRT_2PI = 0.3989422804014327   # 1/√(2π)
 
 
 def gelu(x: jax.Array, kind: str) -> jax.Array:
+    """GELU of `x`: 'tanh' is the tanh approximation (Flax's, big_vision's), anything else the
+    exact erf form (timm's `nn.GELU`).
+    """
     if kind == 'tanh':
         return jax.nn.gelu(x, approximate=True)
     return gelu_exact(x)
@@ -420,6 +444,17 @@ def attention(p: Params, x: jax.Array, n_queries: int | None = None,
 
 
 def mlp(p: Params, x: jax.Array, gelu_kind: str, precision: str = 'float32') -> jax.Array:
+    """The MLP of one block: fc2(GELU(fc1(x))).
+
+    Args:
+        p: the block's `mlp` parameters (`fc1`, `fc2`).
+        x: (..., width) activations.
+        gelu_kind: 'exact' or 'tanh' (`gelu`).
+        precision: the dense layers' operand precision ('float32' or 'bfloat16').
+
+    Returns:
+        (..., width) activations.
+    """
     h = checkpoint_name(_dense(x, p['fc1'], precision=precision), 'mlp_hidden')
     return _dense(gelu(h, gelu_kind), p['fc2'], precision=precision)
 
@@ -571,24 +606,35 @@ def pool(params: Params, x: jax.Array, cfg: ViTConfig) -> jax.Array:
 
 def apply(params: Params, images: jax.Array, cfg: ViTConfig, *, train: bool = False,
           rng: jax.Array | None = None, capture: Sequence[str] = ()) -> tuple[jax.Array, dict]:
-    """Forward pass. Returns `(logits, aux)`.
+    """The forward pass of the ViT `cfg` on NHWC `images`.
 
-    `aux['pre_logits']`, always present, is what the head reads: the pooled features, or with
-    a `pre_logits` layer in `params` its output tanh(features·W + b) (big_vision's name for
-    both); without a head it is also the returned output. `capture` may add 'blocks' (per-block token
-    outputs, (L, B, T, D)) and 'attn' (attention probabilities, (L, B, H, T, T)); in the
-    list layout with blocks of different shapes these are lists. With a distillation
-    token, `aux['logits_cls']` and `aux['logits_dist']` hold both heads; `logits` is their
-    mean in evaluation and the class head when `train=True` (DeiT semantics).
-    `rng` drives dropout and stochastic depth: with `train=True` and either rate above 0 it is
-    required (ValueError without it), else unused.
-    With class-token pooling and no `capture`, the last block computes only the prefix
-    tokens that the heads read (keys and values still come from every token): the same
-    logits for ≈1/depth less work.
+    With class-token pooling and no `capture`, the last block computes only the prefix tokens
+    that the heads read (keys and values still come from every token): the same logits for
+    ≈1/depth less work. Both checks below read shapes and dtypes only, at trace time.
 
-    `cfg` must match the parameters' shapes (`check_params`: ConfigError naming the first
-    differing leaf) and `images` must be NHWC with `cfg.channels` channels; both checks
-    read shapes only, at trace time.
+    Args:
+        params: canonical parameters of `cfg`, stacked or list layout.
+        images: (batch, height, width, `cfg.channels`) floating values.
+        cfg: the model's config; it must match the parameters' shapes (`check_params`).
+        train: training mode (dropout and stochastic depth at the config's rates).
+        rng: the PRNG key that drives dropout and stochastic depth; required with `train=True`
+          and either rate above 0, else unused.
+        capture: what to add to `aux`: 'blocks' (per-block token outputs, (L, B, T, D)) and
+          'attn' (attention probabilities, (L, B, H, T, T)); lists in the list layout when
+          blocks differ in shape.
+
+    Returns:
+        The pair `(logits, aux)`. `aux['pre_logits']`, always present, is what the head
+        reads (the pooled features, or with a `pre_logits` layer its output tanh(features·W +
+        b)); without a head it is also the returned output. With a distillation token, `aux['logits_cls']`
+        and `aux['logits_dist']` hold both heads, and `logits` is their mean in evaluation and
+        the class head when `train=True` (DeiT semantics).
+
+    Raises:
+        ConfigError: `cfg` does not match the parameters' shapes (the first differing leaf
+          named).
+        ValueError: the images are not NHWC floating values with `cfg.channels` channels
+          (integer, bool and complex images are never cast), or `train=True` needs a `rng`.
     """
     cfg = _static_config(cfg, 'apply')
     check_params(params, cfg, 'apply')

@@ -70,6 +70,7 @@ def cuda_available() -> bool:
 
 
 def enabled() -> bool:
+    """Whether the backend runs: its environment switch is on and a CUDA device is there."""
     return ops.env_switch_on(ENV_SWITCH) and cuda_available()
 
 

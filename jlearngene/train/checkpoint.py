@@ -130,14 +130,36 @@ def config_mismatch(stored: ViTConfig, expected: ViTConfig, where: str) -> None:
 # ----------------------------------------------------------------------------------------
 # Model artefacts.
 
+def is_model(path: str | os.PathLike) -> bool:
+    """Whether `path` is a model artefact: a folder whose orbax metadata names the model
+    format (only that small JSON file is read; `model_metadata` checks the rest)."""
+    import json
+    try:
+        with open(os.path.join(os.fspath(path), '_CHECKPOINT_METADATA'), encoding='utf-8') as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and isinstance(meta.get('custom_metadata'), dict) \
+        and meta['custom_metadata'].get('format') == MODEL_FORMAT
+
+
+def check_model_output(path: str | os.PathLike, *, overwrite: bool, inputs=(),
+                       how: str = 'overwrite=True') -> None:
+    """CheckpointError unless a model may be written at `path` (`files.check_replaceable`:
+    nothing there, or a model artefact and `overwrite`; never one of `inputs`)."""
+    files.check_replaceable(path, 'a model checkpoint', is_model, overwrite=overwrite, how=how,
+                            inputs=inputs, error=CheckpointError)
+
+
 def save_model(path: str, params, cfg: ViTConfig | None, *, extra: dict | None = None,
-               overwrite: bool = False) -> str:
-    """Save a parameter tree with its model config and JSON-able `extra` metadata. With
-    `overwrite`, an existing model is replaced only once the new one is complete: a failed
-    or killed write leaves it as it was."""
+               overwrite: bool = False, inputs=()) -> str:
+    """Save a parameter tree with its model config and JSON-able `extra` metadata. An
+    existing model is replaced only with `overwrite`, and only once the new one is
+    complete (a failed or killed write leaves it as it was); anything else at `path`, or
+    a path that is or contains one of `inputs` (what the caller read), is refused
+    (`check_model_output`)."""
     path = os.path.abspath(os.fspath(path))
-    if os.path.exists(path) and not overwrite:
-        raise CheckpointError(f'{path!r} already exists; pass overwrite=True to replace it')
+    check_model_output(path, overwrite=overwrite, inputs=inputs)
     meta = {
         'format': MODEL_FORMAT,
         'config': None if cfg is None else cfg.to_dict(),

@@ -6,6 +6,8 @@ place only once complete: `write_file` for a file (`write_text` for text), `repl
 for a directory that is complete under its temporary name. A failed write removes its
 temporary and raises an OSError that names the final path; what a killed process left
 (its pid no longer runs) is removed by the next write of the same path (`remove_stale`).
+What a writer may replace at all is one rule for every artefact (`check_replaceable`): only
+an artefact of the kind it writes, with `overwrite`, and never one of its own inputs.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import glob
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -118,6 +120,52 @@ def write_text(path: str, text: str) -> str:
         with open(tmp, 'w', encoding='utf-8') as f:
             f.write(text)
     return write_file(path, write)
+
+
+def _found(path: str) -> str:
+    """What is at `path`, for messages: 'a file', 'a symbolic link', 'a folder of 3 entries
+    (a, b, c)'."""
+    if os.path.islink(path) and not os.path.exists(path):
+        return 'a dangling symbolic link'
+    if not os.path.isdir(path):
+        return 'a file'
+    names = sorted(os.listdir(path))
+    shown = ', '.join(names[:3]) + (', ...' if len(names) > 3 else '')
+    return f"a folder of {len(names)} entr{'y' if len(names) == 1 else 'ies'} ({shown})"
+
+
+def check_replaceable(path: str | os.PathLike, what: str, is_kind: Callable[[str], bool], *,
+                      overwrite: bool, how: str = 'overwrite=True',
+                      inputs: Iterable[str | os.PathLike | None] = (),
+                      error: Callable[[str], Exception] = FileExistsError) -> None:
+    """The one rule of every writer that may replace what is at `path` (a model, a gene, an
+    export): it writes only what it would have written itself.
+
+    `path` may be written when nothing is there or an empty folder is; when it holds `what`
+    (`is_kind(path)`), only with `overwrite`; never when it holds anything else (a folder
+    of the user's files, a training workdir, another kind of artefact), and never when it
+    is, or contains, one of `inputs` (what the writer reads: a replaced input would be lost
+    before, or while, it is read). `how` names the switch in the message: '--overwrite' on
+    the command line, 'overwrite=True' in Python. Raises `error` (one line naming `path`)."""
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.lexists(path):
+        return
+    real = os.path.realpath(path)
+    for given in inputs:
+        if given is None:
+            continue
+        inp = os.path.realpath(os.fspath(given))
+        if inp == real or inp.startswith(real.rstrip(os.sep) + os.sep):
+            where = 'is' if inp == real else 'contains'
+            raise error(f'{path}: {where} {os.fspath(given)!r}, an input of this command; it is '
+                        'never replaced: choose another output path')
+    if os.path.isdir(path) and not os.listdir(path):
+        return
+    if not is_kind(path):
+        raise error(f'{path}: exists and is {_found(path)}, not {what}; only {what} is ever '
+                    'replaced: choose another path, or move it away yourself')
+    if not overwrite:
+        raise error(f'{path}: {what} already exists; pass {how} to replace it')
 
 
 def _exchange(a: str, b: str) -> bool:

@@ -91,6 +91,7 @@ class Hook(abc.ABC):
     every: int | None = None
 
     def start(self, run: Run) -> None:
+        """Bind the hook to `run`, once, before the first call (the default does nothing)."""
         del run
 
     @abc.abstractmethod
@@ -113,13 +114,16 @@ class TrainLog(Hook):
         self.first_loss: float | None = None   # the loss of step 1, when this run took it
 
     def start(self, run: Run) -> None:
+        """Bind to `run` (it becomes `run.log`) and start the steps/s clock."""
         self.run, run.log = run, self
         self._last = (run.start, time.perf_counter())
 
     def due(self, step: int) -> bool:
+        """Whether the metrics are synced and written after `step`: every `every` steps and at the last."""
         return step % self.every == 0 or step == self.run.steps
 
     def after_call(self, run: Run, step: int, state: dict) -> None:
+        """Keep the call's device metrics; at a due step sync and write them (`flush`)."""
         del state
         self._pending.append(run.metrics)
         if self.due(step):
@@ -206,6 +210,7 @@ class Evaluation(Hook):
         self.jitted = None
 
     def start(self, run: Run) -> None:
+        """Bind to `run`; on a mesh, compile the evaluation with the run's shardings (shared by equal keys)."""
         self.run = run
         if run.mesh is None:
             return
@@ -217,15 +222,18 @@ class Evaluation(Hook):
                                  out_shardings=repl))
 
     def due(self, step: int) -> bool:
+        """Whether `step` is evaluated: every `every` steps and at the last."""
         return bool(self.every and step % self.every == 0) or step == self.run.steps
 
     def after_call(self, run: Run, step: int, state: dict) -> None:
+        """At a due step: sync the train metrics, evaluate the state's params and set `run.eval_record`."""
         if self.due(step):
             run.synced = True
             run.flush(step)
             run.eval_record = self(step, state['params'])
 
     def __call__(self, step: int, params) -> dict:
+        """Evaluate `params` on the eval data (and each `also` set), write and return the record."""
         def run(data, cache):
             return evaluate(self.eval_fn, params, _eval_iter(data, cache), mesh=self.run.mesh,
                             jitted=self.jitted)
@@ -260,6 +268,7 @@ class StopWhen(Hook):
         self.predicate, self.reason = predicate, reason
 
     def after_call(self, run: Run, step: int, state: dict) -> None:
+        """Stop the run (`run.stop`) after an evaluation whose record satisfies the predicate."""
         del state
         if run.eval_record is not None and step < run.steps and self.predicate(run.eval_record):
             run.stop = self.reason
@@ -279,18 +288,32 @@ class Checkpoints(Hook):
         self.run: Run | None = None
 
     def start(self, run: Run) -> None:
+        """Bind to `run` (it becomes `run.checkpoints`, which a preemption saves through)."""
         self.run, run.checkpoints = run, self
 
     def due(self, step: int, evaluated: bool) -> bool:
+        """Whether to save after `step`: at the last step, every `every` steps, and after an
+        evaluation when a `best_metric` ranks the checkpoints."""
         return step == self.run.steps or bool(self.every and step % self.every == 0) or \
             (evaluated and bool(self.ckpt.best_metric))
 
     def after_call(self, run: Run, step: int, state: dict) -> None:
+        """Save the state at a due step (`save`); `run.saved` is its path."""
         if self.due(step, run.eval_record is not None):
             run.synced = True
             run.saved = self.save(step, state, run.eval_record)
 
     def save(self, step: int, state: dict, metrics: dict | None = None) -> str:
+        """Sync the pending train metrics, then save a checkpoint of `step`.
+
+        Args:
+            step: the step the state is at.
+            state: the train state ({'params', 'opt_state', 'step', 'rng'}).
+            metrics: the evaluation record of this step, which `best_metric` ranks by.
+
+        Returns:
+            The checkpoint's directory.
+        """
         self.run.flush(step)
         return self.ckpt.save(step, state, data_state=gather_data_state(self.batches.get_state()),
                               config=self.config,
@@ -326,6 +349,7 @@ class Preemption(Hook):
     KeyboardInterrupt at once, without saving.
 
     `requested(step, sync_point=...)` says whether the run stops after `step`:
+
     * one process: whenever its SIGTERM flag is set (no extra cost);
     * several: at sync points (the log, eval and checkpoint steps, which every process
       reaches together) the flags are all-gathered and every process stops when any one
@@ -335,10 +359,14 @@ class Preemption(Hook):
       receive the SIGTERMs that the service's own notifier would get (a signal has one
       handler); on exit that notifier's handler, installed outside Python, gives way to
       the default one.
-    `process_count`, `gather` (this process's flag -> every process's flags) and
-    `sync_point` (step -> the service's verdict, None without the service) default to jax's
-    (`jax.process_count`, `multihost_utils.process_allgather`,
-    `multihost_utils.reached_preemption_sync_point`).
+
+    Args:
+        enabled: install the handlers at all (False: a hook that never asks to stop).
+        process_count: the number of processes (default `jax.process_count()`).
+        gather: this process's flag -> every process's flags (default
+          `multihost_utils.process_allgather`).
+        sync_point: step -> the preemption service's verdict, None without the service
+          (default `multihost_utils.reached_preemption_sync_point`).
     """
     SIGNALS = ('SIGTERM', 'SIGINT')
 
@@ -379,6 +407,17 @@ class Preemption(Hook):
             self._old = {}
 
     def requested(self, step: int, *, sync_point: bool) -> bool:
+        """Whether the run stops after `step`.
+
+        Args:
+            step: the step just run.
+            sync_point: whether every process reaches this step's decision (a log, eval or
+              checkpoint step): only there are the processes' flags all-gathered.
+
+        Returns:
+            True when this process was signalled (one process), when jax's preemption service
+            says so, or, at a sync point, when any process was signalled.
+        """
         if not self.enabled:
             return False
         if self.process_count == 1:

@@ -39,6 +39,7 @@ def _fmt(v) -> str:
 
 
 def format_line(step: int, kind: str, metrics: Mapping[str, float]) -> str:
+    """A console line: `[ kind] step N  name=value ...`."""
     body = '  '.join(f'{k}={_fmt(v)}' for k, v in metrics.items())
     return f'[{kind:>5}] step {step:>7}  {body}'
 
@@ -70,6 +71,9 @@ class MetricWriter:
                 self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
 
     def write(self, step: int, metrics: Mapping[str, float], kind: str = 'train') -> None:
+        """Write one record of `metrics` at `step` (on the primary process only): a JSONL row with
+        its `kind` ('train', 'eval') and time, a console line, and TensorBoard scalars.
+        """
         if not self.primary:
             return
         clean = {k: float(v) for k, v in metrics.items()}
@@ -102,6 +106,7 @@ class MetricWriter:
         self._file.flush()
 
     def close(self) -> None:
+        """Close the JSONL file and the TensorBoard writer."""
         if self._file is not None:
             self._file.close()
         if self._tb is not None:
@@ -117,23 +122,40 @@ def _console(line: str) -> None:
 
 
 def read_metrics(workdir: str, kind: str | None = None) -> list[dict]:
-    """Records of `workdir/metrics.jsonl` (optionally one kind); a resumed run appends, so
-    for repeated steps the last record wins."""
+    """Records of `workdir/metrics.jsonl` (or of that file given itself; optionally one
+    kind); a resumed run appends, so for repeated steps the last record wins.
+
+    Only a regular file is opened (a FIFO or device would block or never end: one-line
+    ValueError). A last line without its newline that is not JSON, as a crash or a full
+    disk leaves it mid-write, is skipped with a warning naming it; any other line that is
+    not a JSON record with a step is a one-line ValueError naming it."""
+    import stat
     path = os.path.join(workdir, METRICS_FILE) if os.path.isdir(workdir) else workdir
     if not os.path.exists(path):
         raise FileNotFoundError(f'no {METRICS_FILE} in {workdir!r} (not a training workdir?)')
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise ValueError(f'{path}: is not a regular file (a FIFO, device or folder); '
+                         f'{METRICS_FILE} is a file that a run writes')
+    with open(path, encoding='utf-8', errors='replace') as f:
+        text = f.read()
+    lines = text.split('\n')
     by_key: dict[tuple, dict] = {}
-    with open(path, encoding='utf-8') as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f'{path}:{n}: not a JSON line ({e})') from e
-            if kind is None or rec.get('kind') == kind:
-                by_key[(rec.get('kind'), rec['step'])] = rec
+    for n, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+            step = rec['step']
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            if n == len(lines):   # no newline after it: cut off mid-write
+                log.warning('%s:%d: skipped the last line, cut off mid-write (a crash or a full '
+                            'disk?)', path, n)
+                break
+            why = f'{e}' if isinstance(e, json.JSONDecodeError) else 'no step'
+            raise ValueError(f'{path}:{n}: not a JSON record with a step ({why})') from None
+        if kind is None or rec.get('kind') == kind:
+            by_key[(rec.get('kind'), step)] = rec
     return sorted(by_key.values(), key=lambda r: (r['step'], r.get('kind', '')))
 
 
@@ -186,12 +208,14 @@ class Progress:
                              smoothing=0.1, file=sys.stderr)
 
     def update(self, n: int = 1, **postfix) -> None:
+        """Advance the bar `n` steps, showing `postfix` values beside it."""
         if self._bar is not None:
             self._bar.update(n)
             if postfix:
                 self._bar.set_postfix({k: _fmt(v) for k, v in postfix.items()}, refresh=False)
 
     def close(self) -> None:
+        """Close the bar."""
         if self._bar is not None:
             self._bar.close()
 

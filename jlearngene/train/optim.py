@@ -1,7 +1,7 @@
 """Optimiser from config: AdamW + warmup-cosine, masked weight decay, clipping, freezing and
 per-group learning-rate multipliers, all selected by path regex (`jlearngene.pytree` rules).
 
-Config fields (a `ConfigDict` or a plain mapping; defaults in `DEFAULTS`):
+Config fields (a `ConfigDict` or a plain mapping; defaults in `DEFAULTS`)::
 
     lr                 peak learning rate
     warmup_steps       linear warmup from `warmup_init * lr` to `lr`
@@ -111,6 +111,10 @@ def _check_values(c: Mapping[str, Any]) -> None:
 
 
 def make_schedule(c: Mapping[str, Any]) -> optax.Schedule:
+    """The learning-rate schedule of a resolved optimiser config (`resolve`): linear warmup from
+    `warmup_init · lr` over `warmup_steps`, then 'cosine' (to `min_lr_ratio · lr` at
+    `total_steps`) or 'constant'.
+    """
     lr, warm = float(c['lr']), int(c['warmup_steps'])
     if c['schedule'] == 'constant':
         if not warm:

@@ -95,9 +95,11 @@ class RunCheckpointer:
 
     # -- queries ----------------------------------------------------------------------
     def steps(self) -> list[int]:
+        """The steps of the kept checkpoints, ascending."""
         return sorted(c.step for c in self._ckpt.checkpoints)
 
     def latest_step(self) -> int | None:
+        """The newest checkpoint's step, None without one."""
         latest = self._ckpt.latest
         return None if latest is None else int(latest.step)
 
@@ -244,6 +246,7 @@ class RunCheckpointer:
         return parts['params'], meta
 
     def delete(self, step: int) -> None:
+        """Delete the checkpoint of `step`."""
         self._ckpt.delete(int(step))
 
     def set_aside(self, step: int) -> str:

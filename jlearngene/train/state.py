@@ -167,11 +167,19 @@ class Batches:
         return batch
 
     def get_state(self):
+        """The data position to store with a checkpoint: the iterator's own state where it has one,
+        else the count of batches consumed.
+        """
         if self.stateful:
             return {'kind': 'iterator', 'state': self.it.get_state(), 'consumed': self.consumed}
         return {'kind': 'count', 'consumed': self.consumed}
 
     def set_state(self, state):
+        """Resume at a stored position (`get_state`'s; nothing for an empty one).
+
+        Raises:
+            ValueError: the state is an iterator's but this data cannot set one.
+        """
         if not state:
             return
         if state.get('kind') == 'iterator':

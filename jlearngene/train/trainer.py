@@ -87,42 +87,43 @@ def train_loop(state: dict, program: Callable[[dict, list], tuple[dict, Any]], b
 class FitConfig:
     """How `fit` runs (what it does after each call is its hooks).
 
-    workdir: metrics.jsonl, config.json, tensorboard/ and checkpoints/ go here. The newest
-      readable checkpoint there is resumed when `resume` (refused if it does not fit;
-      unreadable newer ones are moved aside, see `restore_or_start`); the console then
-      shows 'resumed from <dir> at step N', and any config field that changed.
-    steps: total steps of the run (a resumed run continues up to it).
-    log_every / checkpoint_every: intervals in steps (checkpoints: None = only at the end;
-      a final checkpoint is always written).
-    keep_checkpoints, best_metric, best_mode: retention (latest N plus the best by e.g.
-      'eval/accuracy', which an `Evaluation` hook records).
-    seed: the run's key (the step's key is `fold_in(key, step)`).
-    experiment_config: the resolved experiment config (ConfigDict/dict), written to
-      workdir/config.json and stored in every checkpoint; `model_config` (a ViTConfig) makes
-      a resume into a different model fail with the mismatched fields named.
-    sharding: 'replicate' or 'fsdp' (parameters split over the 'data' axis by logical axis;
-      `axes` overrides the logical names, default the ViT table; leaves smaller than
-      `fsdp_min_size` elements stay replicated).
-    mesh: a mesh with a 'data' axis and optionally a 'model' axis (default: all devices,
-      `parallel.make_mesh(model=model_parallel)`).
-    model_parallel: without `mesh`, the size of the mesh's 'model' axis: parameters are
-      then also split over it by logical axis (heads, mlp, else embed; see
-      `parallel.param_shardings`), for models too large for FSDP alone. It must divide
-      each process's device count.
-    microbatches: accumulate each step's gradient over this many equal parts of the batch
-      (see `make_train_step`); the batch size must be a multiple of it.
-    steps_per_call: optimiser steps per compiled call (the same steps, dispatched less
-      often; see `make_train_step`). No call runs past a hook's interval (steps up to one
-      run singly, by a second compiled program); a call holds that many batches in memory,
-      and a SIGTERM or Ctrl-C is acted on after it. 'auto': `auto_steps_per_call`.
-    resume, progress, console, tensorboard, handle_sigterm: switches for resuming from
-      workdir, the tqdm bar, console lines (metrics, resume, preemption), TensorBoard events
-      and the SIGTERM / Ctrl-C checkpoint (`Preemption`: agreed across processes; it then
-      raises `Preempted`, a SystemExit with status 143 or 130).
-    compile_key: a hashable name of what `loss_fn` and `optimizer` compute (e.g. their
-      configs: `tasks.classification_loss(...).key` and `optim.cache_key(...)`): runs of
-      equal keys and shapes share the compiled initialisation and step (`PROGRAMS`); None
-      compiles this run's own.
+    Attributes:
+        workdir: metrics.jsonl, config.json, tensorboard/ and checkpoints/ go here. The newest
+          readable checkpoint there is resumed when `resume` (refused if it does not fit;
+          unreadable newer ones are moved aside, see `restore_or_start`); the console then
+          shows 'resumed from <dir> at step N', and any config field that changed.
+        steps: total steps of the run (a resumed run continues up to it).
+        log_every / checkpoint_every: intervals in steps (checkpoints: None = only at the end;
+          a final checkpoint is always written).
+        keep_checkpoints, best_metric, best_mode: retention (latest N plus the best by e.g.
+          'eval/accuracy', which an `Evaluation` hook records).
+        seed: the run's key (the step's key is `fold_in(key, step)`).
+        experiment_config: the resolved experiment config (ConfigDict/dict), written to
+          workdir/config.json and stored in every checkpoint; `model_config` (a ViTConfig) makes
+          a resume into a different model fail with the mismatched fields named.
+        sharding: 'replicate' or 'fsdp' (parameters split over the 'data' axis by logical axis;
+          `axes` overrides the logical names, default the ViT table; leaves smaller than
+          `fsdp_min_size` elements stay replicated).
+        mesh: a mesh with a 'data' axis and optionally a 'model' axis (default: all devices,
+          `parallel.make_mesh(model=model_parallel)`).
+        model_parallel: without `mesh`, the size of the mesh's 'model' axis: parameters are
+          then also split over it by logical axis (heads, mlp, else embed; see
+          `parallel.param_shardings`), for models too large for FSDP alone. It must divide
+          each process's device count.
+        microbatches: accumulate each step's gradient over this many equal parts of the batch
+          (see `make_train_step`); the batch size must be a multiple of it.
+        steps_per_call: optimiser steps per compiled call (the same steps, dispatched less
+          often; see `make_train_step`). No call runs past a hook's interval (steps up to one
+          run singly, by a second compiled program); a call holds that many batches in memory,
+          and a SIGTERM or Ctrl-C is acted on after it. 'auto': `auto_steps_per_call`.
+        resume, progress, console, tensorboard, handle_sigterm: switches for resuming from
+          workdir, the tqdm bar, console lines (metrics, resume, preemption), TensorBoard events
+          and the SIGTERM / Ctrl-C checkpoint (`Preemption`: agreed across processes; it then
+          raises `Preempted`, a SystemExit with status 143 or 130).
+        compile_key: a hashable name of what `loss_fn` and `optimizer` compute (e.g. their
+          configs: `tasks.classification_loss(...).key` and `optim.cache_key(...)`): runs of
+          equal keys and shapes share the compiled initialisation and step (`PROGRAMS`); None
+          compiles this run's own.
     """
     workdir: str
     steps: int

@@ -172,6 +172,9 @@ def make(name: str, workdir: str, out: str | None = None, *, command: str | None
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m jlearngene.zoo.make NAME`: train the shipped gene NAME again from its study and
+    write its gene directory; returns the exit status.
+    """
     p = argparse.ArgumentParser(prog='python -m jlearngene.zoo.make', description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('name', choices=sorted(GENES))

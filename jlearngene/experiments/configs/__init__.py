@@ -11,11 +11,14 @@ returns the locked ConfigDict with overrides applied, `names()` lists the bundle
 
 `validate(config)` checks a config file as strictly as the locked config checks command-line
 overrides: its values are set into a locked copy of the task's bundled config (its template:
-`digits_vit` for classification, the config named by `experiment` for experiments), so
-ml_collections rejects a key the template lacks (named with the closest known key) and a
-value of another type; `model`, `optim` and `data` are checked against the fields their
-consumers know; what types cannot say is a short table of value ranges (step counts, batch
-sizes and learning rates positive). Each problem is a one-line `ConfigError` naming the key.
+`digits_vit` for classification, the config named by `experiment` for experiments, with the
+keys of every variant of it, e.g. `letra`'s 'digits' and 'fashion'), so ml_collections
+rejects a key the template lacks (named with the closest known key) and a value of another
+type, and a tuple field keeps its shape (a tuple of tuples of integers takes no flat tuple,
+from a file or the command line); `model`, `optim` and `data` are checked against the fields
+their consumers know; what types cannot say is a short table of value ranges (step counts,
+batch sizes and learning rates positive). Each problem is a one-line `ConfigError` naming the
+key.
 `resolve` and `load` apply it, so a misspelt key in a config file fails before anything is
 read or written.
 """
@@ -73,6 +76,11 @@ def _is_bundled(where: str) -> bool:
 def _get_config(where: str, arg: str | None) -> ml_collections.ConfigDict:
     """`get_config(arg)` of the config file `where`, checked by `validate` (bundled configs
     are their own template: only their values are checked)."""
+    return _call(_module(where), where, arg)
+
+
+def _module(where: str):
+    """The config file `where`, executed as a module that defines get_config."""
     if not os.path.isfile(where):
         raise ValueError(f'config file {where!r} does not exist' + (
             '' if where.endswith('.py') else ' (a config file is a .py file defining get_config)'))
@@ -84,6 +92,11 @@ def _get_config(where: str, arg: str | None) -> ml_collections.ConfigDict:
     module_spec.loader.exec_module(module)
     if not hasattr(module, 'get_config'):
         raise ValueError(f'config file {where!r} defines no get_config(arg)')
+    return module
+
+
+def _call(module, where: str, arg: str | None) -> ml_collections.ConfigDict:
+    """`module.get_config(arg)` of the config file `where`, checked by `validate`."""
     try:
         config = module.get_config(arg) if arg is not None else module.get_config()
     except TypeError as e:   # ml_collections' type safety: a value of another type than the field's
@@ -186,12 +199,36 @@ def _unknown(key: str, known, where: str, section: str) -> ConfigError:
 def template_for(config) -> ml_collections.ConfigDict | None:
     """The bundled config a config file is checked against: `digits_vit` for the
     classification task, the bundled config named by `experiment` for experiments (None
-    when there is none)."""
+    when there is none); a bundled config with several variants (its `ARGS`, e.g. 'digits'
+    and 'fashion') gives every key and section of any of them (`_union`), so a file may
+    define any variant."""
     task = config.get('task', 'classification')
     name = 'digits_vit' if task == 'classification' else config.get('experiment')
     if name not in names():
         return None
-    return _get_config(path(name), None)
+    where = path(name)
+    module = _module(where)
+    return _union([_call(module, where, arg) for arg in getattr(module, 'ARGS', (None,))])
+
+
+def _union(variants) -> ml_collections.ConfigDict:
+    """One config with every key of `variants` (ConfigDicts): sections merged key by key,
+    a leaf with the first variant's value; None (any value) where the variants' values
+    are of different types."""
+    def merge(a: dict, b: Mapping) -> dict:
+        for k, v in b.items():
+            if k not in a:
+                a[k] = v
+            elif isinstance(a[k], dict) and isinstance(v, Mapping):
+                merge(a[k], v)
+            elif type(a[k]) is not type(v):
+                a[k] = None
+        return a
+
+    out: dict = {}
+    for v in variants:
+        merge(out, _as_dict(v))
+    return ml_collections.ConfigDict(out)
 
 
 def validate(config, *, template: Any = 'auto', where: str = '') -> None:
@@ -259,12 +296,42 @@ def _set_into(locked: ml_collections.ConfigDict, c: Mapping, where: str, section
 def _assign(node: ml_collections.ConfigDict, key: str, value: Any, name: str, has: str,
             where: str = '') -> None:
     """`node[key] = value`, ml_collections' type safety as a ConfigError naming `name` and
-    the field's current value ('{name} must be an integer ({has} 5), got 'five'')."""
+    the field's current value ('{name} must be an integer ({has} 5), got 'five''); a tuple
+    field also keeps its shape (`_fits`: '{name} must be a tuple of tuples of integers ...')."""
+    current = node[key]
+    if isinstance(current, (tuple, list)) and not _fits(current, value):
+        raise ConfigError(f'{where}{name} must be {_shape(current)} ({has} {current!r}), got {value!r}')
     try:
         node[key] = value
     except TypeError:
-        raise ConfigError(f'{where}{name} must be {_kind(node[key])} ({has} {node[key]!r}), '
+        raise ConfigError(f'{where}{name} must be {_kind(current)} ({has} {current!r}), '
                           f'got {value!r}') from None
+
+
+def _fits(current: Any, value: Any) -> bool:
+    """Whether `value` has the shape of the field's `current` value: a tuple (or list) whose
+    items each fit one of `current`'s items (any items where `current` is empty), integers
+    where it has integers, numbers where it has floats; None takes anything."""
+    if current is None:
+        return True
+    if isinstance(current, (tuple, list)):
+        return isinstance(value, (tuple, list)) and (
+            not current or all(any(_fits(c, v) for c in current) for v in value))
+    if isinstance(current, bool) or isinstance(value, bool):
+        return isinstance(current, bool) and isinstance(value, bool)
+    if isinstance(current, float):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(current))
+
+
+def _shape(current: Any, plural: bool = False) -> str:
+    """The shape of a field's `current` value in words ('a tuple of tuples of integers')."""
+    words = {bool: 'true or false', int: 'integers', float: 'numbers', str: 'strings'}
+    if isinstance(current, (tuple, list)):
+        items = {_shape(c, True) for c in current}
+        return (('tuples' if plural else 'a tuple')
+                + (f' of {items.pop()}' if len(items) == 1 else ''))
+    return words.get(type(current), 'values') if plural else _kind(current)
 
 
 def _value_range(key: str, in_stage: bool):
@@ -339,7 +406,7 @@ def study_base(experiment: str, scale: str) -> ml_collections.ConfigDict:
     c = experiment_base(experiment, scale)
     c.seeds = (0, 1, 2)
     c.data.splits = section(train='half_train', test='half_test')
-    c.scratch = section(lrs=(1e-3, 2e-3, 4e-3), steps=1200, epochs=0.0, eval_every=50,
+    c.scratch = section(lrs=(1e-3, 2e-3, 4e-3), steps=1200, epochs=0.0, eval_every=50, evals=0,
                         plateau=0.005, patience=4, max_steps=4800)
     c.target_gap = 0.005
     c.amortise = (1, 4, 10)
@@ -357,15 +424,22 @@ def fashion_transfer(c: ml_collections.ConfigDict, *, patch_size: int = 7) -> ml
     on classes 5–9 at 1 % and 10 % of their labels (300 and 3,000 images; 5 and 3 seeds),
     1,000 validation images held out of both, all 5,000 of their test images for the
     numbers. Scratch sweeps lr × weight decay (0.05, 0.3) on the validation images, the
-    descendants three learning rates (3e-4, 1e-3, 3e-3); nothing stops at the target."""
+    descendants three learning rates (3e-4, 1e-3, 3e-3), every sweep extended past an edge;
+    Scratch and every upstream model converge by doubling (`scratch.baseline`) up to
+    `scratch.max_steps`; every method trains at its paper's budget and at Scratch's steps
+    (`descend.equal_budget`); nothing stops at the target."""
     c.data = section(name='fashion_mnist', root='', image_size=28, augment=section(crop_padding=2))
     c.model.update(image_size=28, patch_size=patch_size, channels=1)
     c.tasks = section(ancestor=(0, 1, 2, 3, 4), descendant=(5, 6, 7, 8, 9))
     c.labels = section(fractions=(0.01, 0.1), seeds=((0, 1, 2, 3, 4), (0, 1, 2)),
                        scratch_steps=(600, 1500), validation_per_class=200, subset_seed=0)
     c.seeds = (0, 1, 2)              # the source task's
-    c.scratch.update(steps=1500, weight_decays=(0.05, 0.3), max_steps=6000)
-    c.descend.update(lrs=(3e-4, 1e-3, 3e-3), stop_at_target=False)
+    # the source models' sweep at 3,000 steps, then doubled up to 48,000 (102 epochs of the
+    # 30,000 source images at 24,000: the teacher still gained 1.8 pt there); 20 evaluations
+    # a run at any length
+    c.scratch.update(steps=3000, weight_decays=(0.05, 0.3), max_steps=48000, evals=20)
+    # every method at its paper's budget and at Scratch's own steps (evaluated 20 times)
+    c.descend.update(lrs=(3e-4, 1e-3, 3e-3), stop_at_target=False, equal_budget=True, equal_evals=20)
     return c
 
 

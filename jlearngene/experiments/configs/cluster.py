@@ -28,6 +28,19 @@ ARGS = ('digits', 'smoke', 'fashion')
 
 
 def get_config(arg=None):
+    """The study's config for `arg`, 'VARIANT[,quick]' (the variants: the module docstring).
+
+    Args:
+        arg: one of `ARGS`: 'digits' (the default, also for None or ''), 'smoke' or 'fashion'
+            (Fashion-MNIST's transfer setting, `configs.fashion_transfer`, at ω = 2 and 1, with
+            the ceiling); ',quick' keeps the first seed only.
+
+    Returns:
+        The study's ml_collections.ConfigDict (task 'experiment').
+
+    Raises:
+        ValueError: an unknown variant or flag (`configs.parse_arg`).
+    """
     scale, flags = parse_arg(arg, ARGS, ('quick',))
     c = study_base('cluster', scale)
     # the two tasks: class subsets of the dataset, relabelled 0..k-1

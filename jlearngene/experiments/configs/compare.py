@@ -31,6 +31,21 @@ ARGS = ('digits', 'smoke', 'paper', 'fashion')
 
 
 def get_config(arg=None):
+    """The comparison's config for `arg`, 'VARIANT[,quick]' (the variants: the module
+    docstring).
+
+    Args:
+        arg: one of `ARGS`: 'digits' (the default, also for None or ''), 'smoke', 'paper' or
+            'fashion' (Fashion-MNIST's transfer setting, `configs.fashion_transfer`, at half
+            the width, with the ceiling and without the same-task Scala and Mango); ',quick'
+            keeps the first seed only.
+
+    Returns:
+        The comparison's ml_collections.ConfigDict (task 'experiment').
+
+    Raises:
+        ValueError: an unknown variant or flag (`configs.parse_arg`).
+    """
     scale, flags = parse_arg(arg, ARGS, ('quick',))
     c = study_base('compare', scale)
     # the teacher's shape; Aux-Nets and Scala's slimmable network share it

@@ -29,6 +29,19 @@ ARGS = ('digits', 'smoke', 'paper', 'fashion')
 
 
 def get_config(arg=None):
+    """The study's config for `arg`, 'VARIANT[,quick]' (the variants: the module docstring).
+
+    Args:
+        arg: one of `ARGS`: 'digits' (the default, also for None or ''), 'smoke', 'paper' or
+            'fashion' (Fashion-MNIST's transfer setting, `configs.fashion_transfer`, at four
+            shapes, with the ceiling); ',quick' keeps the first seed only.
+
+    Returns:
+        The study's ml_collections.ConfigDict (task 'experiment').
+
+    Raises:
+        ValueError: an unknown variant or flag (`configs.parse_arg`).
+    """
     scale, flags = parse_arg(arg, ARGS, ('quick',))
     c = study_base('letra', scale)
     # the Aux-Net's (and teacher's) shape; descendants change width, heads, MLP and depth

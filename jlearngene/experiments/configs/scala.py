@@ -27,6 +27,19 @@ ARGS = ('digits', 'smoke', 'fashion')
 
 
 def get_config(arg=None):
+    """The study's config for `arg`, 'VARIANT[,quick]' (the variants: the module docstring).
+
+    Args:
+        arg: one of `ARGS`: 'digits' (the default, also for None or ''), 'smoke' or 'fashion'
+            (Fashion-MNIST's source classes, `configs.source_task`: a same-task study, at the
+            grid widths 16, 32, 48, 64 only); ',quick' keeps the first seed only.
+
+    Returns:
+        The study's ml_collections.ConfigDict (task 'experiment').
+
+    Raises:
+        ValueError: an unknown variant or flag (`configs.parse_arg`).
+    """
     scale, flags = parse_arg(arg, ARGS, ('quick',))
     c = study_base('scala', scale)
     c.eval_batch_size = 256

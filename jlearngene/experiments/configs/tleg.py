@@ -30,6 +30,19 @@ ARGS = ('digits', 'smoke', 'paper', 'fashion')
 
 
 def get_config(arg=None):
+    """The study's config for `arg`, 'VARIANT[,quick]' (the variants: the module docstring).
+
+    Args:
+        arg: one of `ARGS`: 'digits' (the default, also for None or ''), 'smoke', 'paper' or
+            'fashion' (Fashion-MNIST's transfer setting, `configs.fashion_transfer`, at depths
+            3 and 6, with the ceiling); ',quick' keeps the first seed only.
+
+    Returns:
+        The study's ml_collections.ConfigDict (task 'experiment').
+
+    Raises:
+        ValueError: an unknown variant or flag (`configs.parse_arg`).
+    """
     scale, flags = parse_arg(arg, ARGS, ('quick',))
     c = study_base('tleg', scale)
     c.model = _d(variant='Ti', width=64, num_heads=4, mlp_dim=128, patch_size=4,

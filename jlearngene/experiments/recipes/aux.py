@@ -1,5 +1,6 @@
 """Family 'aux': the gene trains inside an Aux-Net of the reference shape by soft
-distillation from the teacher (TLEG, Share-Init, Mini-Init, LeTra). Reads the `aux` section:
+distillation from the teacher (TLEG, Share-Init, Mini-Init, LeTra), on the teacher's task and
+with its class count (the source task's, `teacher.source_classes`). Reads the `aux` section:
 `fraction` of the reference S (or `fractions.<method>`), `tau`, `alpha`."""
 from __future__ import annotations
 
@@ -10,10 +11,14 @@ import jax
 from jlearngene import genes
 from jlearngene.experiments import harness, recipes
 from jlearngene.experiments.recipes.base import Recipe, Upstream
+from jlearngene.experiments.recipes.teacher import FromSource, on_source_task
 from jlearngene.train import checkpoint
 
 
-class Aux(Recipe):
+class Aux(FromSource, Recipe):
+    """The 'aux' family's recipe: per seed, one gene per method trained inside an Aux-Net of
+    the reference shape by distillation from the teacher, shared by all of the method's rows;
+    a row's cost bills the teacher and that Aux-Net."""
     family = 'aux'
     section = 'aux'
 
@@ -21,13 +26,14 @@ class Aux(Recipe):
         return ('teacher', f'aux_{row.method}')
 
     def check(self, ctx, rows):
+        """Refuses variants of a gene option: a method's rows share its one Aux-Net."""
         for row in rows:
             if row.variant.get('gene'):
                 raise ValueError(f'study: variants.{row.method} varies a gene option, but the rows '
                                  f'of {row.method} share one Aux-Net; vary a descend option')
 
     def upstream(self, ctx, rows, seed):
-        ac, ref, t_cfg = ctx.config['aux'], ctx.ref, ctx.t_cfg
+        ac, ref, t_cfg = ctx.config['aux'], on_source_task(ctx, ctx.ref), ctx.t_cfg
         teacher = ctx.teacher(seed)
         own = harness.plain(harness.get(ac, 'fractions', {})) or {}
         up = Upstream()

@@ -47,6 +47,8 @@ class Upstream:
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def update(self, other: Upstream) -> None:
+        """Adds `other`'s genes, FLOPs and info to these (another recipe's, for the same
+        seed); an entry of the same name is replaced by `other`'s."""
         self.genes.update(other.genes)
         self.flops.update(other.flops)
         self.info.update(other.info)
@@ -61,6 +63,8 @@ class Recipe:
     own_methods: tuple[str, ...] = ()  # rows it runs that are no registered method ('separate')
     # genes come from a model of the source task: descendants on another task get a new head
     new_task_head: bool = True
+    # the row trains for Scratch's own steps only, never at a paper budget (the ceiling)
+    equal_budget_only: bool = False
 
     # -- rows --------------------------------------------------------------------------
     def method(self, row: Row) -> genes.Method:
@@ -132,7 +136,8 @@ class Recipe:
 
     def budgets(self, ctx: harness.Context, row: Row, shape: Sequence[int], S: int,
                 up: Upstream) -> list[tuple[float, int, float]]:
-        """[(fraction of S, steps, lr)] the descendant is tuned for."""
+        """[(fraction of S, steps, lr)] the descendant is tuned for at its paper's budgets (the
+        protocol adds Scratch's own steps where the study asks for `descend.equal_budget`)."""
         return ctx.default_budgets(S)
 
     # -- reporting -----------------------------------------------------------------------

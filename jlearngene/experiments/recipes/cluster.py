@@ -9,11 +9,15 @@ import numpy as np
 from jlearngene import costs, diagnostics
 from jlearngene.experiments import recipes
 from jlearngene.experiments.recipes.base import Recipe, Upstream
+from jlearngene.experiments.recipes.teacher import on_source_task
 
 CENTROIDS = ('clustered', 'random')
 
 
 class Cluster(Recipe):
+    """The 'cluster' family's recipe (Cluster-Learngene): per seed, the teacher's heads
+    clustered by mean attention distance, and each row's gene taken from the teacher at
+    those centroids (or, for the control, at as many heads drawn at random)."""
     family = 'cluster'
     section = 'cluster'
 
@@ -21,22 +25,26 @@ class Cluster(Recipe):
         return ('teacher', 'attention_distance')
 
     def check(self, ctx, rows):
+        """Refuses a gene option `centroids` other than 'clustered' or 'random'."""
         for row in rows:
             chosen = row.gene.get('centroids', 'clustered')
             if chosen not in CENTROIDS:
                 raise ValueError(f"study: cluster centroids={chosen!r}; expected 'clustered' or 'random'")
 
     def gene_shapes(self, ctx, row, target):
-        # every head its own cluster: the most a gene of this ancestor can store
+        """The largest gene the ancestor can give, every head its own cluster: the centroid
+        counts are known only once the distances are measured."""
         return self._shapes(ctx, row, [ctx.ref.num_heads] * ctx.ref.depth)
 
     def recorded_gene_shapes(self, ctx, row, target, info):
-        # each layer's recorded centroid count (a gene's shapes depend on the counts alone)
+        """The gene's shapes from each layer's recorded centroid count (the shapes depend on
+        the counts alone); `gene_shapes` where the seed recorded none."""
         counts = info.get('attention_distance', {}).get('centroids')
         return self.gene_shapes(ctx, row, target) if counts is None else self._shapes(ctx, row, counts)
 
     def _shapes(self, ctx, row, counts):
-        return self.method(row).gene_shapes(ctx.ref, clusters=[tuple(range(c)) for c in counts],
+        return self.method(row).gene_shapes(on_source_task(ctx, ctx.ref),
+                                            clusters=[tuple(range(c)) for c in counts],
                                             ffn=ctx.config['cluster']['ffn'])
 
     def upstream(self, ctx, rows, seed):

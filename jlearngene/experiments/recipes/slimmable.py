@@ -12,6 +12,7 @@ import jax
 from jlearngene import genes
 from jlearngene.experiments import harness, recipes
 from jlearngene.experiments.recipes.base import Recipe, Upstream
+from jlearngene.experiments.recipes.teacher import source_classes
 from jlearngene.models import init
 
 
@@ -20,6 +21,9 @@ def _slim(ctx):
 
 
 class Slimmable(Recipe):
+    """The 'slimmable' family's recipe (Scala, US-Net, MatFormer): per seed, one slimmable
+    network of the reference shape per row (`train`), whose sub-networks are the descendants;
+    a row's cost bills its own network."""
     family = 'slimmable'
     section = 'slim'
     new_task_head = False    # the sub-networks are the network trained on this task
@@ -39,11 +43,23 @@ class Slimmable(Recipe):
     def billed(self, row):
         return (row.name,)
 
+    def check(self, ctx, rows):
+        """The sub-networks keep the slimmable network's head, which trains on the source
+        task: a study with two tasks needs them of one class count."""
+        if source_classes(ctx) != ctx.K:
+            raise ValueError(f"study: {rows[0].name}'s descendants are sub-networks of one slimmable "
+                             f'network, trained on the source task ({source_classes(ctx)} classes), '
+                             f"and keep its head; the descendants' task has {ctx.K}: give tasks of "
+                             'one class count, or run it on one task')
+
     @staticmethod
     def rule(row) -> str:
+        """The row's slicing rule: its descend option `rule` ('clean' where it has none)."""
         return row.descend.get('rule', 'clean')
 
     def candidates(self, ctx, row, shape):
+        """The sub-network config of `shape` under the row's rule, or why there is none (a
+        depth other than the network's, a width above it or not in whole heads, heads given)."""
         ref, width, depth = ctx.ref, shape[0], shape[1]
         why = (f"{row.method}: its sub-networks have the slimmable network's depth {ref.depth} "
                f'and a width of at most {ref.width} in whole heads')
@@ -55,9 +71,11 @@ class Slimmable(Recipe):
             return why
 
     def gene_shapes(self, ctx, row, target):
+        """The whole slimmable network's shapes (the reference config), whatever `target`."""
         return self.method(row).gene_shapes(ctx.ref)
 
     def upstream(self, ctx, rows, seed):
+        """One slimmable network per row (`train`); info: each row's total steps."""
         up = Upstream()
         for row in rows:
             up.genes[row.name], up.flops[row.name], up.info[f'{row.name}_steps'] = self.train(ctx, row, seed)
@@ -87,6 +105,9 @@ class Slimmable(Recipe):
 
 
 class Separate(Recipe):
+    """The 'separate' row's recipe: a network trained from scratch at each width of the
+    slimmable grid, on the budget of the study's first slimmable row (its steps at every
+    width, or its FLOPs shared over the widths: `budget`)."""
     family = 'separate'
     section = 'slim'
     own_methods = ('separate',)
@@ -94,9 +115,12 @@ class Separate(Recipe):
     BUDGETS = ('steps', 'flops')
 
     def method(self, row):
+        """Scratch (no gene): 'separate' is no registered method."""
         return genes.get('scratch')
 
     def resolve(self, config, method, gene, descend, variant):
+        """No gene options; descend's without the variant's `budget`, which must be one of
+        `BUDGETS` (a one-line ValueError otherwise)."""
         del gene
         budget = (variant.get('descend') or {}).get('budget', 'steps')
         if budget not in self.BUDGETS:
@@ -119,12 +143,15 @@ class Separate(Recipe):
                      and genes.get(r.method).slimmable is not None), None)
 
     def check(self, ctx, rows):
+        """Refuses a study with no slimmable row to take the budget from."""
         if self.slimmable_row(ctx) is None:
             takers = [n for n in genes.names() if genes.get(n).slimmable is not None]
             raise ValueError("study: 'separate' takes its budget from a slimmable method "
                              f"({', '.join(takers)}); add one to methods")
 
     def candidates(self, ctx, row, shape):
+        """`shape`'s configs where its width is on the slimmable row's grid, else why not (any
+        width without a `slim` section or a slimmable row)."""
         sc, ref = harness.get(ctx.config, 'slim', None), ctx.ref
         slim = self.slimmable_row(ctx)
         if sc is None or slim is None:
@@ -138,9 +165,11 @@ class Separate(Recipe):
                 'serves the widths the slimmable network is trained at')
 
     def gene_shapes(self, ctx, row, target):
+        """None: separate training has no gene."""
         return None
 
     def descendant(self, ctx, row, up, d_cfg, key, S, seed):
+        """A fresh network of `d_cfg`, initialised from `key`."""
         return init(d_cfg, key), 0.0
 
     def budgets(self, ctx, row, shape, S, up):
