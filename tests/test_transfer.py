@@ -153,7 +153,7 @@ def test_a_transfer_study_chooses_on_validation_and_resumes(fashion_dir, tmp_pat
     assert sum(line.startswith('| tleg |') for line in table) == 2 * 2 * 3    # budgets × shapes × (floor + rows)
     assert sum('| Scratch (converged, the floor) |' in line for line in table) == 2 * 2
     assert table[-1].startswith('Verdicts') and 'tleg at 20 %' in table[-1]
-    assert any(line.startswith('Ceiling share: (method − Scratch)') for line in table)   # its legend
+    assert any('Ceiling share: (method − Scratch)' in line for line in table)   # its legend
     rendered = study.render(workdir, str(tmp_path / 'rendered'))
     assert rendered['table'] == results['table']
     again = study.run_experiment(smoke_config(fashion_dir), workdir, quiet=True)
