@@ -335,8 +335,8 @@ def read(workdir: str, *, transfer: bool = False) -> dict:
 
     Raises:
         ResultsError: one line naming the file (and the field) for a file that is not a
-            regular file (a FIFO would block), empty, not JSON, not a study's record or one whose fields do not fit together
-            (`validate_record`).
+            regular file (a FIFO would block), empty, not JSON, not a study's record or one
+            whose fields do not fit together (`validate_record`).
         OSError: the file cannot be read.
     """
     path = os.path.join(workdir, 'results.json')
