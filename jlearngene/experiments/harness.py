@@ -484,11 +484,10 @@ def _fetch(store: str, fingerprint: str, workdir: str, name: str, parts, digests
     run_dir = os.path.join(workdir, 'runs', name)
     if os.path.exists(os.path.join(run_dir, FINISHED)):
         _set_aside(workdir, name, parts, digests)
-    elif os.path.exists(run_dir):
-        shutil.rmtree(run_dir)          # an interrupted run of this name: it would train again
-    tmp = f'{run_dir}.from_store.{os.getpid()}'
+    tmp = files.partial_path(run_dir)
+    files.remove_stale(run_dir)
     shutil.copytree(src, tmp)
-    os.replace(tmp, run_dir)
+    files.replace_dir(tmp, run_dir)     # an interrupted run of this name is replaced whole
     logging.getLogger(__name__).info('runs/%s: taken from the store %s', name, src)
     return True
 
@@ -500,12 +499,13 @@ def _deposit(store: str, fingerprint: str, run_dir: str) -> None:
     if os.path.exists(target):
         return
     os.makedirs(store, exist_ok=True)
-    tmp = f'{target}.tmp.{os.getpid()}'
+    tmp = files.partial_path(target)
+    files.remove_stale(target)
     shutil.copytree(run_dir, tmp)
     try:
-        os.replace(tmp, target)
+        os.rename(tmp, target)
     except OSError:                      # another process put it there first
-        shutil.rmtree(tmp, ignore_errors=True)
+        files.remove_partial(tmp)
 
 
 @functools.cache
