@@ -95,19 +95,43 @@ def test_the_small_model_and_the_operator_train_on_their_own_tasks(tmp_path):
     assert 0 <= harness.accuracy(params, d_cfg, ctx.dset) <= 1
 
 
-@pytest.mark.parametrize('name, says', [('scala:smoke', 'keep its head'),
-                                         ('mango:smoke', 'small.converged takes the small model')])
-def test_a_recipe_that_cannot_serve_two_tasks_refuses_before_anything_trains(name, says, tmp_path):
-    """Scala's sub-networks keep the head trained on the source task's 3 classes; a
-    converged small model is a Scratch run of the descendants' task: both refused up front,
-    by the recipe's check, which the protocol runs before anything trains."""
-    config = _two_tasks(name)
+def test_a_recipe_that_cannot_serve_two_tasks_refuses_before_anything_trains(tmp_path):
+    """Scala's sub-networks keep the head trained on the source task's 3 classes: refused up
+    front, by the recipe's check, which the protocol runs before anything trains."""
+    config = _two_tasks('scala:smoke')
     row = study.make_rows(config)[0]
-    with pytest.raises(ValueError, match=says):
+    with pytest.raises(ValueError, match='keep its head'):
         row.recipe.check(harness.Context(config, num_classes=len(DOWNSTREAM)), [row])
-    with pytest.raises(ValueError, match=says):
+    with pytest.raises(ValueError, match='keep its head'):
         study.run_experiment(config, str(tmp_path / 'w'), quiet=True)
     assert not os.path.exists(tmp_path / 'w' / 'runs')
+
+
+@pytest.mark.slow
+def test_a_converged_small_model_of_two_tasks_is_trained_as_the_teacher_is(tmp_path):
+    """With two tasks, `small.converged` was refused (a converged small model was Scratch's
+    run of the descendants' task): it is now a model of the source task with its own sweep,
+    doubled to convergence (`scratch.baseline`, tag 'small'), shown in the record and its
+    report beside the teacher."""
+    from jlearngene.experiments import report, scratch
+    from jlearngene.experiments.recipes import grown
+    config = _two_tasks('mango:smoke', methods=('mango',), shapes=((32, 2),))
+    config['small'].update(converged=True, fraction=0.0)
+    config['scratch'].update(lrs=(1e-3, 3e-3), max_steps=24)
+    ctx = _upstream_context(config, tmp_path)
+    row = ctx.rows[0]
+    row.recipe.check(ctx, ctx.rows)
+    params, steps, acc = grown.small_model(ctx, 0)
+    cfg = grown.small_config(ctx)
+    assert params['head']['bias'].shape == (len(SOURCE),)
+    made = ctx.memo[scratch.UPSTREAM_MODELS][f'small {results.shape_key((cfg.width, cfg.depth))}']
+    assert steps == made['steps'] and acc == made['runs'][0]['acc']
+    assert made['doubling'][0][0][0] == config['scratch']['steps'] and len(made['doubling'][0]) >= 2
+    assert made['sweeps'][0]['steps'] == config['scratch']['steps']
+    record = study._upstream_models(ctx)['upstream_models']
+    assert 'params' not in record[f'small {results.shape_key((cfg.width, cfg.depth))}']
+    lines = report.upstream_model_lines({'upstream_models': record})
+    assert any(line.startswith(f'**Small model w{cfg.width} L{cfg.depth}** (source task)') for line in lines)
 
 
 def test_a_small_model_of_no_steps_is_refused(tmp_path):

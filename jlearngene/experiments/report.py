@@ -163,7 +163,8 @@ def _reused_text(results: dict) -> str:
 
 def ancestor_lines(results: dict) -> list[str]:
     """Markdown lines for a study with two tasks: the ancestor's own baseline (its task, lr
-    sweep, S, accuracy, convergence); nothing for a study on one task."""
+    sweep, S, accuracy, convergence), then the other upstream models' (`upstream_model_lines`);
+    nothing for a study on one task."""
     a = results.get('ancestor')
     if not a:
         return []
@@ -174,7 +175,22 @@ def ancestor_lines(results: dict) -> list[str]:
              f"test accuracy {a['acc']:.4f} ± {a['std']:.4f}"
              + (' (per seed: ' + ', '.join(f'{x:.4f}' for x in a['accs'].values()) + ')' if a.get('accs') else '')
              + f"; converged: {doubling_text(a)}."]
-    return lines
+    return lines + upstream_model_lines(results)
+
+
+def upstream_model_lines(results: dict) -> list[str]:
+    """Markdown lines, one per upstream model trained to convergence besides the teacher
+    (`upstream_models`: the ceiling's source models, the small model the growth methods
+    grow): its lr, steps, test accuracy per seed and convergence by doubling."""
+    made = results.get('upstream_models') or {}
+    lines = []
+    for name, b in made.items():
+        tag, key = name.split(' ', 1)
+        lines.append(f"**{tag.capitalize()} model {shape_text(parse_key(key))}** (source task): lr {b['lr']:g}"
+                     + (f", weight decay {b['weight_decay']:g}" if 'weight_decay' in b else '')
+                     + f"; {b['steps']} steps; test accuracy {b['acc']:.4f} ± {b['std']:.4f} (per seed: "
+                     + ', '.join(f'{x:.4f}' for x in b['accs'].values()) + f"); converged: {doubling_text(b)}.")
+    return [line for x in lines for line in ('', x)]
 
 
 def by_method(results: dict) -> list[str]:
@@ -325,6 +341,8 @@ def _sweeps(sub: dict) -> list[tuple[str, float, list[float], dict | None]]:
     if sub.get('ancestor'):
         picks.append(('the ancestor', sub['ancestor']['lr'], *last(sub['ancestor'])))
     picks += [(f'Scratch at {shape_text(parse_key(k))}', b['lr'], *last(b)) for k, b in sub['scratch'].items()]
+    picks += [(f'the {name.split()[0]} model at {shape_text(parse_key(name.split()[1]))}', b['lr'], *last(b))
+              for name, b in (sub.get('upstream_models') or {}).items()]
     ext = sub.get('descend_extensions') or {}
     picks += [(k, float(max(v, key=v.get)), sorted(float(x) for x in v), ext.get(k))
               for k, v in (sub.get('descend_sweeps') or {}).items()]

@@ -109,6 +109,12 @@ def sweep(values: Sequence[float], score: Callable[[float], float], *, extend: i
     return Sweep(choice, dict(sorted(scores.items())), extensions, edge(choice) is not None and len(values) > 1)
 
 
+# ctx.memo's key for the upstream models a study trained to convergence besides the teacher
+# ('source w32_d4', 'small w16_d3': their baselines), which its record keeps as
+# `upstream_models`.
+UPSTREAM_MODELS = 'upstream models'
+
+
 def baseline(ctx: harness.Context, cfgs: dict[tuple, ViTConfig], seeds: Sequence[int], *,
              dset: harness.Data | None = None, tag: str = 'scratch', steps: int | None = None) -> dict:
     """Scratch (or an upstream model trained to convergence) at every shape of `cfgs`, on
@@ -139,9 +145,14 @@ def baseline(ctx: harness.Context, cfgs: dict[tuple, ViTConfig], seeds: Sequence
     sweep's steps), 'sweeps' (each sweep's steps, scores, extensions, at_cap), 'runs'
     ({seed: record}, each with its `doubling` chain [[steps, held-out, test]] and
     `converged_at`), 'S', 'acc', 'std' (ddof 1), 'accs' and 'doubling' (per seed), 'steps',
-    'converged', 'params' (per seed)}}."""
-    return {shape: _Baseline(ctx, shape, cfg, dset, tag, steps).run(list(seeds))
-            for shape, cfg in cfgs.items()}
+    'converged', 'params' (per seed)}}. A tag other than 'ancestor' and 'scratch...' (the
+    ceiling's source models, the small model) is also kept in `ctx.memo[UPSTREAM_MODELS]`,
+    for the record's `upstream_models`."""
+    out = {shape: _Baseline(ctx, shape, cfg, dset, tag, steps).run(list(seeds)) for shape, cfg in cfgs.items()}
+    if tag != 'ancestor' and not tag.startswith('scratch'):     # those have their own record fields
+        ctx.memo.setdefault(UPSTREAM_MODELS, {}).update({f'{tag} {shape_key(shape)}': b for shape, b in out.items()})
+    return out
+
 
 
 class _Baseline:

@@ -544,6 +544,16 @@ def _ancestor(ctx: harness.Context) -> dict | None:
                 **{k: v for k, v in ctx.source.items() if k not in ('params', 'runs')})
 
 
+def _upstream_models(ctx: harness.Context) -> dict:
+    """{'upstream_models': {'source w32_d4': its baseline without params}} for the models
+    trained to convergence besides the teacher (`scratch.UPSTREAM_MODELS`); {} where none."""
+    made = ctx.memo.get(scratch.UPSTREAM_MODELS)
+    if not made:
+        return {}
+    return {'upstream_models': {name: {k: v for k, v in b.items() if k not in ('params', 'runs')}
+                                for name, b in made.items()}}
+
+
 def _record(ctx: harness.Context, rows: list[Row], seeds: list[int], records: list,
             upstream_flops: dict, infos: dict) -> dict:
     """One study's (or one label budget's) record, as results.json holds it."""
@@ -557,6 +567,7 @@ def _record(ctx: harness.Context, rows: list[Row], seeds: list[int], records: li
         scratch={shape_key(s): {k: v for k, v in base[s].items() if k not in ('params', 'runs')}
                  for s in base},
         ancestor=_ancestor(ctx),
+        **_upstream_models(ctx),
         upstream_flops={str(k): v for k, v in upstream_flops.items()},
         info={str(k): v for k, v in infos.items()},
         rows=records, timings=ctx.timings, reused=sorted(ctx.reused))

@@ -37,7 +37,9 @@ def get_config(arg=None):
     Args:
         arg: one of `ARGS`: 'digits' (the default, also for None or ''), 'smoke', 'paper' or
             'fashion' (Fashion-MNIST's transfer setting, `configs.fashion_transfer`, at half
-            the width, with the ceiling and without the same-task Scala and Mango); ',quick'
+            the width, with the ceiling and without the same-task Scala and Mango; the small
+            model bert2BERT grows trained on the source task to convergence, with its own
+            sweep and doubling, as the teacher is: `small.converged`); ',quick'
             keeps the first seed only.
 
     Returns:
@@ -64,7 +66,7 @@ def get_config(arg=None):
                 transfer='progressive', isolated=True, warmup_fraction=0.05, warmup_lr_factor=0.5,
                 fraction=1.0)
     c.cluster = _d(images=512, eps=0.1, min_heads=1, ffn='paper')
-    c.small = _d(width=32, num_heads=4, mlp_dim=64, depth=3, fraction=1.0)
+    c.small = _d(width=32, num_heads=4, mlp_dim=64, depth=3, converged=False, fraction=1.0)
     c.operator = _d(fraction=0.05, lr=1e-3, weight_decay=0.0)
     c.descend = _d(fractions=(0.35,), lr=1e-3, evals=5)
     # per method: 'gene' options (he_lg/auto_lg k: 0 = ⌈depth/2⌉; He-LG's embeddings drawn
@@ -120,7 +122,7 @@ def get_config(arg=None):
         c.model.update(width=32, num_heads=4, mlp_dim=64)
         c.method_options.letra.gene.learngene_heads = 2   # half the teacher's heads, as in digits
         c.shapes = ((32, 6), (32, 4), (16, 6))
-        c.small.update(width=16, num_heads=2, mlp_dim=32, depth=3)
+        c.small.update(width=16, num_heads=2, mlp_dim=32, depth=3, converged=True)
         c.cluster.eps = 1.2          # the digits' 0.7 px scaled with the image, 28 / 16
         # Scala and Mango are same-task methods: scala:fashion and mango:fashion
         c.methods = ('tleg', 'letra', 'cluster', 'he_lg', 'imwlm', 'bert2bert', 'ceiling')

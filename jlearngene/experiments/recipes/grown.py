@@ -1,13 +1,15 @@
 """Family 'grown': the small model grown into each descendant by a fixed rule (Net2Net,
 StackBERT, bert2BERT). The small model is read from the `small` section: its shape, and
-either the converged Scratch run of that shape (`converged`, a study on one task) or
-`fraction` of the reference S at the study's lr on the source task (with its class count,
+either a model of that shape trained to convergence (`converged`: in a study on one task
+the converged Scratch run of that shape; with two tasks a model of the source task, trained
+as the teacher is, with its own sweep and converged by doubling) or `fraction` of the
+reference S at the study's lr on the source task (with its class count,
 `teacher.source_classes`); it is trained once per seed and shared with the operator family."""
 from __future__ import annotations
 
 import jax
 
-from jlearngene.experiments import harness, recipes
+from jlearngene.experiments import harness, recipes, scratch
 from jlearngene.experiments.recipes.base import Recipe, Upstream
 from jlearngene.experiments.recipes.teacher import on_source_task
 from jlearngene.models import ViTConfig, init
@@ -23,14 +25,19 @@ def small_config(ctx) -> ViTConfig:
 
 
 def small_model(ctx, seed: int):
-    """(params, steps, test accuracy) of the small model for `seed`, made once per study."""
+    """(params, steps, test accuracy) of the small model for `seed`, made once per study
+    (the module docstring says how)."""
     if ('small', seed) in ctx.memo:
         return ctx.memo['small', seed]
     cfg = small_config(ctx)
     shape = (cfg.width, cfg.depth)
+    converged = harness.get(ctx.config['small'], 'converged', False)
     if shape in ctx.base and not ctx.two_tasks:      # the converged Scratch run of the small shape
         run = ctx.base[shape]['runs'][seed]
         made = ctx.base[shape]['params'][seed], run['steps'], run['acc']
+    elif converged:         # two tasks: its own sweep and doubling on the source task
+        small = _small_baseline(ctx, cfg)
+        made = small['params'][seed], small['runs'][seed]['steps'], small['runs'][seed]['acc']
     else:
         steps = harness.fraction_steps(float(ctx.config['small']['fraction']), ctx.S_ref)
         params, curve = ctx.fit(f'small_s{seed}', tasks.classification_loss(cfg),
@@ -43,6 +50,16 @@ def small_model(ctx, seed: int):
     return made
 
 
+def _small_baseline(ctx, cfg: ViTConfig) -> dict:
+    """The small model's baseline on the source task (`scratch.baseline`, tag 'small': its
+    own sweep, converged by doubling), every seed's, made once per study."""
+    if 'small baseline' not in ctx.memo:
+        shape, seeds = (cfg.width, cfg.depth), [int(s) for s in ctx.config['seeds']]
+        ctx.memo['small baseline'] = scratch.baseline(ctx, {shape: cfg}, seeds, dset=ctx.ancestor_dset,
+                                                      tag='small')[shape]
+    return ctx.memo['small baseline']
+
+
 class Grown(Recipe):
     """The 'grown' family's recipe (Net2Net, StackBERT, bert2BERT): per seed, the small model
     (`small_model`) is every row's gene, grown into each descendant; a row's cost bills it."""
@@ -53,21 +70,17 @@ class Grown(Recipe):
         return ('small',)
 
     def check(self, ctx, rows):
-        """Refuses `small.converged` in a study of two tasks, and a trained small model
-        (not `converged`) of no steps (`small.fraction` <= 0)."""
+        """Refuses a trained small model (not `converged`) of no steps (`small.fraction`
+        <= 0)."""
         converged = harness.get(ctx.config['small'], 'converged', False)
-        if ctx.two_tasks and converged:
-            raise ValueError('study: small.converged takes the small model from Scratch\'s runs on the '
-                             "descendants' task, but with two tasks (tasks) it is a model of the "
-                             'source task: set small.converged=False and small.fraction > 0')
         if not converged and float(ctx.config['small']['fraction']) <= 0:
             raise ValueError(f"study: small.fraction={ctx.config['small']['fraction']} trains the small "
-                             'model for no steps: set small.fraction > 0 (or small.converged=True in a '
-                             'study on one task)')
+                             'model for no steps: set small.fraction > 0 or small.converged=True')
 
     def scratch_shapes(self, ctx) -> dict:
-        """With `small.converged`, the small model is Scratch's converged run of its shape."""
-        if not harness.get(ctx.config['small'], 'converged', False):
+        """With `small.converged` in a study on one task, the small model is Scratch's
+        converged run of its shape."""
+        if ctx.two_tasks or not harness.get(ctx.config['small'], 'converged', False):
             return {}
         cfg = small_config(ctx)
         return {(cfg.width, cfg.depth): cfg}
