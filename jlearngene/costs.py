@@ -68,12 +68,27 @@ def param_count(cfg_or_params: ViTConfig | Any, *, include_head: bool = True) ->
 
 
 def block_param_count(cfg: ViTConfig) -> int:
-    """Parameters of one encoder block."""
+    """Parameters of one encoder block.
+
+    Args:
+        cfg: the model's config; the block is shaped as `vit.init_block(cfg)` makes it.
+
+    Returns:
+        The number of parameters of one block (counted from shapes; nothing is allocated).
+    """
     return common.count(jax.eval_shape(lambda: vit.init_block(cfg, jax.random.key(0))))
 
 
 def embedding_param_count(cfg: ViTConfig) -> int:
-    """Patch/position embeddings, prefix tokens and final norm (no blocks, no head)."""
+    """Patch/position embeddings, prefix tokens and final norm (no blocks, no head).
+
+    Args:
+        cfg: the model's config.
+
+    Returns:
+        The number of parameters under `common.EMBED_KEYS` of `vit.init(cfg)` (counted from
+        shapes; nothing is allocated).
+    """
     shapes = _shapes(cfg)
     return common.count({k: v for k, v in shapes.items() if k in common.EMBED_KEYS})
 
@@ -204,7 +219,15 @@ TRAIN_FACTOR = 3   # forward + backward ≈ 3 forward passes
 
 
 def teacher_flops(run: Run) -> float:
-    """Forward FLOPs per image of the run's teacher (0 without one)."""
+    """Forward FLOPs per image of the run's teacher.
+
+    Args:
+        run: the run whose `teacher` is counted.
+
+    Returns:
+        0 without a teacher; `flops_per_image` of a `ViTConfig` teacher; otherwise the
+        teacher's FLOPs per image as given.
+    """
     if run.teacher is None:
         return 0
     if isinstance(run.teacher, ViTConfig):
@@ -234,8 +257,19 @@ def _runs(plan: Iterable[Run | dict]) -> list[Run]:
 
 
 def training_cost(plan: Iterable[Run | dict]) -> dict[str, Any]:
-    """Cost of a plan: {'runs': [per-run epochs, image passes, FLOPs], 'epochs', 'image_passes',
-    'flops'} (totals). Runs may be `Run`s or dicts with its fields."""
+    """Cost of a plan of training runs.
+
+    Args:
+        plan: the runs: `Run`s or dicts of `Run`'s fields.
+
+    Returns:
+        A dict of 'runs', the list of every run's `run_cost`, and the totals 'epochs',
+        'image_passes' and 'flops'.
+
+    Raises:
+        ValueError: a dict run's `teacher` is neither a `ViTConfig` nor a positive number
+          (`Run`'s check).
+    """
     rows = [run_cost(r) for r in _runs(plan)]
     return {'runs': rows, 'epochs': sum(r['epochs'] for r in rows),
             'image_passes': sum(r['image_passes'] for r in rows),
@@ -250,9 +284,22 @@ def _cost(plan_or_cost: Iterable[Run | dict] | dict) -> dict[str, Any]:
 
 def cost_ratio(baseline: Iterable[Run | dict] | dict, plan: Iterable[Run | dict] | dict
                ) -> dict[str, float]:
-    """How many times `plan` is cheaper than `baseline` (plans, or `training_cost` results):
-    {'epochs', 'image_passes', 'flops'}, each baseline / plan. Papers state the epochs
-    ratio; the FLOPs ratio also weighs each epoch by its model's and teacher's size."""
+    """How many times `plan` is cheaper than `baseline`.
+
+    Papers state the epochs ratio; the FLOPs ratio also weighs each epoch by its model's and
+    teacher's size.
+
+    Args:
+        baseline: a plan (as for `training_cost`) or a `training_cost` result.
+        plan: a plan or a `training_cost` result.
+
+    Returns:
+        A dict of 'epochs', 'image_passes' and 'flops', each baseline / plan (`math.inf` where
+        the plan's total is 0).
+
+    Raises:
+        ValueError: a dict run's `teacher` is invalid (`Run`'s check).
+    """
     b, p = _cost(baseline), _cost(plan)
     return {k: b[k] / p[k] if p[k] else math.inf for k in ('epochs', 'image_passes', 'flops')}
 
@@ -266,9 +313,22 @@ def _si(flops: float, unit: str = 'FLOPs') -> str:
 
 
 def plan_table(plan: Iterable[Run | dict], baseline: Iterable[Run | dict] | None = None) -> str:
-    """Markdown table of a plan: every run's full shape (width, depth, heads, MLP size), its
-    runs, epochs (all runs together), teacher, forward FLOPs per image and training FLOPs,
-    then the totals; with a `baseline`, a last line with the ratios in epochs and in FLOPs."""
+    """Markdown table of a plan.
+
+    One row per run: its full shape (width, depth, heads, MLP size), runs, epochs (all runs
+    together), teacher, forward FLOPs per image and training FLOPs; then the totals.
+
+    Args:
+        plan: the runs: `Run`s or dicts of `Run`'s fields.
+        baseline: a plan or `training_cost` result to compare with; `None`: no comparison.
+
+    Returns:
+        The table as a Markdown string; with a `baseline`, followed by a blank line and a line
+        with the ratios baseline / plan in epochs and in FLOPs.
+
+    Raises:
+        ValueError: a dict run's `teacher` is invalid (`Run`'s check).
+    """
     runs = _runs(plan)
     rows = ['| run | width | depth | heads | mlp | runs | epochs | teacher | forward / image '
             '| training |', '|---|---|---|---|---|---|---|---|---|---|']

@@ -85,9 +85,22 @@ def _block_trees(params: Params) -> list[dict[str, Any]]:
 
 
 def layer_matrix(params: Params, kinds: str | Sequence[str] = '.*kernel') -> np.ndarray:
-    """(L, P) float64: row l is block l's parameters whose block-relative path matches one
-    of `kinds` (regexes, `re.fullmatch`: 'attn/q/kernel', 'mlp/fc1/kernel', 'norm1/.*';
-    default every kernel), flattened and concatenated in tree order."""
+    """The layers as rows of one matrix: the X of the layer-position linearity.
+
+    Args:
+        params: a ViT parameter tree with `params['blocks']`, stacked or list layout.
+        kinds: regexes (or one), each matched with `re.fullmatch` against block-relative paths
+          such as 'attn/q/kernel', 'mlp/fc1/kernel', 'norm1/.*'; the default takes every kernel.
+
+    Returns:
+        An (L, P) float64 array whose row l is block l's matching parameters, flattened
+        and concatenated in tree order.
+
+    Raises:
+        ValueError: `params` has no blocks, stacked blocks disagree on depth, there are fewer
+          than 2 blocks, no block parameter matches `kinds`, or a block's matching parameters
+          differ in presence or shape from block 0's.
+    """
     kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
     rx = [re.compile(k) for k in kinds]
     blocks = _block_trees(params)
@@ -117,10 +130,24 @@ def _as_layers(x, what: str) -> np.ndarray:
 
 
 def layer_pca(x, n_components: int = 2) -> tuple[np.ndarray, np.ndarray]:
-    """PCA of the L layers (rows of `x`, (L, P)): `(coords (L, k), explained (k,))`, the
-    centred layers' coordinates on the first k principal components and each component's
-    share of the across-layer variance. Signs follow the layer order (coordinate of the last
-    layer ≥ that of the first), so plots of different models read the same way."""
+    """PCA of the L layers.
+
+    Signs follow the layer order (coordinate of the last layer ≥ that of the first), so plots
+    of different models read the same way.
+
+    Args:
+        x: the layers as rows, an (L, P) array (`layer_matrix`) with L ≥ 2.
+        n_components: k, the number of principal components kept; 1 ≤ k ≤ L.
+
+    Returns:
+        The pair `(coords, explained)`, the centred layers' coordinates on the first k
+        principal components, (L, k) float64, and each component's share of the across-layer
+        variance, (k,). Where P < k, only P components come back.
+
+    Raises:
+        ValueError: `x` is not 2-D with at least 2 rows, has non-finite entries, or has
+          identical rows; or `n_components` is outside 1..L.
+    """
     x = _as_layers(x, 'layer_pca')
     k = int(n_components)
     if not 1 <= k <= x.shape[0]:
@@ -136,9 +163,21 @@ def layer_pca(x, n_components: int = 2) -> tuple[np.ndarray, np.ndarray]:
 
 
 def linearity_score(x) -> float:
-    """R² of the best affine fit x_l ≈ b + l·a to the layers (rows of `x`, (L, P)): the share
-    of the across-layer variance on a straight line traversed at a constant speed in the
-    layer index (TLEG's expansion). 1 for a linear stack; ≈ 1/(L−1) for independent layers."""
+    """R² of the best affine fit x_l ≈ b + l·a to the layers.
+
+    The share of the across-layer variance on a straight line traversed at a constant speed
+    in the layer index (TLEG's expansion).
+
+    Args:
+        x: the layers as rows, an (L, P) array (`layer_matrix`) with L ≥ 2.
+
+    Returns:
+        The R² as a float, 1 for a linear stack and ≈ 1/(L−1) for independent layers.
+
+    Raises:
+        ValueError: `x` is not 2-D with at least 2 rows, has non-finite entries, or has
+          identical rows.
+    """
     x = _as_layers(x, 'linearity_score')
     xc = x - x.mean(axis=0)
     total = float((xc ** 2).sum())
@@ -152,9 +191,22 @@ def linearity_score(x) -> float:
 
 def layer_linearity(params: Params, kinds: str | Sequence[str] = '.*kernel', *,
                     n_components: int = 2) -> dict[str, Any]:
-    """Layer-position linearity of a model: {'coords' (L, k), 'explained' (k,), 'score'
-    (`linearity_score`), 'pc1_r2' (R² of a line through the PC-1 coordinates against the
-    layer index), 'kinds'}. `kinds` as `layer_matrix`."""
+    """Layer-position linearity of a model.
+
+    Args:
+        params: a ViT parameter tree, stacked or list layout.
+        kinds: the block parameters that make a layer's row, as for `layer_matrix`.
+        n_components: the principal components kept (at most L are).
+
+    Returns:
+        A dict of 'coords' (L, k) and 'explained' (k,) as `layer_pca` gives them, 'score'
+        (`linearity_score` of the layer matrix), 'pc1_r2' (R² of a line through the PC-1
+        coordinates against the layer index) and 'kinds' (a tuple).
+
+    Raises:
+        ValueError: as `layer_matrix` and `layer_pca` raise it (no matching parameters, fewer
+          than 2 blocks, blocks of different shapes, identical layers, `n_components` < 1).
+    """
     x = layer_matrix(params, kinds)
     coords, explained = layer_pca(x, min(n_components, x.shape[0]))
     return {'coords': coords, 'explained': explained, 'score': linearity_score(x),
@@ -166,8 +218,19 @@ def layer_linearity(params: Params, kinds: str | Sequence[str] = '.*kernel', *,
 # Mean attention distance.
 
 def grid_distances(grid: int | Sequence[int], patch_size: int) -> np.ndarray:
-    """(N, N) pixel distances between the centres of a (rows, cols) patch grid's patches
-    (row-major order, N = rows·cols): patch_size × their Euclidean grid distance."""
+    """Pixel distances between the centres of a patch grid's patches.
+
+    Args:
+        grid: the patch grid, `g` (square) or `(rows, cols)`.
+        patch_size: the patch size in pixels.
+
+    Returns:
+        An (N, N) float64 array (N = rows·cols, row-major order) of `patch_size` × the
+        Euclidean grid distance between each pair of patches.
+
+    Raises:
+        ValueError: a grid side is below 1 or `patch_size` is not positive.
+    """
     gh, gw = (grid, grid) if isinstance(grid, (int, np.integer)) else tuple(grid)
     if min(gh, gw) < 1 or patch_size <= 0:
         raise ValueError(f'grid_distances: grid {(gh, gw)} and patch_size {patch_size} must be positive')
@@ -182,18 +245,36 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 def normalise(images, mean=IMAGENET_MEAN, std=IMAGENET_STD, *, official: bool = False):
     """Images in [0, 1] (…, C) as model inputs, (x − mean) / std per channel.
 
-    `official=True` reproduces Cluster-Learngene's official attention-distance pass: mean·255
-    and std·255 applied to images already in [0, 1], which maps every pixel to ≈ −mean/std
-    (an almost constant image), so its distances mostly reflect positional structure.
+    Args:
+        images: an array (…, C) of values in [0, 1].
+        mean: the per-channel means, a 1-D sequence of C values or of one, or one number for
+          every channel; ImageNet's by default.
+        std: the per-channel standard deviations, given as `mean` is.
+        official: reproduce Cluster-Learngene's official attention-distance pass: mean·255
+          and std·255 applied to images already in [0, 1], which maps every pixel to
+          ≈ −mean/std (an almost constant image), so its distances mostly reflect positional
+          structure.
+
+    Returns:
+        The normalised images, a float32 jax array of the input's shape.
+
+    Raises:
+        ValueError: `mean` and `std` are not numbers or 1-D sequences, differ in length, or hold
+          neither one value nor one per channel.
     """
     images = jnp.asarray(images, jnp.float32)
-    mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+    mean, std = np.atleast_1d(np.asarray(mean, np.float32)), np.atleast_1d(np.asarray(std, np.float32))
     if mean.shape != std.shape or mean.ndim != 1 or mean.size not in (1, images.shape[-1]):
-        raise ValueError(f'normalise: mean {tuple(mean)} and std {tuple(std)} need one value '
+        raise ValueError(f'normalise: mean {_values(mean)} and std {_values(std)} need one value '
                          f'per channel ({images.shape[-1]}) or one value')
     if official:
         mean, std = mean * 255.0, std * 255.0
     return (images - mean) / std
+
+
+def _values(a: np.ndarray) -> str:
+    """A 1-D `a` for a message, its values rounded to float32's digits; else its shape."""
+    return str(tuple(float(f'{x:.7g}') for x in a)) if a.ndim == 1 else f'of shape {a.shape}'
 
 
 def _layer_distance(probs, dist, n_prefix: int, renormalise: bool):
@@ -221,9 +302,9 @@ def attention_distance(probs, grid: int | Sequence[int], patch_size: int, *, n_p
           tokens (False: the probabilities as they are, the prefix's share left out).
 
     Returns:
-        (L, H) (or (H,) for one layer; a list of (H_l,) arrays for a list input): the mean
-        over images of (1/N) Σ_ij A_ij δ_ij over the N patch tokens, δ_ij the distance
-        between patches i and j in pixels.
+        The mean over images of (1/N) Σ_ij A_ij δ_ij over the N patch tokens, δ_ij the
+        distance between patches i and j in pixels, float64 (L, H); (H,) for one layer; a list
+        of (H_l,) arrays for a list input.
 
     Raises:
         ValueError: `probs` is not (batch, heads, tokens, tokens) per layer, or its token
@@ -262,8 +343,17 @@ _apply = jax.jit(vit.apply, static_argnames=('cfg', 'capture'))
 
 
 def attention_maps(params: Params, cfg: ViTConfig, images) -> Any:
-    """Attention probabilities of every block on `images` (model inputs, NHWC):
-    `apply(..., capture=('attn',))`'s (L, B, H, T, T), or a list for per-layer head counts."""
+    """Attention probabilities of every block on `images`.
+
+    Args:
+        params: the model's parameters, stacked or list layout.
+        cfg: the model's config.
+        images: model inputs (already normalised), NHWC.
+
+    Returns:
+        What `vit.apply(..., capture=('attn',))` captures, an (L, B, H, T, T) array, or a list
+        of per-layer (B, H_l, T, T) arrays where the layers' head counts differ.
+    """
     return _apply(params, jnp.asarray(images, jnp.float32), cfg=cfg, capture=('attn',))[1]['attn']
 
 
@@ -295,16 +385,33 @@ def _check_channels(images, mean, what: str) -> None:
 def mean_attention_distance(params: Params, cfg: ViTConfig, batches: Iterable[Any], *,
                             renormalise: bool = False, mean=IMAGENET_MEAN, std=IMAGENET_STD,
                             official_normalisation: bool = False):
-    """(layers, heads) mean attention distance of a model, in pixels, over `batches`: the
-    definition above, streamed; what Cluster-Learngene clusters heads by.
+    """Mean attention distance of a model, in pixels, over `batches`.
 
-    `batches`: an iterable of image arrays (B, H, W, C) or of mappings with 'image' (and
-    optionally a boolean 'mask' marking real examples, as `jlearngene.data.eval_batches`
-    gives). Images are in [0, 1] and normalised with `mean`/`std` (ImageNet's by default;
-    `official_normalisation=True` is Cluster-Learngene's official bug, see `normalise`);
-    `mean=None, std=None` takes the batches as model inputs already. Stacked params run one
-    compiled pass per batch shape holding one layer's attention at a time; list-layout params
-    with per-layer head counts return a list of (H_l,) arrays. Sums in float64.
+    The definition above, streamed; what Cluster-Learngene clusters heads by. Stacked params
+    (or list-layout params that stack) run one compiled pass per batch shape holding one
+    layer's attention at a time. Sums in float64.
+
+    Args:
+        params: the model's parameters, stacked or list layout.
+        cfg: the model's config (its `image_size` and `patch_size` give the patch grid).
+        batches: an iterable of image arrays (B, H, W, C) or of mappings with 'image' (and
+          optionally a boolean 'mask' marking real examples, as `jlearngene.data.eval_batches`
+          gives).
+        renormalise: as for `attention_distance`.
+        mean: per-channel means (or one number for every channel) that normalise images in
+          [0, 1] (ImageNet's by default); `None` (with `std=None`) takes the batches as model
+          inputs already.
+        std: per-channel standard deviations (or one number), given or `None` together with `mean`.
+        official_normalisation: Cluster-Learngene's official bug, see `normalise`.
+
+    Returns:
+        A (layers, heads) float64 array, the mean over every real image; for list-layout params
+        with per-layer head counts, a list of (H_l,) arrays.
+
+    Raises:
+        ValueError: only one of `mean` and `std` is given; `official_normalisation` without
+          them; `mean`/`std` fit neither one channel nor the images' channels; or the batches
+          hold no (unmasked) images.
     """
     if (mean is None) != (std is None):
         raise ValueError('mean_attention_distance: give both mean and std, or neither')
@@ -372,8 +479,19 @@ def _centred(x, what: str):
 
 
 def cka(x, y) -> float:
-    """Linear CKA of two representations of the same examples: x (n, d1), y (n, d2), or
-    (batch, tokens, d) arrays (every token an example). Centred over examples first."""
+    """Linear CKA of two representations of the same examples, centred over examples first.
+
+    Args:
+        x: an (n, d1) array, or a (batch, tokens, d1) one (every token an example).
+        y: an (n, d2) array, or a (batch, tokens, d2) one.
+
+    Returns:
+        The CKA as a float in [0, 1].
+
+    Raises:
+        ValueError: either is below 2-D, has non-finite entries or is constant over the
+          examples, or the two hold different example counts.
+    """
     x, y = _as_examples(x, 'cka: x'), _as_examples(y, 'cka: y')
     if x.shape[0] != y.shape[0]:
         raise ValueError(f'cka: x has {x.shape[0]} examples and y {y.shape[0]}; both must '
@@ -392,9 +510,20 @@ def _cka(x, y):
 
 
 def cka_matrix(a, b) -> np.ndarray:
-    """(La, Lb) linear CKA between every layer of `a` and every layer of `b`: each a stack
-    (L, n, d) / (L, B, T, d) or a list of per-layer arrays (widths may differ between and
-    within the models; the example count n must be the same everywhere)."""
+    """Linear CKA between every layer of `a` and every layer of `b`.
+
+    Args:
+        a: a stack (La, n, d) or (La, B, T, d), or a list of per-layer arrays (widths may differ
+          between and within the models), as `block_representations` gives.
+        b: the other model's layers, likewise.
+
+    Returns:
+        An (La, Lb) float64 array; entry (i, j) is `cka(a[i], b[j])`.
+
+    Raises:
+        ValueError: either has no layer; a layer is below 2-D, has non-finite entries or is
+          constant over the examples; or the layers' example counts differ.
+    """
     la = [_as_examples(x, f'cka_matrix: a[{i}]') for i, x in enumerate(a)]
     lb = [_as_examples(y, f'cka_matrix: b[{j}]') for j, y in enumerate(b)]
     if not la or not lb:
@@ -410,9 +539,22 @@ def cka_matrix(a, b) -> np.ndarray:
 
 def block_representations(params: Params, cfg: ViTConfig, images, *,
                           tokens: str = 'patches') -> Any:
-    """Every block's output tokens on `images` (model inputs), as CKA examples:
-    (L, B·N, D) with `tokens='patches'` (prefix tokens dropped, so models with and without a
-    class token compare) or `'all'` (every token). A list for blocks of different widths."""
+    """Every block's output tokens on `images`, as CKA examples.
+
+    Args:
+        params: the model's parameters, stacked or list layout.
+        cfg: the model's config.
+        images: model inputs (already normalised), NHWC.
+        tokens: 'patches' drops the prefix tokens, so models with and without a class token
+          compare; 'all' keeps every token.
+
+    Returns:
+        An (L, B·N, D) array, N the tokens kept; a list of per-layer (B·N, D_l) arrays for
+        blocks of different widths.
+
+    Raises:
+        ValueError: `tokens` is neither 'patches' nor 'all'.
+    """
     if tokens not in ('patches', 'all'):
         raise ValueError(f"block_representations: tokens={tokens!r}; expected 'patches' or 'all'")
     out = _apply(params, jnp.asarray(images, jnp.float32), cfg=cfg, capture=('blocks',))[1]['blocks']
@@ -438,8 +580,24 @@ def _save(fig, path: str | os.PathLike | None):
 
 def plot_layer_linearity(result: Mapping[str, Any], *, path: str | os.PathLike | None = None,
                          title: str | None = None):
-    """Two panels from `layer_linearity`'s result: the PC-1 (and PC-2) coordinates against
-    depth with the fitted line of PC-1, and the layers' path in the PC-1/PC-2 plane."""
+    """Two panels from `layer_linearity`'s result.
+
+    Left: the principal-component coordinates against depth with the fitted line of PC-1;
+    right: the layers' path in the PC-1/PC-2 plane.
+
+    Args:
+        result: `layer_linearity`'s dict ('coords' and 'explained' needed; 'score' and
+          'kinds' go into the title when present).
+        path: where to save the figure (at 100 dpi); `None`: not saved.
+        title: the title's head; `None`: 'layer-position linearity'.
+
+    Returns:
+        The matplotlib `Figure`.
+
+    Raises:
+        ValueError: 'coords' is not 2-D or its column count differs from the length of
+          'explained'.
+    """
     coords = np.asarray(result['coords'], np.float64)
     explained = np.asarray(result['explained'], np.float64)
     if coords.ndim != 2 or coords.shape[1] != explained.shape[0]:
@@ -471,8 +629,20 @@ def plot_layer_linearity(result: Mapping[str, Any], *, path: str | os.PathLike |
 
 def plot_attention_distance(dist, *, path: str | os.PathLike | None = None,
                             title: str = 'mean attention distance (px)'):
-    """Heatmap (layer × head) of `attention_distance`'s (L, H) result; a list of per-layer
-    arrays (different head counts) leaves the missing heads blank."""
+    """Heatmap (layer × head) of a mean attention distance.
+
+    Args:
+        dist: `attention_distance`'s or `mean_attention_distance`'s (L, H) result, or a list
+          of per-layer arrays (different head counts; the missing heads are left blank).
+        path: where to save the figure (at 100 dpi); `None`: not saved.
+        title: the axes' title.
+
+    Returns:
+        The matplotlib `Figure`.
+
+    Raises:
+        ValueError: `dist` is not (layers, heads).
+    """
     if isinstance(dist, (list, tuple)):
         rows = [np.asarray(d, np.float64).ravel() for d in dist]
         m = np.full((len(rows), max(len(r) for r in rows)), np.nan)
@@ -497,7 +667,21 @@ def plot_attention_distance(dist, *, path: str | os.PathLike | None = None,
 
 def plot_cka(matrix, *, path: str | os.PathLike | None = None, xlabel: str = 'ancestor layer',
              ylabel: str = 'descendant layer', title: str = 'linear CKA'):
-    """Heatmap of `cka_matrix`'s (La, Lb) result, values in [0, 1]."""
+    """Heatmap of `cka_matrix`'s (La, Lb) result, values in [0, 1].
+
+    Args:
+        matrix: the (La, Lb) CKA matrix.
+        path: where to save the figure (at 100 dpi); `None`: not saved.
+        xlabel: the label of the columns' axis (`b`'s layers).
+        ylabel: the label of the rows' axis (`a`'s layers).
+        title: the axes' title.
+
+    Returns:
+        The matplotlib `Figure`.
+
+    Raises:
+        ValueError: `matrix` is not 2-D.
+    """
     m = np.asarray(matrix, np.float64)
     if m.ndim != 2:
         raise ValueError(f'plot_cka: expected a (layers_a, layers_b) matrix, got shape {m.shape}')

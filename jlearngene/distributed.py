@@ -10,7 +10,8 @@ settings come from, first match wins (`resolve`):
 3. a cluster that `jax.distributed.initialize` detects itself (its `ClusterEnv`s: SLURM
    under `srun`, a Cloud TPU pod slice, Open MPI, Kubernetes) with more than one process:
    jax derives the coordinator, the process count and this process's id;
-4. otherwise one process, and nothing is started.
+4. otherwise one process, and nothing is started (nor for settings of one process,
+   `num_processes=1`).
 
 On CPU the cross-process collectives are gloo's (`jax_cpu_collectives_implementation`),
 so the same code runs as several processes on one machine (the tests do: 2 processes x 4
@@ -45,8 +46,9 @@ class Setup:
 
     @property
     def multi_process(self) -> bool:
-        """Whether more than one process takes part (the settings did not resolve to one process)."""
-        return self.source != 'single'
+        """Whether more than one process takes part: settings other than 'single' that do not
+        name one process (explicit settings with `num_processes=1` start no runtime)."""
+        return self.source != 'single' and (self.num_processes is None or self.num_processes > 1)
 
 
 def _int(value, name: str) -> int | None:
@@ -59,8 +61,12 @@ def _int(value, name: str) -> int | None:
 
 
 def detected_cluster():
-    """The cluster environment `jax.distributed.initialize` would detect (the first of its
-    auto-detected `ClusterEnv`s present), or None."""
+    """The cluster environment `jax.distributed.initialize` would detect.
+
+    Returns:
+        The first of jax's auto-detected `ClusterEnv` classes (not opt-in only) whose
+        environment is present, or `None`.
+    """
     from jax._src import clusters   # the registry jax.distributed.initialize consults
     return next((c for c in clusters.ClusterEnv._cluster_types
                  if not c.opt_in_only_method and c.is_env_present()), None)
@@ -68,8 +74,25 @@ def detected_cluster():
 
 def resolve(coordinator_address: str | None = None, num_processes: int | None = None,
             process_id: int | None = None) -> Setup:
-    """The multi-process settings of this process (see the module docstring for the order);
-    nothing is started."""
+    """The multi-process settings of this process; nothing is started.
+
+    The first source that gives any setting wins (see the module docstring for the order):
+    the arguments, the `JAX_*` environment variables, a detected cluster with more than one
+    process, else a single process.
+
+    Args:
+        coordinator_address: 'host:port' of process 0's coordinator service, or `None`.
+        num_processes: how many processes take part, or `None`.
+        process_id: this process's index in 0..`num_processes` - 1, or `None`.
+
+    Returns:
+        The `Setup`; its `source` says which source gave it.
+
+    Raises:
+        DistributedError: a source gives some of the three settings but not all; a count or
+          id is not an integer; the id is not in [0, count) or the count is < 1; the address
+          is not host:port; or a detected cluster's own settings are incomplete.
+    """
     env = os.environ
     for source, (addr, count, pid) in (
             ('args', (coordinator_address, num_processes, process_id)),
@@ -106,18 +129,35 @@ _STARTED: Setup | None = None
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, *, timeout_s: int = 300) -> Setup:
-    """Start jax's distributed runtime as `resolve` says (no-op for one process, and when
-    this process started it already). Must run before any jax device is used. Returns the
-    `Setup`. `timeout_s` bounds the wait for the other processes to connect."""
+    """Start jax's distributed runtime as `resolve` says.
+
+    A no-op for one process (also one given explicitly, `num_processes=1`), and when this
+    process started it already with the same settings. Must run before any jax device is
+    used; on CPU it selects gloo collectives.
+
+    Args:
+        coordinator_address: 'host:port' of process 0's coordinator service, or `None`.
+        num_processes: how many processes take part, or `None`.
+        process_id: this process's index, or `None`.
+        timeout_s: seconds to wait for the other processes to connect.
+
+    Returns:
+        The `Setup` this process runs under. For a started runtime it has jax's process count
+        and index filled in; for one process it is `Setup('single')`.
+
+    Raises:
+        DistributedError: the settings are inconsistent or incomplete (from `resolve`), or
+          the runtime already runs with other multi-process settings.
+    """
     global _STARTED
     setup = resolve(coordinator_address, num_processes, process_id)
     if _STARTED is not None:
-        if setup.multi_process and setup != _STARTED:
+        if setup.source != 'single' and setup != _STARTED:
             raise DistributedError(f'the distributed runtime runs as {_STARTED}; cannot start it '
                                    f'again as {setup}')
         return _STARTED
-    if not setup.multi_process:
-        return setup
+    if not setup.multi_process:   # one process, however it was given: nothing to start
+        return Setup('single')
     import jax
     # The CPU devices' collectives across processes (GPU and TPU devices ignore it).
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
@@ -141,13 +181,21 @@ def shutdown() -> None:
 
 
 def is_main_process() -> bool:
-    """Process 0: the one that writes metrics, logs, config files and plots."""
+    """Whether this is process 0: the one that writes metrics, logs, config files and plots.
+
+    Returns:
+        `True` when `jax.process_index()` is 0.
+    """
     import jax
     return jax.process_index() == 0
 
 
 def barrier(name: str) -> None:
-    """Wait until every process reaches the barrier `name` (no-op for one process)."""
+    """Wait until every process reaches the barrier `name` (no-op for one process).
+
+    Args:
+        name: the barrier's name; every process must pass the same one.
+    """
     import jax
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils

@@ -80,13 +80,39 @@ def cross_entropy_per_example(logits, targets, *, label_smoothing: float = 0.0) 
 
 
 def cross_entropy(logits, targets, *, label_smoothing: float = 0.0, mask=None) -> jax.Array:
-    """Mean cross-entropy H(targets, softmax(logits)) with optional label smoothing."""
+    """Mean cross-entropy H(targets, softmax(logits)) with optional label smoothing.
+
+    Args:
+        logits: (batch, classes).
+        targets: integer labels (batch,) or target distributions (batch, classes).
+        label_smoothing: mass moved uniformly over the classes (integer labels only).
+        mask: optional (batch,) weights of the valid examples (1 valid, 0 padding); `None`
+          averages over all.
+
+    Returns:
+        The float32 scalar mean over the (valid) examples.
+
+    Raises:
+        ValueError: `logits` and `targets` do not describe one batch, or the batch is empty.
+    """
     _check_batch('cross_entropy', logits, targets)
     return _mean(cross_entropy_per_example(logits, targets, label_smoothing=label_smoothing), mask)
 
 
 def kl_per_example(student_logits, teacher_logits, *, tau: float = 1.0) -> jax.Array:
-    """KL(p_t || p_s) per example with p = softmax(z / tau) (teacher gets no gradient)."""
+    """KL(p_t || p_s) per example with p = softmax(z / tau) (teacher gets no gradient).
+
+    Args:
+        student_logits: (batch, classes).
+        teacher_logits: (batch, classes), the same shape.
+        tau: softmax temperature of both distributions.
+
+    Returns:
+        (batch,) float32 divergences (not averaged, not scaled by τ²).
+
+    Raises:
+        ValueError: the two logits differ in shape.
+    """
     _check_batch('kl_per_example', student_logits, teacher_logits, name='teacher logits',
                  mean=False)
     s = jax.nn.log_softmax(jnp.asarray(student_logits, jnp.float32) / tau, axis=-1)
@@ -104,7 +130,27 @@ def soft_distillation(student_logits, teacher_logits, labels=None, *, tau: float
     τ²·Σ_{b,c}/(B·C), i.e. divided by the number of classes as well (DeiT's
     `kl_div(reduction='sum') / numel`, used by TLEG's published runs). With a DeiT
     distillation token pass its logits as `student_dist_logits`: the KL term uses them and
-    CE uses `student_logits`. `labels` may be None when α = 1.
+    CE uses `student_logits`.
+
+    Args:
+        student_logits: (batch, classes).
+        teacher_logits: (batch, classes), the shape of the logits the KL term uses.
+        labels: integer labels (batch,) or target distributions (batch, classes); may be
+          `None` when `alpha` = 1.
+        tau: distillation temperature τ.
+        alpha: weight α of the KL term; 1 drops the cross-entropy term.
+        label_smoothing: label smoothing of the cross-entropy term.
+        legacy_deit_normalisation: divide the KL term by the number of classes as well.
+        student_dist_logits: logits of a DeiT distillation token (batch, classes), for the KL
+          term; `None` uses `student_logits`.
+        mask: optional (batch,) weights of the valid examples.
+
+    Returns:
+        The float32 scalar loss.
+
+    Raises:
+        ValueError: `labels` is `None` and `alpha` < 1; the batches do not match (labels or
+          teacher logits of another shape); or the batch is empty.
     """
     _check_batch('soft_distillation', student_logits, labels)
     kd_logits = student_logits if student_dist_logits is None else student_dist_logits
@@ -125,6 +171,23 @@ def hard_distillation(student_logits, teacher_logits, labels, *, alpha: float = 
     """DeiT hard distillation: (1 − α)·CE(labels, student) + α·CE(argmax teacher, student).
 
     DeiT uses α = 1/2; with a distillation token the second term uses `student_dist_logits`.
+
+    Args:
+        student_logits: (batch, classes).
+        teacher_logits: (batch, classes); its argmax is the second term's label.
+        labels: integer labels (batch,) or target distributions (batch, classes).
+        alpha: weight α of the teacher term; 1 drops the cross-entropy on `labels`.
+        label_smoothing: label smoothing of the cross-entropy on `labels`.
+        student_dist_logits: logits of a DeiT distillation token (batch, classes), for the
+          teacher term; `None` uses `student_logits`.
+        mask: optional (batch,) weights of the valid examples.
+
+    Returns:
+        The float32 scalar loss.
+
+    Raises:
+        ValueError: `labels` or `teacher_logits` do not match `student_logits`' batch, or the
+          batch is empty.
     """
     _check_batch('hard_distillation', student_logits, labels)
     _check_batch('hard_distillation', student_logits, teacher_logits, name='teacher logits')
@@ -138,7 +201,20 @@ def hard_distillation(student_logits, teacher_logits, labels, *, alpha: float = 
 
 
 def accuracy(logits, labels, *, mask=None) -> jax.Array:
-    """Top-1 accuracy; `labels` may be probability vectors (argmax is the label)."""
+    """Top-1 accuracy.
+
+    Args:
+        logits: (batch, classes).
+        labels: integer labels (batch,) or probability vectors (batch, classes), whose argmax
+          is the label.
+        mask: optional (batch,) weights of the valid examples.
+
+    Returns:
+        The float32 scalar fraction of (valid) examples whose argmax is the label.
+
+    Raises:
+        ValueError: `labels` do not match the batch of `logits`, or the batch is empty.
+    """
     _check_batch('accuracy', logits, labels)
     labels = jnp.asarray(labels)
     if not jnp.issubdtype(labels.dtype, jnp.integer):
@@ -147,9 +223,22 @@ def accuracy(logits, labels, *, mask=None) -> jax.Array:
 
 
 def eval_sums(logits, batch) -> dict[str, jax.Array]:
-    """Sums over a batch's valid examples (`batch['mask']`, all when absent) of correct
-    predictions ('accuracy') and cross-entropy ('loss'), and their 'count': an evaluation
-    pass adds these up and divides by the count."""
+    """Sums over a batch's valid examples of correct predictions and cross-entropy.
+
+    An evaluation pass adds these up over its batches and divides by the count.
+
+    Args:
+        logits: (batch, classes).
+        batch: a dict with integer labels `batch['label']` (batch,) and optionally
+          `batch['mask']` (batch,) of valid examples (all valid when absent).
+
+    Returns:
+        A dict of float32 scalars, 'accuracy' (number of correct top-1 predictions), 'loss'
+        (summed cross-entropy) and 'count' (number of valid examples).
+
+    Raises:
+        ValueError: `batch['label']` does not match the batch of `logits`.
+    """
     labels = batch['label']
     mask = batch.get('mask')
     mask = jnp.ones(labels.shape[:1], jnp.float32) if mask is None else mask.astype(jnp.float32)

@@ -37,10 +37,22 @@ MODES = ('replicate', 'fsdp')
 
 
 def make_mesh(num_devices: int | None = None, *, model: int = 1) -> Mesh:
-    """A mesh over the first `num_devices` devices (default: all): 1-D with axis 'data', or
-    with `model` > 1 2-D ('data', 'model') of shape (n // model, model), the 'model' axis
-    over neighbouring devices (within one process: `model` must divide each process's
-    device count)."""
+    """A mesh over the first `num_devices` devices: 1-D 'data', or 2-D ('data', 'model').
+
+    With `model` > 1 the mesh has shape (n // model, model), the 'model' axis over
+    neighbouring devices of one process, so that tensor-parallel groups stay within a host.
+
+    Args:
+        num_devices: how many of `jax.devices()` to use, from the first; `None` uses all.
+        model: size of the 'model' axis; 1 makes a 1-D mesh with the 'data' axis only.
+
+    Returns:
+        The `Mesh`, with axis types `Auto`.
+
+    Raises:
+        ValueError: `num_devices` is not in 1..`len(jax.devices())`; `model` is not a positive
+          integer; or `model` does not divide the device count or each process's device count.
+    """
     devices = jax.devices()
     if num_devices is not None:
         if not 0 < num_devices <= len(devices):
@@ -62,23 +74,52 @@ def make_mesh(num_devices: int | None = None, *, model: int = 1) -> Mesh:
 
 
 def data_size(mesh: Mesh) -> int:
-    """The size of the mesh's 'data' axis."""
+    """The size of the mesh's 'data' axis.
+
+    Args:
+        mesh: a mesh with a 'data' axis, as `make_mesh` makes it.
+
+    Returns:
+        The number of devices along 'data'.
+    """
     return int(mesh.shape[DATA])
 
 
 def model_size(mesh: Mesh) -> int:
-    """The size of the mesh's 'model' axis (1 without one)."""
+    """The size of the mesh's 'model' axis.
+
+    Args:
+        mesh: a mesh, as `make_mesh` makes it.
+
+    Returns:
+        The number of devices along 'model'; 1 where the mesh has no such axis.
+    """
     return int(dict(mesh.shape).get(MODEL, 1))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
-    """The sharding that keeps an array whole on every device of `mesh`."""
+    """The sharding that keeps an array whole on every device of `mesh`.
+
+    Args:
+        mesh: the mesh to replicate over.
+
+    Returns:
+        A `NamedSharding` with the empty `PartitionSpec`.
+    """
     return NamedSharding(mesh, P())
 
 
 def batch_sharding(mesh: Mesh, *, stacked: bool = False) -> NamedSharding:
-    """Leading (batch) axis split over 'data'; with `stacked`, batches stacked on a new
-    leading axis (one per step of a call), their batch axis (the second) split."""
+    """The sharding of a batch: its batch axis split over 'data'.
+
+    Args:
+        mesh: a mesh with a 'data' axis.
+        stacked: the arrays hold batches stacked on a new leading axis (one per step of a
+          call), so the batch axis split is the second; otherwise it is the leading axis.
+
+    Returns:
+        A `NamedSharding` of `P('data')`, or `P(None, 'data')` with `stacked`.
+    """
     return NamedSharding(mesh, P(None, DATA) if stacked else P(DATA))
 
 
@@ -102,18 +143,40 @@ def _divisible(shape, names, n: int, allowed, taken=()) -> list[int]:
 
 def fsdp_spec(shape: Sequence[int], names: Sequence[str | None] | None, n: int,
               min_size: int = 2 ** 12) -> P:
-    """PartitionSpec putting 'data' on the largest dimension that `n` divides, restricted to
-    FSDP_AXES when logical names are known. Small leaves (< min_size elements) stay replicated."""
+    """PartitionSpec putting 'data' on the largest dimension that `n` divides.
+
+    Args:
+        shape: the leaf's shape.
+        names: the leaf's logical axis names, one per dimension; when given, only dimensions
+          named in `FSDP_AXES` are split. `None` allows any dimension.
+        n: size of the 'data' axis.
+        min_size: leaves with fewer elements stay replicated.
+
+    Returns:
+        The leaf's `PartitionSpec`; `P()` (replicated) when it is small or no dimension fits.
+    """
     return leaf_spec(shape, names, data=n, model=1, fsdp=True, min_size=min_size)
 
 
 def leaf_spec(shape: Sequence[int], names: Sequence[str | None] | None, *, data: int,
               model: int = 1, fsdp: bool = True, min_size: int = 2 ** 12) -> P:
-    """PartitionSpec of one leaf on a ('data', 'model') mesh of those sizes: 'model' on the
-    first dimension named in MODEL_AXES order that `model` divides (without names: the
-    largest divisible dimension), then, with `fsdp`, 'data' on the largest remaining
-    dimension in FSDP_AXES that `data` divides. Small leaves (< min_size elements) stay
-    replicated."""
+    """PartitionSpec of one leaf on a ('data', 'model') mesh of those sizes.
+
+    'model' goes on the first dimension named in `MODEL_AXES` order that `model` divides
+    (without names: the largest divisible dimension), then, with `fsdp`, 'data' on the
+    largest remaining dimension in `FSDP_AXES` (any, without names) that `data` divides.
+
+    Args:
+        shape: the leaf's shape.
+        names: the leaf's logical axis names, one per dimension, or `None` when unknown.
+        data: size of the 'data' axis.
+        model: size of the 'model' axis; 1 splits nothing over it.
+        fsdp: also split over 'data' (FSDP); otherwise the leaf is replicated over 'data'.
+        min_size: leaves with fewer elements stay replicated.
+
+    Returns:
+        The leaf's `PartitionSpec`; `P()` (replicated) when it is small or no dimension fits.
+    """
     if int(np.prod(shape, dtype=np.int64)) < min_size:
         return P()
     spec: list[str | None] = [None] * len(shape)
@@ -137,10 +200,23 @@ def param_shardings(params, mesh: Mesh, mode: str = 'replicate', *, axes=None,
                     min_size: int = 2 ** 12) -> Any:
     """A tree of NamedShardings for `params` (arrays, tracers or ShapeDtypeStructs).
 
-    `mode` says what happens over 'data': 'replicate' (data parallelism) or 'fsdp'; a mesh
-    with a 'model' axis splits parameters over it as well (`leaf_spec`). `axes` (a tree of
-    logical-axis tuples, e.g. `jlearngene.models.axes(cfg, params)`) defaults to the ViT
-    table for known paths and a generic rule for other leaves.
+    A mesh with a 'model' axis splits parameters over it as well (`leaf_spec`).
+
+    Args:
+        params: the parameter tree; only its leaves' shapes are read.
+        mesh: the mesh, as `make_mesh` makes it.
+        mode: what happens over 'data': 'replicate' (data parallelism) or 'fsdp'.
+        axes: a tree of logical-axis tuples matching `params` (e.g.
+          `jlearngene.models.axes(cfg, params)`); `None` uses the ViT table for known paths
+          and the generic rule (largest divisible dimension) for other leaves.
+        min_size: leaves with fewer elements stay replicated.
+
+    Returns:
+        A tree of `NamedSharding` with the structure of `params`.
+
+    Raises:
+        ValueError: `mode` is not one of `MODES`, or `axes` has another number of leaves than
+          `params`.
     """
     if mode not in MODES:
         raise ValueError(f'sharding mode must be one of {MODES}, got {mode!r}')
@@ -160,17 +236,46 @@ def param_shardings(params, mesh: Mesh, mode: str = 'replicate', *, axes=None,
 
 def constrain(params, mesh: Mesh, mode: str = 'replicate', *, axes=None,
               min_size: int = 2 ** 12) -> Any:
-    """`params` inside a jitted function, constrained to `param_shardings`' layout: for a
-    model built in the step from what is trained (a Mango or LeTra target expanded from
-    its gene), so the large model is laid out over 'model' (and 'data') too."""
+    """`params` inside a jitted function, constrained to `param_shardings`' layout.
+
+    For a model built in the step from what is trained (a Mango or LeTra target expanded
+    from its gene), so the large model is laid out over 'model' (and 'data') too.
+
+    Args:
+        params: the parameter tree (tracers inside `jax.jit`).
+        mesh: the mesh.
+        mode: 'replicate' or 'fsdp', as in `param_shardings`.
+        axes: logical-axis tree, as in `param_shardings`.
+        min_size: leaves with fewer elements stay replicated.
+
+    Returns:
+        `params` with sharding constraints applied.
+
+    Raises:
+        ValueError: from `param_shardings`: an unknown `mode` or an `axes` tree that does
+          not match.
+    """
     return jax.lax.with_sharding_constraint(
         params, param_shardings(params, mesh, mode, axes=axes, min_size=min_size))
 
 
 def state_shardings(state, params_sharding, mesh: Mesh, params_key: str = 'params') -> Any:
-    """Shardings for a train state {params, opt_state, ...}: params as given; any other leaf
-    whose path ends with a parameter's path and has its shape (optimiser moments) shares
-    that parameter's sharding; everything else is replicated."""
+    """Shardings for a train state {params, opt_state, ...}.
+
+    Params get `params_sharding`; any other leaf whose path ends with a parameter's path and
+    has its shape (optimiser moments) shares that parameter's sharding; everything else is
+    replicated.
+
+    Args:
+        state: the train state, a dict holding the parameter tree under `params_key`.
+        params_sharding: the parameters' shardings, e.g. from `param_shardings`, in the
+          structure of `state[params_key]`.
+        mesh: the mesh, for the replicated leaves.
+        params_key: the key of the parameter tree in `state`.
+
+    Returns:
+        A tree of `NamedSharding` with the structure of `state`.
+    """
     param_paths = {path: (np.shape(x), s) for (path, x), s in zip(
         pytree.flatten(state[params_key]).items(), jax.tree.leaves(params_sharding))}
 
@@ -188,8 +293,23 @@ def state_shardings(state, params_sharding, mesh: Mesh, params_key: str = 'param
 
 
 def shard_batch(batch: dict, mesh: Mesh, *, stacked: bool = False) -> dict:
-    """Host batch (numpy, this process's share) -> global arrays split over 'data'
-    (`stacked`: batches stacked on a leading axis, see `batch_sharding`)."""
+    """Host batch (numpy, this process's share) -> global arrays split over 'data'.
+
+    Args:
+        batch: a dict of this process's rows; entries that are not boolean or numeric
+          (strings, object ids) are left out of the result.
+        mesh: the mesh, over every process's devices.
+        stacked: the entries hold batches stacked on a leading axis, the batch axis being
+          the second (see `batch_sharding`).
+
+    Returns:
+        A dict of global `jax.Array`, one per numeric entry of `batch`, sharded by
+        `batch_sharding`.
+
+    Raises:
+        ValueError: an entry lacks the batch axis, or its global batch size (local rows times
+          `jax.process_count()`) is not divisible by the size of the 'data' axis.
+    """
     n = data_size(mesh)
     sharding = batch_sharding(mesh, stacked=stacked)
     axis = int(stacked)

@@ -161,6 +161,33 @@ def test_a_transfer_study_chooses_on_validation_and_resumes(fashion_dir, tmp_pat
     walls = {line for line in again['table'].splitlines() if 'Wall time' in line}   # one per budget,
     assert len(walls) == 1 and f"{len(again['reused'])} of {len(again['timings'])}" in walls.pop()   # the whole study's
     assert again['table'].split('Wall time')[0] == results['table'].split('Wall time')[0]
+    _ship_the_gene_of(workdir, tmp_path)
+
+
+def _ship_the_gene_of(workdir, tmp_path):
+    """A transfer study's gene ships without training (`zoo.make.from_study`): seed 0's
+    TLEG gene with its source model's accuracy and doubling chain in gene.json, under 1 MB,
+    and the command line descends it; a record other than the committed one is refused."""
+    from jlearngene import artefacts, cli
+    from jlearngene.zoo import make
+    spec = {'from': 'study', 'config': 'tleg:fashion', 'method': 'tleg', 'seed': 0,
+            'results': os.path.join(workdir, 'results.json')}
+    gene_dir = make.from_study('tleg_fashion', workdir, str(tmp_path / 'gene'), spec=spec)
+    meta = artefacts.read_meta(gene_dir)
+    prov, record = meta['provenance'], json.load(open(os.path.join(workdir, 'results.json')))
+    ancestor = record['budgets']['0.2']['ancestor']
+    assert meta['method'] == 'tleg' and prov['seed'] == 0 and 0 <= prov['aux_test_accuracy'] <= 1
+    assert prov['source_model']['test_accuracy'] == ancestor['accs']['0']
+    assert prov['source_model']['doubling'] == ancestor['doubling']['0']
+    assert set(prov['label_budgets']) == {'0.2', '0.4'}
+    assert sum(os.path.getsize(os.path.join(gene_dir, f)) for f in os.listdir(gene_dir)) < make.MAX_BYTES
+    out = tmp_path / 'descendant'
+    assert cli.main(['descend', gene_dir, '--depth', '3', '--out', str(out)]) == 0
+    assert os.path.isdir(out)
+    other = tmp_path / 'other.json'
+    other.write_text(json.dumps({**record, 'seconds': -1.0}))
+    with pytest.raises(RuntimeError, match='is not the committed record'):
+        make.from_study('tleg_fashion', workdir, str(tmp_path / 'gene2'), spec={**spec, 'results': str(other)})
 
 
 def test_choices_at_the_edge_of_a_sweep_are_named():

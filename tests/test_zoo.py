@@ -90,3 +90,15 @@ def test_the_command_line_takes_a_shipped_gene_by_name(tmp_path, capsys):
     assert 'width=40 depth=6' in capsys.readouterr().out
     assert cli.main(['descend', 'nosuch_gene', '--out', str(tmp_path / 'x')]) == 1
     assert demo.GENE in capsys.readouterr().err
+
+
+def test_a_transfer_study_gene_is_taken_from_its_finished_study_only(tmp_path):
+    """tleg_fashion and letra_fashion come from their finished studies (`from_study`, the
+    slow transfer test makes one), never trained here; what is not such a study is named."""
+    assert {'tleg_fashion', 'letra_fashion'} <= set(make.GENES)
+    with pytest.raises(ValueError, match='taken from its finished study'):
+        make.make('tleg_fashion', str(tmp_path / 'w'))
+    with pytest.raises(ValueError, match="'letra_digits' is not a gene of a transfer study"):
+        make.from_study('letra_digits', str(tmp_path))
+    with pytest.raises(FileNotFoundError, match='the study is not finished'):
+        make.from_study('tleg_fashion', str(tmp_path))

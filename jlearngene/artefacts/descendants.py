@@ -34,8 +34,17 @@ class NoDescendant(GeneError):
 
 
 def base_config(meta: Mapping[str, Any]) -> ViTConfig:
-    """The config a request is applied to: the gene's 'target' config where it has one, else
-    its 'source'. GeneFileError when it has neither."""
+    """The config a request is applied to.
+
+    Args:
+        meta: a gene's checked `gene.json` (`read_meta`).
+
+    Returns:
+        The gene's 'target' config where it has one, else its 'source'.
+
+    Raises:
+        GeneFileError: the gene has neither config.
+    """
     cfgs = configs(meta)
     for role in ('target', 'source'):
         if role in cfgs:
@@ -45,7 +54,15 @@ def base_config(meta: Mapping[str, Any]) -> ViTConfig:
 
 
 def takes_option(method: Method, name: str) -> bool:
-    """Whether `method.descend` has a keyword `name` (or takes any keywords)."""
+    """Whether `method.descend` takes an option.
+
+    Args:
+        method: the method.
+        name: the keyword's name.
+
+    Returns:
+        True where `method.descend` has a parameter `name` or takes any keywords.
+    """
     params = inspect.signature(method.descend).parameters
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
@@ -127,19 +144,36 @@ def descendant_config(method: str | Method, gene: Any, base: ViTConfig, *,
                       heads: int | Sequence[int] | None = None, mlp_dim: int | None = None,
                       overrides: Mapping[str, Any] | None = None,
                       options: Mapping[str, Any] | None = None) -> tuple[ViTConfig, dict]:
-    """(target_cfg, descend options) for a descendant of `width`, `depth`, `heads` and
-    `mlp_dim` (None: as `base`) with any other config `overrides`.
+    """The target config and descend options for a requested descendant.
 
-    `heads` is a head count, or one per layer for methods whose `descend` takes `heads=`
-    (Cluster-Learngene: the config gets the most of them). The MLP size scales with the
-    width unless given. Where the request leaves the head size open, the choice that
-    `descend` accepts is taken (trying the head size kept, then the head count kept).
+    Where the request leaves the head size open, the choice that `descend` accepts is taken
+    (trying the head size kept, then the head count kept); the gene's own config is never
+    taken in place of a request that no config fits. Every value is checked before the search.
 
-    Every value is checked first: sizes must be positive integers, `overrides` fields of
-    `ViTConfig`, `options` keywords of the method's `descend` (GeneError naming the flag,
-    `FLAGS`). A request that no config fits is a `NoDescendant` naming the request's flags,
-    every rejected choice and what the gene makes instead (`capabilities`); the gene's own
-    config is never taken in its place.
+    Args:
+        method: a registered name or a `Method`.
+        gene: the gene, arrays or `jax.ShapeDtypeStruct`s (only shapes are traced).
+        base: the config the request is applied to (`base_config`).
+        width: the descendant's width; `None`: as `base`.
+        depth: its depth; `None`: as `base`.
+        heads: a head count, or one per layer for methods whose `descend` takes `heads=`
+          (Cluster-Learngene: the config gets the most of them, the depth their count);
+          `None`: as `base`.
+        mlp_dim: its MLP size; `None`: scaled with the width where that gives an integer, else
+          as `base`.
+        overrides: any other `ViTConfig` fields to set.
+        options: keyword options of the method's `descend`.
+
+    Returns:
+        The pair `(target_cfg, options)`, the `ViTConfig` that `descend` accepts and the
+        descend options to pass with it (with `heads` added for a per-layer head list).
+
+    Raises:
+        GeneError: a size is not a positive integer, an `overrides` key is not a `ViTConfig`
+          field, an option is not one `descend` takes (each naming its flag, `FLAGS`), per-layer
+          heads are given to a method that takes one head count, or `method` is not registered.
+        NoDescendant: no config fits the request; the message names the request's flags, every
+          rejected choice and what the gene makes instead (`capabilities`).
     """
     m = as_method(method)
     overrides = dict(overrides or {})
@@ -205,13 +239,25 @@ def _shape(c: Mapping[str, int]) -> str:
 def capabilities(method: str | Method, gene: Any, base: ViTConfig,
                  options: Mapping[str, Any] | None = None,
                  kinds: Sequence[str] = ('width', 'depth', 'heads')) -> dict[str, Any]:
-    """Which descendants the gene makes, by trying `descend` on shapes, one field at a time
-    from `base`: widths in steps of the base head size up to twice the base width; depths
-    1, half, the base, twice and four times the base; head counts 1, half, the base and
-    twice the base (`kinds`: which of 'width', 'depth', 'heads' are tried). Returns
-    {'widths', 'depths', 'heads'}: the accepted values, {'tried_widths', ...}: what was
-    tried, and {'width_limit', ...}: the first rejected value with the reason `descend`
-    gave."""
+    """Which descendants the gene makes, by trying `descend` on shapes, one field at a time.
+
+    From `base`, it tries widths in steps of the base head size up to twice the base width
+    (thinned evenly to about 12, the base width kept); depths 1, half, the base, twice and four
+    times the base; head counts 1, half, the base and twice the base.
+
+    Args:
+        method: a registered name or a `Method`.
+        gene: the gene, arrays or `jax.ShapeDtypeStruct`s (only shapes are traced).
+        base: the config each field is varied from (`base_config`).
+        options: keyword options of the method's `descend`; `None`: none.
+        kinds: which of 'width', 'depth', 'heads' are tried.
+
+    Returns:
+        A dict with, for each kind tried, 'widths' / 'depths' / 'heads', the accepted values;
+        'tried_widths' / 'tried_depths' / 'tried_heads', the values tried; and 'width_limit' /
+        'depth_limit' / 'heads_limit', the first rejected value with the reason `descend` gave
+        (`None` where every value was accepted).
+    """
     m = as_method(method)
     step = base.head_dim
     n = max(1, 2 * base.width // step)
@@ -244,8 +290,17 @@ def capabilities(method: str | Method, gene: Any, base: ViTConfig,
 # In words.
 
 def describe(meta: Mapping[str, Any], *, probe: bool = True) -> str:
-    """A few lines about a gene directory: method, format, configs, stored parameters,
-    options, provenance and (`probe`) the descendants it makes."""
+    """A few lines about a gene directory.
+
+    Args:
+        meta: the gene's checked `gene.json` (`read_meta`).
+        probe: also try `descend` on shapes and tell the descendants the gene makes
+          (`capabilities`).
+
+    Returns:
+        The text, its lines joined by newlines; they tell the method, format, configs, stored
+        parameters, checksums, options, provenance and (with `probe`) the descendants.
+    """
     m = genes.get(meta['method'])
     p = meta.get('params', {})
     lines = [f"gene {meta['path']}: {m.label} ('{m.name}', source '{m.source}'), format "
@@ -280,8 +335,17 @@ def describe(meta: Mapping[str, Any], *, probe: bool = True) -> str:
 def made_summary(cap: Mapping[str, Any], base: ViTConfig,
                  kinds: Sequence[str] = ('width', 'depth', 'heads'),
                  prefix: str = 'the gene makes ') -> str:
-    """`capabilities` in words, for `kinds`: 'widths 8, 12, 16 of 4, 8, ... tried at depth
-    4; depths ...' (what `jlearngene info GENE` prints)."""
+    """`capabilities` in words (what `jlearngene info GENE` prints).
+
+    Args:
+        cap: `capabilities`' result, with every kind of `kinds` tried.
+        base: the config the values were varied from (its depth and width are named).
+        kinds: which of 'width', 'depth', 'heads' to tell, in this order.
+        prefix: the text put before the summary.
+
+    Returns:
+        `prefix` followed by e.g. 'widths 8, 12, 16 of 4, 8, ... tried at depth 4; depths ...'.
+    """
     where = {'width': f' at depth {base.depth}', 'depth': f' at width {base.width}', 'heads': ''}
     parts = []
     for kind in kinds:

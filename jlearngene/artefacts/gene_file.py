@@ -76,8 +76,20 @@ class GeneFileError(ValueError):
 # JSON pieces.
 
 def jsonable(obj: Any, where: str) -> Any:
-    """A JSON-able copy of options and provenance: configs and dataclasses as dicts, tuples
-    as lists, numpy scalars and small arrays as numbers and lists."""
+    """A JSON-able copy of options and provenance.
+
+    Args:
+        obj: the value: configs, dataclasses, mappings, lists, tuples, numbers, strings,
+          `None`, numpy scalars and arrays of at most 4096 elements.
+        where: what `obj` is, for the message ('options'); nested values are named from it.
+
+    Returns:
+        The copy, with configs and dataclasses as dicts, mapping keys as strings, tuples as
+        lists, numpy scalars and small arrays as numbers and lists.
+
+    Raises:
+        GeneFileError: a value of another type, or an array of more than 4096 elements.
+    """
     if isinstance(obj, ViTConfig):
         return obj.to_dict()
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -122,15 +134,28 @@ def _rebuild(skeleton: Any, leaves: Mapping[str, Any]) -> Any:
 
 
 def checksum(a: np.ndarray) -> str:
-    """The sha256 (hex) of an array's bytes as a gene file stores them: C order,
-    little-endian."""
+    """The sha256 of an array's bytes as a gene file stores them.
+
+    Args:
+        a: the array (anything `np.asarray` takes).
+
+    Returns:
+        The hex digest of its bytes in C order, little-endian.
+    """
     a = np.asarray(a)
     return hashlib.sha256(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder('<')).tobytes()).hexdigest()
 
 
 def has_checksums(meta: Mapping[str, Any]) -> bool:
-    """Whether `gene.json` carries a sha256 of its arrays (files written before
-    checksums were stored carry none, and are read unchecked)."""
+    """Whether `gene.json` carries a sha256 of its arrays.
+
+    Args:
+        meta: a gene's `gene.json` as a dict.
+
+    Returns:
+        True where any array has a 'sha256'; files written before checksums were stored
+        carry none, and are read unchecked.
+    """
     return any('sha256' in v for v in meta['arrays'].values())
 
 
@@ -147,7 +172,17 @@ def _make_tmp_dir(parent: str, name: str) -> str:
 
 
 def as_method(method: str | Method) -> Method:
-    """The registered `Method` of a name (a `Method` stays as it is)."""
+    """The registered `Method` of a name.
+
+    Args:
+        method: a registered name, or a `Method` (which stays as it is).
+
+    Returns:
+        The `Method`.
+
+    Raises:
+        GeneError: no method has that name.
+    """
     return genes.get(method) if isinstance(method, str) else method
 
 
@@ -158,7 +193,14 @@ def _counts(method: Method, gene: Any) -> dict[str, int]:
 
 
 def n_params(tree: Any) -> int:
-    """Parameters in a tree."""
+    """Parameters in a tree.
+
+    Args:
+        tree: a pytree of arrays or anything with a shape (`jax.ShapeDtypeStruct`s).
+
+    Returns:
+        The total number of elements of its leaves.
+    """
     return int(sum(math.prod(np.shape(x)) for x in jax.tree.leaves(tree)))
 
 
@@ -166,14 +208,31 @@ def n_params(tree: Any) -> int:
 # Writing.
 
 def is_gene_dir(path: str | os.PathLike) -> bool:
-    """Whether `path` is a gene directory (it holds `gene.json`)."""
+    """Whether `path` is a gene directory.
+
+    Args:
+        path: the path to look at.
+
+    Returns:
+        True where `path` holds a `gene.json` file (its contents are not checked).
+    """
     return os.path.isfile(os.path.join(os.fspath(path), META_FILE))
 
 
 def check_gene_output(path: str | os.PathLike, *, overwrite: bool, inputs: Sequence[str] = (),
                       how: str = 'overwrite=True') -> None:
-    """GeneFileError unless a gene may be written at `path` (`train.files.check_replaceable`:
-    nothing there, or a gene directory and `overwrite`; never one of `inputs`)."""
+    """GeneFileError unless a gene may be written at `path` (`train.files.check_replaceable`).
+
+    Args:
+        path: where the gene directory would go.
+        overwrite: whether an existing gene directory may be replaced.
+        inputs: the paths the writer reads; `path` may not be, or contain, any of them.
+        how: the switch that sets `overwrite`, in words, for the message.
+
+    Raises:
+        GeneFileError: `path` is, or contains, one of `inputs`; it holds something other than
+          a gene directory (an empty folder is fine); or it is one and `overwrite` is False.
+    """
     from jlearngene.train import files
     files.check_replaceable(path, 'a gene directory', is_gene_dir, overwrite=overwrite, how=how,
                             inputs=inputs, error=GeneFileError)
@@ -185,20 +244,39 @@ def save_gene(path: str | os.PathLike, method: str | Method, gene: Any, *,
               descend_options: Mapping[str, Any] | None = None,
               provenance: Mapping[str, Any] | None = None, overwrite: bool = False,
               inputs: Sequence[str] = ()) -> str:
-    """Write `gene` of `method` (a name or `Method`) as the gene directory `path`; returns
-    its absolute path.
+    """Write `gene` of `method` as the gene directory `path`.
 
-    `configs`: ViT configs by role ('source': what the gene was made for; 'target': the one
-    shape it makes, where it makes one). `gene_options`: how it was made (the options of
-    `init_gene` / `gene_from_model`; clusters, ranks, ...), kept for the record.
-    `descend_options`: defaults that `descend` needs to reproduce the method's intent (e.g.
-    Scala's `smallest`). `provenance`: anything JSON-able about where it came from.
+    The gene is checked to be one of `method` first (its `check_gene` and
+    `gene_param_count`), of finite floats (`interop.state_dict.check_values`). The new files
+    are written beside `path` and swapped in when complete, so a failed write keeps the old.
 
-    The gene is checked to be one of `method` first (its `gene_param_count`), of finite
-    floats (`interop.state_dict.check_values`). An existing non-empty directory is
-    replaced only with `overwrite=True` and only when it is a gene directory that is not,
-    and holds none of, `inputs` (what the caller read; `check_gene_output`); the new files
-    are written beside it and swapped in when complete, so a failed write keeps the old.
+    Args:
+        path: the gene directory to write.
+        method: a registered name or a `Method`.
+        gene: the gene's pytree of arrays (`None` for a method without a gene); dict keys must
+          be non-empty strings without '/'.
+        configs: ViT configs by role ('source': what the gene was made for; 'target': the one
+          shape it makes, where it makes one).
+        gene_options: how it was made (the options of `init_gene` / `gene_from_model`;
+          clusters, ranks, ...), kept for the record.
+        descend_options: defaults that `descend` needs to reproduce the method's intent (e.g.
+          Scala's `smallest`).
+        provenance: anything JSON-able about where it came from.
+        overwrite: replace an existing gene directory at `path`; anything else there is
+          never replaced (`check_gene_output`).
+        inputs: what the caller read; `path` may not be, or contain, any of them.
+
+    Returns:
+        The gene directory's absolute path.
+
+    Raises:
+        GeneFileError: the gene is not one of `method`, is not `None` for a method without a
+          gene, or holds a value that is not a finite float; a config is not a `ViTConfig`;
+          `path` may not be written (`check_gene_output`); a dict key is not a non-empty
+          string without '/'; an array's dtype is not one a gene file stores; or the options
+          or provenance are not JSON-able.
+        GeneError: `method` is a name that is not registered.
+        OSError: a file could not be written (as `files.named_error` gives it, naming `path`).
     """
     from jlearngene.interop.state_dict import StateDictError, check_values, save_safetensors
     from jlearngene.train import files
@@ -263,7 +341,23 @@ def save_gene(path: str | os.PathLike, method: str | Method, gene: Any, *,
 # Reading.
 
 def read_meta(path: str | os.PathLike) -> dict:
-    """The checked `gene.json` of gene directory `path` (no arrays are read)."""
+    """The checked `gene.json` of a gene directory (no arrays are read).
+
+    Args:
+        path: the gene directory.
+
+    Returns:
+        The JSON as a dict, with 'gene_options', 'descend_options' and 'provenance' defaulted
+        to `{}` and 'path' set to the directory's absolute path.
+
+    Raises:
+        GeneFileError: `path` is missing or not a directory; `gene.json` is missing, not valid
+          JSON, not an object, lacks a required field, or has another `format`, a
+          `format_version` that is not a positive integer or is newer than this reader's, an
+          unregistered method, configs that are not ViT configs, a tree whose keys differ from
+          its arrays', malformed array entries or checksums, or arrays that do not fit the
+          method's gene.
+    """
     path = os.path.abspath(os.fspath(path))
     if not os.path.exists(path):
         raise GeneFileError(f'{path}: no such gene directory')
@@ -341,14 +435,28 @@ def _keys(skeleton: Any, file: str) -> list[str]:
 
 
 def gene_shapes(meta: Mapping[str, Any]) -> Any:
-    """The gene as `jax.ShapeDtypeStruct` leaves, from `gene.json` alone."""
+    """The gene as `jax.ShapeDtypeStruct` leaves, from `gene.json` alone.
+
+    Args:
+        meta: a gene's `gene.json` as a dict (its 'tree' and 'arrays').
+
+    Returns:
+        The gene's tree, in its original containers, with a `jax.ShapeDtypeStruct` per leaf.
+    """
     leaves = {k: jax.ShapeDtypeStruct(tuple(v['shape']), np.dtype(v['dtype']))
               for k, v in meta['arrays'].items()}
     return _rebuild(meta['tree'], leaves)
 
 
 def configs(meta: Mapping[str, Any]) -> dict[str, ViTConfig]:
-    """The gene's ViT configs by role."""
+    """The gene's ViT configs by role.
+
+    Args:
+        meta: a gene's `gene.json` as a dict.
+
+    Returns:
+        A dict of role ('source', 'target') to `ViTConfig`.
+    """
     return {role: ViTConfig.from_dict(d) for role, d in meta['configs'].items()}
 
 
@@ -363,8 +471,17 @@ def _check_method(method: Method, gene: Any, where: str) -> None:
 
 
 def check_arrays(meta: Mapping[str, Any]) -> None:
-    """GeneFileError unless `gene.safetensors` opens and holds exactly the arrays `gene.json`
-    lists, with their shapes (only the header is read)."""
+    """GeneFileError unless `gene.safetensors` holds exactly the arrays `gene.json` lists.
+
+    Only the file's header is read.
+
+    Args:
+        meta: the gene's checked `gene.json` (`read_meta`; its 'path' names the directory).
+
+    Raises:
+        GeneFileError: the file is missing or not a readable safetensors file, lacks an array
+          that `gene.json` lists or holds one it does not, or an array's shape differs.
+    """
     import safetensors
     file = os.path.join(meta['path'], ARRAYS_FILE)
     if not os.path.isfile(file):
@@ -387,9 +504,21 @@ def check_arrays(meta: Mapping[str, Any]) -> None:
 
 
 def load_gene(path: str | os.PathLike) -> tuple[Method, Any, dict]:
-    """(method, gene, meta) of gene directory `path`: the registered `Method`, the gene as
-    numpy arrays in its original containers (bit for bit as saved), and the checked
-    `gene.json` (see `read_meta`)."""
+    """Read a gene directory back.
+
+    Args:
+        path: the gene directory.
+
+    Returns:
+        The triple `(method, gene, meta)`, the registered `Method`, the gene as numpy arrays
+        in its original containers (bit for bit as saved), and the checked `gene.json`
+        (`read_meta`).
+
+    Raises:
+        GeneFileError: as `read_meta` and `check_arrays` raise it; the arrays cannot be read;
+          an array's dtype differs from `gene.json`'s; an array's bytes do not match its
+          sha256; or the arrays are not a gene of the method.
+    """
     import safetensors.numpy
     meta = read_meta(path)
     check_arrays(meta)

@@ -18,7 +18,8 @@ from jlearngene.data.sources import DataError
 class Augment:
     """Augmentation options; the defaults do nothing.
 
-    crop_padding: pad each side with zeros by this many pixels, then crop back at random.
+    crop_padding: pad each side with zeros by this many pixels, then crop back at random;
+      below the image's height and width (checked when an image is augmented).
     rrc_scale: (lo, hi) area fraction for an Inception-style random-resized crop instead
       (with aspect ratios in `rrc_ratio`), resized back to the image size.
     flip: random horizontal flip. Off by default: it is wrong for digits and text.
@@ -61,7 +62,19 @@ class Augment:
 
     @classmethod
     def create(cls, value) -> Augment:
-        """None, an `Augment`, or a dict / ConfigDict of its fields (unknown keys fail)."""
+        """An `Augment` from a config value.
+
+        Args:
+            value: `None` (no augmentation), an `Augment` (returned as it is), or a dict /
+              ConfigDict of its fields (lists become tuples).
+
+        Returns:
+            The `Augment`.
+
+        Raises:
+            DataError: `value` is neither a mapping nor an `Augment`, has keys that are not
+              fields, or has a value the fields' checks refuse.
+        """
         if value is None:
             return cls()
         if isinstance(value, cls):
@@ -89,7 +102,21 @@ class Augment:
 
 
 def random_resized_crop(image, scale, ratio, rng, method='bilinear'):
-    """Crops a random box of area fraction in `scale` and aspect in `ratio`, resizes back."""
+    """Crops a random box of area fraction in `scale` and aspect in `ratio`, resizes back.
+
+    Up to 10 boxes are drawn; where none fits inside the image, the image is kept whole.
+
+    Args:
+        image: a uint8 (H, W, C) image.
+        scale: `(lo, hi)`, the range of the box's area as a fraction of the image's.
+        ratio: `(lo, hi)`, the range of the box's aspect ratio (width / height), drawn
+          log-uniformly.
+        rng: the generator that draws the box.
+        method: the resize method (`sources.RESIZE_METHODS`).
+
+    Returns:
+        The (H, W, C) uint8 crop, resized to the image's size.
+    """
     h, w = image.shape[:2]
     log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
     for _ in range(10):
@@ -102,9 +129,29 @@ def random_resized_crop(image, scale, ratio, rng, method='bilinear'):
     return image  # no box fitted: keep the whole image
 
 
+def _check_pad(pad: int, h: int, w: int, what: str) -> None:
+    if pad >= min(h, w):
+        raise DataError(f'{what} {pad} must be below the image side; the image is {h}x{w} '
+                        f'(pad at most {min(h, w) - 1})')
+
+
 def shift_crop(image: np.ndarray, pad: int, rng: np.random.Generator) -> np.ndarray:
-    """Same as zero-padding by `pad` on each side and cropping a random (H, W) window."""
+    """Same as zero-padding by `pad` on each side and cropping a random (H, W) window.
+
+    Args:
+        image: an (H, W, ...) image.
+        pad: the padding in pixels on each side; the window's offset is drawn from
+          [-pad, pad] on each axis.
+        rng: the generator that draws the offset.
+
+    Returns:
+        The shifted image, of `image`'s shape and dtype, zeros where the window leaves it.
+
+    Raises:
+        DataError: `pad` is not below the image's height and width.
+    """
     h, w = image.shape[:2]
+    _check_pad(pad, h, w, 'shift_crop: pad')
     dy, dx = rng.integers(-pad, pad + 1, size=2)   # window offset relative to the original
     out = np.zeros_like(image)
     ys, xs = slice(max(dy, 0), h + min(dy, 0)), slice(max(dx, 0), w + min(dx, 0))
@@ -115,10 +162,25 @@ def shift_crop(image: np.ndarray, pad: int, rng: np.random.Generator) -> np.ndar
 
 def augment_image(image: np.ndarray, a: Augment, rng: np.random.Generator,
                   method: str = 'bilinear') -> np.ndarray:
-    """Applies the per-example options of `a` to a uint8 (H, W, C) image."""
+    """Applies the per-example options of `a` to a uint8 (H, W, C) image.
+
+    Args:
+        image: a uint8 (H, W, C) image.
+        a: the options: a random-resized crop (`rrc_scale`) or else a shift crop
+          (`crop_padding`), then a horizontal flip with probability 0.5 (`flip`).
+        rng: the generator that draws every random choice.
+        method: the resize method of the random-resized crop.
+
+    Returns:
+        The augmented (H, W, C) image, C-contiguous.
+
+    Raises:
+        DataError: `a.crop_padding` is not below the image's height and width.
+    """
     if a.rrc_scale is not None:
         image = random_resized_crop(image, a.rrc_scale, a.rrc_ratio, rng, method)
     elif a.crop_padding:
+        _check_pad(int(a.crop_padding), *image.shape[:2], 'Augment: crop_padding')
         image = shift_crop(image, int(a.crop_padding), rng)
     if a.flip and rng.random() < 0.5:
         image = image[:, ::-1]
@@ -127,10 +189,20 @@ def augment_image(image: np.ndarray, a: Augment, rng: np.random.Generator,
 
 def mix_batch(image: np.ndarray, label: np.ndarray, num_classes: int, a: Augment,
               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Mixup / cutmix of a float (B, H, W, C) batch with its reverse; returns (image, soft labels).
+    """Mixup / cutmix of a float (B, H, W, C) batch with its reverse.
 
-    Soft labels are label-smoothed one-hots, mixed with the same weight as the pixels
-    (for cutmix, the exact pasted area fraction).
+    Args:
+        image: the float (B, H, W, C) batch.
+        label: its integer labels, (B,).
+        num_classes: K, the width of the soft labels.
+        a: the options (`mixup_alpha`, `cutmix_alpha`, `mix_prob`, `switch_prob`,
+          `label_smoothing`).
+        rng: the generator that draws whether and how the batch is mixed.
+
+    Returns:
+        The pair `(image, soft)`, the (possibly mixed) batch and float32 (B, K) soft labels,
+        label-smoothed one-hots mixed with the same weight as the pixels (for cutmix, the
+        exact pasted area fraction).
     """
     b, h, w = image.shape[:3]
     soft = np.full((b, num_classes), a.label_smoothing / num_classes, np.float32)

@@ -44,9 +44,18 @@ HOW_TO_GET = ('get Fashion-MNIST with `apt-get install dataset-fashion-mnist` (i
 
 
 def data_dir(root: str | None = None) -> tuple[str, str]:
-    """(folder, what chose it): `root` when given ('data.root'), else
-    $JLEARNGENE_DATA/fashion_mnist when that variable is set, else DEBIAN_DIR (Debian's
-    dataset-fashion-mnist). Nothing is looked for: `find_dir` checks the folder."""
+    """The folder the files are to be read from, and what chose it.
+
+    Nothing is looked for: `find_dir` checks the folder.
+
+    Args:
+        root: the folder given (config `data.root`); `None` or empty: not given.
+
+    Returns:
+        The pair `(folder, chosen)`, `folder` being `root` when given ('data.root'), else
+        $JLEARNGENE_DATA/fashion_mnist when that variable is set, else `DEBIAN_DIR` (Debian's
+        dataset-fashion-mnist); `chosen` says which, in words, for messages.
+    """
     if root:
         return os.path.expanduser(os.fspath(root)), 'data.root'
     if os.environ.get(ENV_VAR):
@@ -63,8 +72,18 @@ def _present(folder: str, name: str) -> str | None:
 
 
 def find_dir(root: str | None = None) -> str:
-    """The folder the files are read from (`data_dir(root)`), once it is a folder holding
-    any of the four files; else a one-line DataError naming it and what chose it."""
+    """The folder the files are read from (`data_dir(root)`), once checked.
+
+    Args:
+        root: the folder given (config `data.root`); `None`: as `data_dir` chooses.
+
+    Returns:
+        The folder.
+
+    Raises:
+        DataError: (one line, naming the folder and what chose it) it does not exist, is a
+          file, or holds none of the four files.
+    """
     folder, chosen = data_dir(root)
     if not os.path.exists(folder):
         raise DataError(f'fashion_mnist: {chosen} {folder} does not exist; {HOW_TO_GET}')
@@ -77,7 +96,19 @@ def find_dir(root: str | None = None) -> str:
 
 
 def files(split: str, root: str | None = None) -> tuple[str, str]:
-    """(images file, labels file) of 'train' or 'test' (the raw file if both are there)."""
+    """The IDX files of 'train' or 'test'.
+
+    Args:
+        split: 'train' or 'test'.
+        root: the folder given (config `data.root`); `None`: as `data_dir` chooses.
+
+    Returns:
+        The pair `(images_file, labels_file)`, each the raw file where both it and its `.gz`
+        are there.
+
+    Raises:
+        DataError: the folder fails `find_dir`'s checks, or one of the split's files is missing.
+    """
     folder = find_dir(root)
     paths = []
     for name in FILES[split]:
@@ -90,7 +121,20 @@ def files(split: str, root: str | None = None) -> tuple[str, str]:
 
 
 def read_idx(path: str, kind: str) -> np.ndarray:
-    """The uint8 array of an IDX file of `kind` 'images' (N, 28, 28) or 'labels' (N,)."""
+    """The uint8 array of an IDX file, gzipped or not.
+
+    Args:
+        path: the file; a name ending in `.gz` is read through gzip.
+        kind: 'images' or 'labels'.
+
+    Returns:
+        A read-only uint8 array, (N, 28, 28) images or (N,) labels.
+
+    Raises:
+        DataError: (built by the local `fail`, naming the file and how to get the data) the
+          file cannot be read or decompressed, is shorter than its header, has the wrong
+          magic number or image size, or its body is shorter or longer than its header says.
+    """
     def fail(problem: str):
         return DataError(f'fashion_mnist: {path} {problem}; {HOW_TO_GET}')
 
@@ -135,8 +179,20 @@ def _read(images_path: str, labels_path: str, _stamp) -> tuple[np.ndarray, np.nd
 
 
 def arrays(split: str, root: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(images uint8 (N, 28, 28, 1), labels int64 (N,)) of the files' 'train' or 'test',
-    read-only, cached while the files are unchanged."""
+    """The arrays of the files' 'train' or 'test', cached while the files are unchanged.
+
+    Args:
+        split: 'train' or 'test'.
+        root: the folder given (config `data.root`); `None`: as `data_dir` chooses.
+
+    Returns:
+        The pair `(images, labels)`, read-only uint8 (N, 28, 28, 1) and int64 (N,).
+
+    Raises:
+        DataError: `split` is neither 'train' nor 'test'; the folder or a file is missing;
+          a file fails `read_idx`'s checks; the images and labels differ in count; or a
+          label is outside 0..9.
+    """
     if split not in FILES:
         raise DataError(f'fashion_mnist files hold splits {tuple(FILES)}, got {split!r}')
     paths = files(split, root)
@@ -150,13 +206,30 @@ def fashion_mnist(split: str = 'train', *, root: str | None = None, classes=None
                   resize_method: str = 'bilinear') -> ArraySource:
     """Fashion-MNIST as uint8 (image_size, image_size, 1) images; mean/std of its train set.
 
-    Splits: 'train' (the labelled training images), 'validation' (`validation_per_class`
-    training images per class, never in 'train') and 'test' (every test image of
-    `classes`). `classes` (default all 10) are relabelled 0..k-1 in the order given;
-    `label_fraction` < 1 keeps round(fraction * images of the classes / k) per class,
-    chosen with `subset_seed` (`subsets`): the study protocol's downstream task is
-    `classes=(5, 6, 7, 8, 9), validation_per_class=200` at fractions 0.01 and 0.1
-    (300 and 3,000 images). `image_size` other than 28 resizes with PIL.
+    The study protocol's downstream task is `classes=(5, 6, 7, 8, 9),
+    validation_per_class=200` at fractions 0.01 and 0.1 (300 and 3,000 images).
+
+    Args:
+        split: 'train' (the labelled training images), 'validation' (`validation_per_class`
+          training images per class, never in 'train') or 'test' (every test image of
+          `classes`).
+        root: the folder of the IDX files; `None`: as `data_dir` chooses.
+        classes: the class ids kept, relabelled 0..k-1 in the order given; `None` or empty:
+          all 10.
+        label_fraction: below 1, 'train' keeps round(fraction × images of the classes / k)
+          per class, chosen with `subset_seed` (`subsets`).
+        validation_per_class: training images per class held out as 'validation'.
+        subset_seed: the seed of both choices.
+        image_size: the side in pixels; other than 28 resizes with PIL.
+        resize_method: the resize method (`sources.RESIZE_METHODS`).
+
+    Returns:
+        An `ArraySource` of the split, its arrays read-only.
+
+    Raises:
+        DataError: `split` or `image_size` is invalid; the files are missing or damaged
+          (`arrays`); or the selection options are invalid or leave a class too few images
+          (`subsets.subset_indices`).
     """
     if split not in SPLITS:
         raise DataError(f"fashion_mnist has splits {', '.join(map(repr, SPLITS))}, got {split!r}")

@@ -121,11 +121,37 @@ def train_iterator(source, *, batch_size: int, seed: int, image_size=None,
                    read_options: grain.ReadOptions | None = None):
     """Endless shuffled, augmented, per-process batches from `source`, as a grain iterator.
 
-    Yields `{'image': float32 (b, H, W, C), 'label': int32 (b,)}` with b = batch_size //
-    process_count, plus `'label_soft': float32 (b, K)` when the augmentation mixes or smooths
-    labels. `mean`/`std` default to `source.info`'s. `process_index`/`process_count` default
-    to jax's. Deterministic for `seed`; `it.get_state()` / `it.set_state(state)` resume
-    exactly (the state is only valid for the same source, batch size, seed and options).
+    Deterministic for `seed`; `it.get_state()` / `it.set_state(state)` resume exactly (the
+    state is only valid for the same source, batch size, seed and options).
+
+    Args:
+        source: a random-access source (`len`, `source[i]`, `source.info`).
+        batch_size: B, the global batch; a positive multiple of the process count.
+        seed: the seed of the order, augmentation and mixing, in `[0, 2**32)`.
+        image_size: `s` or `(h, w)` to resize the images to; `None`: the source's shape.
+        augment: an `Augment`, a dict of its fields, or `None` (none).
+        mean: per-channel mean (or one value) of images scaled to [0, 1]; `None`:
+          `source.info`'s.
+        std: per-channel standard deviation (or one value), positive; `None`: `source.info`'s.
+        num_classes: K, the label range; `None`: `source.info`'s.
+        process_index: this process's index; `None`: jax's.
+        process_count: the process count; `None`: jax's.
+        resize_method: the resize method (`sources.RESIZE_METHODS`).
+        read_options: grain's read options; `None`: `DEFAULT_READ`.
+
+    Returns:
+        A grain iterator of batches, each
+        `{'image': float32 (b, H, W, C), 'label': int32 (b,)}` with
+        b = batch_size // process_count, plus `'label_soft': float32 (b, K)` when the
+        augmentation mixes or smooths labels. An example whose image or label is invalid
+        raises `DataError` when it is read.
+
+    Raises:
+        DataError: `augment` is invalid; the process index is outside [0, process_count);
+          `batch_size` is not a positive multiple of the process count; the images vary in
+          size and no `image_size` is given; `mean`/`std` fit neither one channel nor the
+          images' channels, or `std` is not positive; the source has no examples; or `seed`
+          is outside `[0, 2**32)`.
     """
     augment = Augment.create(augment)
     p, count, local, shape, k, mean, std, n, read = _prepare(
@@ -170,10 +196,32 @@ def eval_batches(source, *, batch_size: int, image_size=None, mean=None, std=Non
                  read_options: grain.ReadOptions | None = None):
     """Every example once, in order, as a finite grain iterator of padded batches.
 
-    Yields `{'image', 'label', 'mask'}` with `mask` bool (b,) False on padding (zero
-    images, label 0). There are ceil(len(source) / batch_size) batches on every process;
-    process p gets its block of each global batch (positions [j*B + p*b, j*B + (p+1)*b)),
+    Process p gets its block of each global batch (positions [j·B + p·b, j·B + (p+1)·b)),
     like training.
+
+    Args:
+        source: a random-access source (`len`, `source[i]`, `source.info`).
+        batch_size: B, the global batch; a positive multiple of the process count.
+        image_size: `s` or `(h, w)` to resize the images to; `None`: the source's shape.
+        mean: per-channel mean (or one value); `None`: `source.info`'s.
+        std: per-channel standard deviation (or one value), positive; `None`: `source.info`'s.
+        num_classes: the label range; `None`: `source.info`'s.
+        process_index: this process's index; `None`: jax's.
+        process_count: the process count; `None`: jax's.
+        resize_method: the resize method (`sources.RESIZE_METHODS`).
+        read_options: grain's read options; `None`: `DEFAULT_READ`.
+
+    Returns:
+        A grain iterator of ceil(len(source) / batch_size) batches (at least 1) on every
+        process, each `{'image': float32 (b, H, W, C), 'label': int32 (b,), 'mask': bool (b,)}`
+        with b = batch_size // process_count; `mask` is False on padding (zero images,
+        label 0).
+
+    Raises:
+        DataError: the process index is outside [0, process_count); `batch_size` is not a
+          positive multiple of the process count; the images vary in size and no
+          `image_size` is given; or `mean`/`std` do not fit the channels, or `std` is not
+          positive.
     """
     p, count, local, shape, k, mean, std, n, read = _prepare(
         source, batch_size, image_size, mean, std, num_classes, process_index, process_count,
@@ -199,11 +247,23 @@ def eval_batches(source, *, batch_size: int, image_size=None, mean=None, std=Non
 def check_split(source, *, what: str, batch_size: int, image_size=None,
                 num_classes: int | None = None, resize_method: str = 'bilinear',
                 full_batches: bool = True) -> None:
-    """What a run checks before its first step about a split it will read: that it has
-    examples, at least `batch_size` of them when `full_batches` (training batches are never
-    padded, so a larger batch would repeat examples), and that its first example loads and
-    decodes to the pipeline's shape with a label in range. `what` names the split in the
-    one-line DataError (e.g. "eval_split 'test'")."""
+    """What a run checks before its first step about a split it will read.
+
+    Args:
+        source: the split's source.
+        what: names the split in the message (e.g. "eval_split 'test'").
+        batch_size: the global batch size.
+        image_size: the pipeline's `image_size`; `None`: the source's shape.
+        num_classes: the label range; `None`: `source.info`'s.
+        resize_method: the resize method (`sources.RESIZE_METHODS`).
+        full_batches: require at least `batch_size` examples (training batches are never
+          padded, so a larger batch would repeat examples).
+
+    Raises:
+        DataError: (one line) the split has no examples; it has fewer than `batch_size` with
+          `full_batches`; its images vary in size and no `image_size` is given; or its first
+          example does not load, or decode to the pipeline's shape with a label in range.
+    """
     info = source.info
     n = len(source)
     if n == 0:
@@ -242,9 +302,19 @@ def _as_dict(cfg) -> dict[str, Any]:
 
 
 def check_config(data_config) -> dict[str, Any]:
-    """The data config as a dict, after checking its dataset name, its keys (those of its
-    source, see `from_config`) and its `augment` fields; a DataError names the problem.
-    Nothing is read."""
+    """The data config as a dict, after checking it; nothing is read.
+
+    Args:
+        data_config: a dict or ConfigDict (see `from_config`).
+
+    Returns:
+        The config as a plain dict.
+
+    Raises:
+        DataError: it is not a mapping; its `name` is not in `KNOWN_DATASETS`; it has keys
+          its source does not take; its `augment` is invalid; or a fashion_mnist config's
+          selection fields are invalid (`subsets.check_options`).
+    """
     cfg = _as_dict(data_config)
     name = cfg.get('name')
     if name not in _SOURCE_KEYS:
@@ -275,7 +345,21 @@ def _subset_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def source_from_config(data_config, split: str):
-    """Builds the source named by `data_config['name']` for `split` (see `from_config`)."""
+    """Builds the source named by `data_config['name']` for `split` (see `from_config`).
+
+    Args:
+        data_config: a dict or ConfigDict (see `from_config`).
+        split: the split, mapped through the config's `splits` where it names one.
+
+    Returns:
+        The source, an `ArraySource` ('digits', 'fashion_mnist', 'arrays'), a `TfdsSource`
+        or an `ImageFolderSource`.
+
+    Raises:
+        DataError: the config fails `check_config`; a 'tfds' config has no `tfds_name`, a
+          'folder' config no `root`, an 'arrays' config no `images` or `labels`; or the
+          source cannot be built.
+    """
     cfg = check_config(data_config)
     name = cfg['name']
     split = dict(cfg.get('splits') or {}).get(split, split)
@@ -306,8 +390,18 @@ def source_from_config(data_config, split: str):
 
 
 def pipeline_image_size(data_config):
-    """The image size the pipeline resizes to for a data config: its `image_size`, None for
-    'digits' and 'fashion_mnist' (whose sources resize already)."""
+    """The image size the pipeline resizes to for a data config.
+
+    Args:
+        data_config: a dict or ConfigDict.
+
+    Returns:
+        Its `image_size` (`None` where unset); `None` for 'digits' and 'fashion_mnist', whose
+        sources resize already.
+
+    Raises:
+        DataError: `data_config` is not a mapping.
+    """
     cfg = _as_dict(data_config)
     return None if cfg.get('name') in ('digits', 'fashion_mnist') else cfg.get('image_size')
 
@@ -317,19 +411,33 @@ def from_config(data_config, split: str, *, batch_size: int, seed: int, train: b
                 source=None):
     """(iterator, info) for `split` of the dataset a config describes.
 
-    `data_config` (dict or ConfigDict) has `name` in KNOWN_DATASETS and, optionally,
-    `image_size`, `mean`, `std`, `augment` (dict of `Augment` fields; used only when
-    `train`), `splits` (maps 'train'/'test' to the source's split names, e.g.
-    {'test': 'train[90%:]'}), plus per source: tfds: `tfds_name`, `data_dir`, `image_key`,
-    `label_key`; folder: `root`, `channels`; arrays: `images`, `labels`, `num_classes`;
-    fashion_mnist (splits 'train', 'validation', 'test'): `root` (the only folder read
-    when given; empty: $JLEARNGENE_DATA/fashion_mnist, else Debian's folder), `classes` (kept and relabelled
-    0..k-1; empty: all), `label_fraction` (of the training images, equal per class),
-    `validation_per_class` (training images held out as 'validation'), `subset_seed`
-    (fixes both choices; see `data.subsets`).
-    `train=True` gives `train_iterator`, else `eval_batches` (ceil(info.num_examples /
-    batch_size) batches). `source`: the split's source when already built (e.g. by
-    `source_from_config` and checked with `check_split`), so it is not built again.
+    Args:
+        data_config: a dict or ConfigDict with `name` in `KNOWN_DATASETS` and, optionally,
+          `image_size`, `mean`, `std`, `augment` (dict of `Augment` fields; used only when
+          `train`), `splits` (maps 'train'/'test' to the source's split names, e.g.
+          `{'test': 'train[90%:]'}`), plus per source: tfds: `tfds_name`, `data_dir`,
+          `image_key`, `label_key`; folder: `root`, `channels`; arrays: `images`, `labels`,
+          `num_classes`; fashion_mnist (splits 'train', 'validation', 'test'): `root` (the
+          only folder read when given; empty: $JLEARNGENE_DATA/fashion_mnist, else Debian's
+          folder), `classes` (kept and relabelled 0..k-1; empty: all), `label_fraction` (of
+          the training images, equal per class), `validation_per_class` (training images
+          held out as 'validation'), `subset_seed` (fixes both choices; see `data.subsets`).
+        split: the split to read.
+        batch_size: the global batch size.
+        seed: the training iterator's seed (unused for evaluation).
+        train: `train_iterator` where True, else `eval_batches`.
+        process_index: this process's index; `None`: jax's.
+        process_count: the process count; `None`: jax's.
+        source: the split's source when already built (e.g. by `source_from_config` and
+          checked with `check_split`), so it is not built again; `None`: built here.
+
+    Returns:
+        The pair `(iterator, info)`, `train_iterator`'s endless iterator or `eval_batches`'
+        ceil(info.num_examples / batch_size) batches, and the source's `DataInfo`.
+
+    Raises:
+        DataError: as `source_from_config` (where `source` is `None`) and the chosen
+          pipeline raise it.
     """
     cfg = _as_dict(data_config)
     source = source_from_config(cfg, split) if source is None else source

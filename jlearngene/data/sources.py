@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import numbers
 import os
 from typing import Any
 from collections.abc import Sequence
@@ -53,13 +54,36 @@ class DataInfo:
     location: str | None = None
 
 
+def _check_resize_method(method: str, where: str = '') -> None:
+    """DataError for a method not in `RESIZE_METHODS`; `where` starts the message."""
+    if not isinstance(method, str) or method not in RESIZE_METHODS:
+        raise DataError(f'{where}unknown resize method {method!r}; known: {sorted(RESIZE_METHODS)}')
+
+
+def _size_pair(size) -> tuple[int, int]:
+    """`s` (any integer, numpy's too) or `(h, w)` as a pair of Python ints."""
+    h, w = (size, size) if isinstance(size, numbers.Integral) else tuple(size)
+    return int(h), int(w)
+
+
 def resize(image: np.ndarray, size, method: str = 'bilinear') -> np.ndarray:
-    """Resizes a uint8 (H, W, C) image to `size` (int or (h, w)) with PIL, channel by channel."""
-    h, w = (size, size) if isinstance(size, int) else tuple(size)
+    """Resizes a uint8 (H, W, C) image with PIL, channel by channel.
+
+    Args:
+        image: a uint8 (H, W, C) image.
+        size: the new size, `s` (square) or `(h, w)`.
+        method: 'bilinear', 'nearest' or 'bicubic' (`RESIZE_METHODS`).
+
+    Returns:
+        The (h, w, C) uint8 image; `image` itself where it has that size already.
+
+    Raises:
+        DataError: `method` is unknown (checked even where no resize is needed).
+    """
+    _check_resize_method(method)
+    h, w = _size_pair(size)
     if image.shape[:2] == (h, w):
         return image
-    if method not in RESIZE_METHODS:
-        raise DataError(f'unknown resize method {method!r}; known: {sorted(RESIZE_METHODS)}')
     return np.stack([np.asarray(Image.fromarray(image[..., c]).resize((w, h), RESIZE_METHODS[method]))
                      for c in range(image.shape[-1])], axis=-1)
 
@@ -85,12 +109,20 @@ DIGITS_SPLITS = ('train', 'test', 'half_train', 'half_test')
 def digits_split_indices(split: str) -> np.ndarray:
     """Indices into `sklearn.datasets.load_digits()` of a fixed split.
 
-    'train'/'test': stratified 80/20 (1,433 / 364) by a rule that uses no random generator,
-    so no library upgrade can change it: within each class, taking the examples in dataset
-    order, the 1st, 6th, 11th, ... go to 'test' and the rest to 'train'.
-    'half_train'/'half_test': the same rule with every 2nd example (896 / 901), the split
-    the studies share (`experiments.configs.study_base`): a test split large enough that one
-    image is 0.11 points. Sorted ascending.
+    The rule uses no random generator, so no library upgrade can change it.
+
+    Args:
+        split: 'train' / 'test', stratified 80/20 (1,433 / 364): within each class, taking
+          the examples in dataset order, the 1st, 6th, 11th, ... go to 'test' and the rest to
+          'train'; or 'half_train' / 'half_test', the same rule with every 2nd example
+          (896 / 901), the split the studies share (`experiments.configs.study_base`): a test
+          split large enough that one image is 0.11 points.
+
+    Returns:
+        The split's indices, an int array sorted ascending.
+
+    Raises:
+        DataError: `split` is not one of `DIGITS_SPLITS`.
     """
     if split not in DIGITS_SPLITS:
         raise DataError(f"digits has splits {', '.join(map(repr, DIGITS_SPLITS))}, got {split!r}")
@@ -160,14 +192,26 @@ def digits(split: str = 'train', image_size: int = 16,
            resize_method: str = 'bilinear') -> ArraySource:
     """scikit-learn's bundled 8x8 digits as uint8 (image_size, image_size, 1), 10 classes.
 
-    Pixel values 0..16 are scaled to 0..255, then the images are upsampled with PIL
-    (bilinear by default: smooth strokes, no information lost at 2x; 'nearest' gives exact
-    pixel blocks). Splits: `digits_split_indices` ('train' 1,433 / 'test' 364, or the
-    studies' 'half_train' 896 / 'half_test' 901; fixed forever).
+    Pixel values 0..16 are scaled to 0..255, then the images are resized with PIL.
     Horizontal flips are wrong for digits: keep the pipeline's `flip` off.
+
+    Args:
+        split: 'train' (1,433) / 'test' (364), or the studies' 'half_train' (896) /
+          'half_test' (901); fixed forever (`digits_split_indices`).
+        image_size: the side of the images in pixels, a positive int.
+        resize_method: bilinear by default (smooth strokes, no information lost at 2x);
+          'nearest' gives exact pixel blocks.
+
+    Returns:
+        An `ArraySource` of the split, its arrays read-only.
+
+    Raises:
+        DataError: `image_size` is not a positive int, `split` is unknown, or
+          `resize_method` is unknown.
     """
     if not isinstance(image_size, (int, np.integer)) or image_size < 1:
         raise DataError(f'digits: image_size must be a positive int, got {image_size!r}')
+    _check_resize_method(resize_method, 'digits: ')
     images, labels = _digits_arrays(split, int(image_size), resize_method)
     info = DataInfo(name='digits', split=split, num_classes=10,
                     image_shape=(int(image_size), int(image_size), 1), num_examples=len(labels),
@@ -179,9 +223,24 @@ def digits(split: str = 'train', image_size: int = 16,
 
 def array_source(images, labels, *, num_classes: int | None = None, name: str = 'arrays',
                  split: str = 'train', class_names: Sequence[str] | None = None) -> ArraySource:
-    """Wraps in-memory uint8 images (N, H, W) or (N, H, W, C) and integer labels (N,).
+    """Wraps in-memory uint8 images and integer labels as a source.
 
-    `num_classes` defaults to `max(labels) + 1` (or `len(class_names)`).
+    Args:
+        images: uint8 images (N, H, W) or (N, H, W, C); (N, H, W) gets C = 1.
+        labels: integer labels (N,).
+        num_classes: the class count; `None`: `len(class_names)` where given, else
+          `max(labels) + 1`.
+        name: the source's `DataInfo.name`.
+        split: the source's `DataInfo.split`.
+        class_names: the classes' names; `None`: none.
+
+    Returns:
+        An `ArraySource` over the arrays (labels as int64).
+
+    Raises:
+        DataError: `images` is not rank 3 or 4 or not uint8; `labels` is not a 1-D integer
+          array; the counts differ; there are no examples; or a label lies outside
+          [0, `num_classes`).
     """
     images, labels = np.asarray(images), np.asarray(labels)
     if images.ndim not in (3, 4):
@@ -249,9 +308,25 @@ def image_folder(root: str, split: str, *, image_size=None, channels: int | None
     Class names are the sorted union of the label folders of every split under `root` (as
     `tfds.ImageFolder` does), so label ids agree between 'train' and 'test'. Headers of all
     files are read at construction: unreadable files and, without `image_size`, differing
-    sizes are reported there, naming the file. `channels` is 1 (grayscale) or 3 (RGB);
-    by default 1 if every image is grayscale, else 3. `image_size` (int or (h, w)) resizes.
+    sizes are reported there, naming the file. Images are decoded when read.
+
+    Args:
+        root: the folder that holds one folder per split.
+        split: the split's folder name.
+        image_size: `s` (any integer, numpy's too) or `(h, w)` to resize every image to;
+          `None`: all images must have one size.
+        channels: 1 (grayscale) or 3 (RGB); `None`: 1 if every image is grayscale, else 3.
+        resize_method: the resize method (`RESIZE_METHODS`).
+
+    Returns:
+        An `ImageFolderSource` of the split's .png, .jpg and .jpeg files.
+
+    Raises:
+        DataError: `root` or its split folder does not exist; the split has no class folders
+          or no images; an image's header cannot be read; `channels` is not 1 or 3;
+          `resize_method` is unknown; or, without `image_size`, the images differ in size.
     """
+    _check_resize_method(resize_method, 'image_folder: ')
     root = os.fspath(root)
     if not os.path.isdir(root):
         raise DataError(f'image_folder: root folder {root!r} does not exist')
@@ -294,8 +369,7 @@ def image_folder(root: str, split: str, *, image_size=None, channels: int | None
                                 f'{w}x{h}; pass image_size to resize them all')
         shape = (h, w, channels)
     else:
-        hh, ww = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-        shape = (hh, ww, channels)
+        shape = (*_size_pair(image_size), channels)
     info = DataInfo(name=f'folder:{root}', split=split, num_classes=len(class_names),
                     image_shape=shape, num_examples=len(files), class_names=tuple(class_names),
                     location=os.path.abspath(root))
@@ -335,9 +409,21 @@ def tfds_source(name: str, split: str, data_dir: str | None = None, *, image_key
                 label_key: str = 'label') -> TfdsSource:
     """A TFDS dataset prepared as array_record under `data_dir`; never downloads or uses GCS.
 
-    `name` may carry a config/version ('cifar10:3.0.2'); `split` accepts TFDS slicing
-    ('train[:90%]'). Prepare data elsewhere with `tfds build NAME --data_dir=DIR
-    --file_format=array_record`.
+    Prepare data elsewhere with `tfds build NAME --data_dir=DIR --file_format=array_record`.
+
+    Args:
+        name: the TFDS name, which may carry a config/version ('cifar10:3.0.2').
+        split: the split, with TFDS slicing ('train[:90%]').
+        data_dir: the folder the data was prepared in; `None`: TFDS's default.
+        image_key: the feature that holds the images.
+        label_key: the feature that holds the labels (a ClassLabel).
+
+    Returns:
+        A `TfdsSource` whose examples are uint8 (H, W, C) images and int labels.
+
+    Raises:
+        DataError: `data_dir` does not exist; the dataset or split is not prepared there;
+          a feature key is missing; or the label feature is not a ClassLabel.
     """
     import tensorflow_datasets as tfds
     disable_gcs()

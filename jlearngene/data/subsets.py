@@ -30,10 +30,24 @@ PARTS = ('labelled', 'validation', 'all')
 
 def check_options(*, classes=None, label_fraction=1.0, validation_per_class=0, seed=0,
                   num_classes: int | None = None) -> tuple[int, ...] | None:
-    """The selection options checked (DataError naming the field), `classes` as a tuple
-    (None: every class). `classes` is any ordered sequence of integer class ids (a list, a
-    tuple, a range, a 1-D array), `label_fraction` any real number type (Python's or
-    numpy's). Reads no data."""
+    """The selection options checked; reads no data.
+
+    Args:
+        classes: any ordered sequence of distinct integer class ids (a list, a tuple, a
+          range, a 1-D array); `None` or empty: every class.
+        label_fraction: any real number (Python's or numpy's) in (0, 1].
+        validation_per_class: a non-negative integer.
+        seed: the subset seed, a non-negative integer.
+        num_classes: the bound of the class ids; `None`: only non-negativity is checked.
+
+    Returns:
+        `classes` as a tuple of ints, or `None` for every class.
+
+    Raises:
+        DataError: (naming the field) `classes` is not a 1-D ordered sequence, holds a
+          non-integer, a repeat or an id outside [0, `num_classes`); `label_fraction` is not a
+          number in (0, 1]; or `validation_per_class` or `seed` is not a non-negative integer.
+    """
     if classes is not None and (isinstance(classes, (str, bytes))
                                 or not isinstance(classes, (Sequence, np.ndarray))
                                 or np.ndim(classes) != 1):
@@ -63,7 +77,17 @@ def check_options(*, classes=None, label_fraction=1.0, validation_per_class=0, s
 
 
 def class_order(labels: np.ndarray, c: int, seed: int) -> np.ndarray:
-    """The indices of class `c` in `labels`, in the seeded order of `(seed, c)`."""
+    """The indices of class `c` in `labels`, in the seeded order of `(seed, c)`.
+
+    Args:
+        labels: the integer labels, (N,).
+        c: the class id.
+        seed: the subset seed.
+
+    Returns:
+        The indices of `c`'s examples, permuted by a PCG64 stream seeded with `(seed, c)`
+        alone.
+    """
     idx = np.flatnonzero(labels == c)
     keys = np.random.PCG64(np.random.SeedSequence([int(seed), int(c)])).random_raw(len(idx))
     return idx[np.argsort(keys, kind='stable')]
@@ -74,9 +98,23 @@ def subset_indices(labels, part: str, *, classes: Sequence[int] | None = None,
                    num_classes: int | None = None) -> np.ndarray:
     """Ascending indices into `labels` of `part` (see the module docstring).
 
-    `part`: 'labelled' (the training examples a run learns from), 'validation' (held out of
-    every labelled part) or 'all' (every example of `classes`: a test split). `num_classes`
-    bounds the class ids (default: max label + 1).
+    Args:
+        labels: the integer labels, (N,).
+        part: 'labelled' (the training examples a run learns from), 'validation' (held out
+          of every labelled part) or 'all' (every example of `classes`: a test split).
+        classes: the class ids kept; `None` or empty: every class.
+        label_fraction: the labelled fraction, in (0, 1].
+        validation_per_class: examples per class held out as 'validation'.
+        seed: the subset seed.
+        num_classes: the bound of the class ids; `None`: max label + 1.
+
+    Returns:
+        The indices, an int array sorted ascending.
+
+    Raises:
+        DataError: `part` is unknown; the options fail `check_options`; 'validation' is asked
+          with `validation_per_class` 0; `label_fraction` leaves no example per class; or a
+          class has fewer examples than its validation and labelled parts need.
     """
     labels = np.asarray(labels)
     if part not in PARTS:
@@ -116,10 +154,25 @@ def subset_indices(labels, part: str, *, classes: Sequence[int] | None = None,
 
 
 def relabel(labels, classes: Sequence[int] | None) -> np.ndarray:
-    """Labels mapped to their position in `classes` (None: unchanged); -1 outside them."""
+    """Labels mapped to their position in `classes`.
+
+    Args:
+        labels: non-negative integer labels.
+        classes: the class ids kept, in their new order, at least one; `None`: labels unchanged.
+
+    Returns:
+        An int64 array of `labels`' shape holding each label's index in `classes`, -1 outside
+        them.
+
+    Raises:
+        DataError: `classes` is empty.
+    """
     labels = np.asarray(labels, np.int64)
     if classes is None:
         return labels
+    if len(classes) == 0:
+        raise DataError('relabel: classes is empty; give the class ids to keep, or None to keep '
+                        'the labels unchanged')
     table = np.full(max(int(labels.max(initial=0)), *classes) + 1, -1, np.int64)
     table[list(classes)] = np.arange(len(classes))
     return table[labels]
@@ -128,8 +181,27 @@ def relabel(labels, classes: Sequence[int] | None) -> np.ndarray:
 def subset(source, part: str, *, classes: Sequence[int] | None = None,
            label_fraction: float = 1.0, validation_per_class: int = 0, seed: int = 0,
            split: str | None = None, name: str | None = None) -> ArraySource:
-    """`part` of any source (`subset_indices`) as an in-memory source, labels relabelled to
-    0..k-1 in the order of `classes`. Array sources are sliced; others are read once."""
+    """`part` of any source (`subset_indices`) as an in-memory source.
+
+    Array sources are sliced; others are read once, whole.
+
+    Args:
+        source: the source to select from.
+        part: 'labelled', 'validation' or 'all' (see `subset_indices`).
+        classes: the class ids kept, relabelled 0..k-1 in this order; `None` or empty: all.
+        label_fraction: the labelled fraction, in (0, 1].
+        validation_per_class: examples per class held out as 'validation'.
+        seed: the subset seed.
+        split: the new `DataInfo.split`; `None`: the source's.
+        name: the new `DataInfo.name`; `None`: the source's.
+
+    Returns:
+        An `ArraySource` of the selected examples (read-only arrays) whose `info` has the
+        kept classes' count and names.
+
+    Raises:
+        DataError: as `check_options` and `subset_indices` raise it.
+    """
     info = source.info
     if isinstance(source, ArraySource):
         images, labels = source.images, source.labels

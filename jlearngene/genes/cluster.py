@@ -214,7 +214,14 @@ def cluster_heads(distances, eps: float = 10.0, min_heads: int = 1, *,
 
 def centroid_lists(clusters: Sequence[LayerClusters | Sequence[int]]) -> tuple[tuple[int, ...], ...]:
     """Per layer, the centroid heads in priority order (the official `shared_head_index`
-    format); accepts `cluster_heads`' output or such lists."""
+    format).
+
+    Args:
+        clusters: `cluster_heads`' output, or centroid lists per layer.
+
+    Returns:
+        One tuple of int head indices per layer.
+    """
     return tuple(tuple(int(h) for h in (c.centroids if isinstance(c, LayerClusters) else c))
                  for c in clusters)
 
@@ -223,7 +230,20 @@ def random_centroids(clusters: Sequence[LayerClusters | Sequence[int]], heads: i
                      seed: int) -> tuple[tuple[int, ...], ...]:
     """The random-head control: per layer as many heads as `clusters` has centroids, drawn
     uniformly without replacement from the layer's `heads` (numpy, `seed`), in the order
-    drawn; the centroid counts, and so the FFN groups and S-Params, are the clusters'."""
+    drawn; the centroid counts, and so the FFN groups and S-Params, are the clusters'.
+
+    Args:
+        clusters: `cluster_heads`' output, or centroid lists per layer; only their lengths
+          are used.
+        heads: the ancestor's heads per layer.
+        seed: the seed of `numpy.random.default_rng`.
+
+    Returns:
+        One tuple of distinct int heads per layer, as many as that layer's centroids.
+
+    Raises:
+        ValueError: a layer has more centroids than `heads` (numpy cannot draw them).
+    """
     rng = np.random.default_rng(seed)
     return tuple(tuple(int(h) for h in rng.choice(heads, size=len(c), replace=False))
                  for c in centroid_lists(clusters))
@@ -295,6 +315,19 @@ def ffn_groups(centroid_counts: Sequence[int], ffn: str | Sequence[Sequence[int]
     'same_count': runs of equal c_l including unclustered layers (c_l = heads), so an
     ancestor whose heads are all their own centroids groups every FFN. 'none': no groups.
     Or explicit groups of adjacent layers (e.g. `OFFICIAL_FFN_GROUPS`, the official code's).
+
+    Args:
+        centroid_counts: c_l for each ancestor layer.
+        ffn: 'paper', 'same_count', 'none', or explicit groups (each a sequence of layers).
+        heads: the ancestor's head count; needed for 'paper'.
+
+    Returns:
+        The groups, each a tuple of ≥ 2 adjacent layers, in ascending order.
+
+    Raises:
+        GeneError: `ffn` is a string not in `FFN_RULES`, 'paper' without `heads`, or
+          explicit groups that are not disjoint runs of ≥ 2 adjacent layers in
+          [0, len(centroid_counts)).
     """
     n = len(centroid_counts)
     if isinstance(ffn, str):
@@ -428,18 +461,50 @@ def _check_gene(gene: Any) -> list[Params]:
 
 
 def is_official(gene: Gene) -> bool:
-    """Whether the gene holds the attention in the official code's form."""
+    """Whether the gene holds the attention in the official code's form.
+
+    Args:
+        gene: a Cluster-Learngene gene.
+
+    Returns:
+        True when its layers hold 'qkv_chunks' (`gene_from_model(..., official=True)`).
+
+    Raises:
+        GeneError: `gene` is not a Cluster-Learngene gene (no list of 'blocks', no 'mlp' in
+          its first layer, or layers of both forms).
+    """
     return 'qkv_chunks' in _check_gene(gene)[0]['attn']
 
 
 def centroid_counts(gene: Gene) -> tuple[int, ...]:
-    """c_l per ancestor layer, read from the gene's shapes."""
+    """The centroid count c_l of each ancestor layer, read from the gene's shapes.
+
+    Args:
+        gene: a Cluster-Learngene gene (arrays or shapes).
+
+    Returns:
+        One int per ancestor layer.
+
+    Raises:
+        GeneError: `gene` is not a Cluster-Learngene gene.
+    """
     return tuple(int(np.shape(b['attn']['qkv_chunks'] if 'qkv_chunks' in b['attn']
                               else b['attn']['q']['kernel'])[1]) for b in _check_gene(gene))
 
 
 def gene_groups(gene: Gene) -> tuple[tuple[int, ...], ...]:
-    """The gene's FFN groups (ancestor layers), read from where its 'mlp's are."""
+    """The gene's FFN groups, read from where its 'mlp's are.
+
+    Args:
+        gene: a Cluster-Learngene gene.
+
+    Returns:
+        Each group as a tuple of ancestor layers (a layer with an 'mlp' and the mlp-less
+        layers after it), groups of one layer left out.
+
+    Raises:
+        GeneError: `gene` is not a Cluster-Learngene gene.
+    """
     groups, current = [], None
     for l, b in enumerate(_check_gene(gene)):
         if 'mlp' in b:
@@ -452,7 +517,18 @@ def gene_groups(gene: Gene) -> tuple[tuple[int, ...], ...]:
 
 def gene_param_count(gene: Gene, *, include_head: bool = False) -> int:
     """The gene's parameters (S-Params), all of which a descendant of the ancestor's depth
-    reads (the official form's output projection only in part when heads shrink)."""
+    reads (the official form's output projection only in part when heads shrink).
+
+    Args:
+        gene: a Cluster-Learngene gene (arrays or shapes).
+        include_head: count the head too.
+
+    Returns:
+        The parameter count.
+
+    Raises:
+        GeneError: `gene` is not a Cluster-Learngene gene.
+    """
     _check_gene(gene)
     return common.count(gene, include_head=include_head)
 
@@ -465,7 +541,22 @@ def inherited_param_count(gene: Gene, target_cfg: ViTConfig, *,
     slot (a centroid that fills several slots counts once per slot), the norms, the FFNs
     (those φ generates from a group's representative included), and the embeddings and head
     when inherited. Layers beyond the ancestor's depth and whatever else is drawn fresh are
-    not. From shapes alone. S-Params (`gene_param_count`) count each stored value once."""
+    not. From shapes alone. S-Params (`gene_param_count`) count each stored value once.
+
+    Args:
+        gene: a Cluster-Learngene gene (arrays or shapes).
+        target_cfg: the descendant's config.
+        heads: the head count per layer, as `descend` takes it.
+        head: 'inherit' or 'new', as `descend` takes it.
+        embeddings: 'inherit', 'random' or None, as `descend` takes it.
+
+    Returns:
+        The I-Params count.
+
+    Raises:
+        GeneError: as `descendant_state` (`gene`, `target_cfg` and the options do not make a
+          descendant).
+    """
     blocks = _check_gene(gene)
     state = jax.eval_shape(lambda g: descendant_state(
         g, target_cfg, key=jax.random.key(0), heads=heads, head=head, embeddings=embeddings), gene)
@@ -491,7 +582,20 @@ def init_phi(key: jax.Array | None, k: int, *, init: str = 'identity') -> Params
     ReLU(−w) = w: each layer of the group starts as the representative FFN, and training φ
     lets them part. init='official': PyTorch's default Linear init, as the official
     `transform_mlp(1, k)` (fc1 (1 → k) kernel and bias U(−1, 1); fc2 (k → k) U(±1/√k)),
-    whose outputs are about a·w + c with |a| ≪ 1: close to re-randomised FFNs. Needs a key.
+    whose outputs are about a·w + c with |a| ≪ 1: close to re-randomised FFNs.
+
+    Args:
+        key: the PRNG key; needed for init='official', not used by 'identity'.
+        k: the group's number of layers, at least 2.
+        init: 'identity' or 'official' (`PHI_INITS`).
+
+    Returns:
+        φ as float32 arrays, fc1 with kernel and bias of shape (k,) and fc2 with kernel
+        (k, k) and bias (k,), in `{'fc1': {'kernel', 'bias'}, 'fc2': {'kernel', 'bias'}}`.
+
+    Raises:
+        GeneError: `init` is not one of `PHI_INITS`, `k` < 2, or init='official' without a
+          `key`.
     """
     common.check_choice('init_phi', 'init', init, PHI_INITS)
     if k < 2:
@@ -513,7 +617,15 @@ def init_phi(key: jax.Array | None, k: int, *, init: str = 'identity') -> Params
 
 def expand_ffn(mlp: Params, phi: Params) -> list[Params]:
     """The k FFNs φ generates from `mlp`: every scalar w of every leaf becomes
-    W₂·ReLU(W₁w + b₁) + b₂ ∈ R^k, whose t-th entry goes to FFN t."""
+    W₂·ReLU(W₁w + b₁) + b₂ ∈ R^k, whose t-th entry goes to FFN t.
+
+    Args:
+        mlp: the group's representative FFN (one layer's 'mlp' tree).
+        phi: φ for a group of k layers (`init_phi`).
+
+    Returns:
+        A list of k FFN trees, each with `mlp`'s structure and shapes.
+    """
     def one(x):
         hidden = jax.nn.relu(x[..., None] * phi['fc1']['kernel'] + phi['fc1']['bias'])
         return hidden @ phi['fc2']['kernel'] + phi['fc2']['bias']   # (..., k)
@@ -527,10 +639,26 @@ def expand_ffn(mlp: Params, phi: Params) -> list[Params]:
 
 def descendant_config(cfg: ViTConfig, heads: Sequence[int], *, depth: int | None = None,
                       num_classes: int | None = None, official: bool = False) -> ViTConfig:
-    """A descendant's config: the ancestor's `cfg` at `depth` (default len(heads)) with
-    num_heads = max(heads) at the same head_dim (the most heads a layer has; the params
-    carry each layer's count), `num_classes`, and qkv_bias=False when `official`."""
-    changes: dict[str, Any] = dict(depth=depth or len(heads), num_heads=int(max(heads)),
+    """A descendant's config: the ancestor's `cfg` with num_heads = max(heads) at the same
+    head_dim (the most heads a layer has; the params carry each layer's count).
+
+    Args:
+        cfg: the ancestor's config.
+        heads: the head count per descendant layer.
+        depth: the descendant's depth, at least 1; None is `len(heads)`.
+        num_classes: the descendant's class count; None keeps `cfg`'s.
+        official: set qkv_bias=False, as an official-form gene needs.
+
+    Returns:
+        The descendant's `ViTConfig`.
+
+    Raises:
+        GeneError: `depth` is given and less than 1.
+    """
+    if depth is not None and depth < 1:
+        raise GeneError(f'cluster.descendant_config: depth={depth}; a descendant has at least 1 '
+                        'layer (None: one per entry of heads)')
+    changes: dict[str, Any] = dict(depth=len(heads) if depth is None else depth, num_heads=int(max(heads)),
                                    head_dim=cfg.head_dim)
     if num_classes is not None:
         changes['num_classes'] = num_classes
@@ -582,6 +710,26 @@ def descendant_state(gene: Gene, target_cfg: ViTConfig, *, key: jax.Array | None
     'identity', function-preserving, or 'official'). `key` draws the head (head='new'), φ
     (phi='official'), layers beyond the ancestor's depth and, with embeddings='random', the
     embeddings.
+
+    Args:
+        gene: a Cluster-Learngene gene.
+        target_cfg: the descendant's config (`descendant_config`).
+        key: the PRNG key, for what is drawn (above).
+        heads: the head count per layer; None gives every layer `target_cfg.num_heads`.
+        head: 'inherit' or 'new'.
+        embeddings: 'inherit', 'random', or None (inherit; the gene holds them).
+        phi: φ's init, 'identity' or 'official'.
+
+    Returns:
+        The state `{'params', 'ffn_groups'}` (above). FFN groups are cut to the target's
+        depth; a group cut to one layer keeps its FFN in 'params'.
+
+    Raises:
+        GeneError: `gene` is not a Cluster-Learngene gene, `heads` is not `depth` positive
+          counts, a layer asks for more heads than `target_cfg.num_heads`, an official-form
+          gene meets a target with q/k/v biases or (official form) a layer's heads exceed
+          the ancestor's by a non-multiple, the shapes do not fit, an option is not one of
+          its choices, or something must be drawn and there is no `key`.
     """
     what = 'cluster'
     blocks = _check_gene(gene)
@@ -642,7 +790,18 @@ def materialize_descendant(state: Params) -> Params:
     """Descendant params from `descendant_state`'s state: each group's FFNs φ(representative)
     placed into its layers (the mlp-less ones, in order); stacked layout when every block
     has the same shapes, else the list layout. Differentiable: training through it trains
-    the representative FFNs and φ (the paper's trainable φ)."""
+    the representative FFNs and φ (the paper's trainable φ).
+
+    Args:
+        state: `descendant_state`'s output.
+
+    Returns:
+        Canonical params of the descendant.
+
+    Raises:
+        GeneError: the groups generate a different number of FFNs than there are layers
+          without one.
+    """
     params = dict(state['params'])
     blocks = [dict(b) for b in params['blocks']]
     missing = [l for l, b in enumerate(blocks) if 'mlp' not in b]
@@ -684,8 +843,8 @@ def descend(gene: Gene, target_cfg: ViTConfig, *, key: jax.Array | None = None,
           'official'.
 
     Returns:
-        Canonical params of `target_cfg`: stacked when every layer has the same head count,
-        else the list layout.
+        Canonical params of `target_cfg`, stacked when every layer has the same head count,
+        else in the list layout.
 
     Raises:
         GeneError: a layer asks for more heads than `target_cfg.num_heads`, an official-form

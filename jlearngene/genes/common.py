@@ -68,17 +68,30 @@ _TOP_KINDS = {'patch_embed': 'tree', 'pos_embed': 'array', 'cls_token': 'array',
 
 
 def top_parts(required: Sequence[str] = ()) -> dict[str, Part]:
-    """The embeddings and heads of a params-like tree as parts (`EMBED_KEYS`, `HEAD_KEYS`),
-    optional but for those in `required`."""
+    """The embeddings and heads of a params-like tree as parts (`EMBED_KEYS`, `HEAD_KEYS`).
+
+    Args:
+        required: the keys among them that are required; the others are optional.
+
+    Returns:
+        A dict of `Part`s by key, each of the one kind its entry has in params ('tree' or 'array').
+    """
     return {k: Part((_TOP_KINDS[k],), k in required) for k in EMBED_KEYS + HEAD_KEYS}
 
 
 def model_parts(*, blocks: tuple[str, ...] = ('tree',), embeddings: bool = True,
                 pos_embed: bool = True) -> dict[str, Part]:
-    """The parts of a params-like tree: 'blocks' (`blocks`: 'tree' stacked, 'layers' one
-    dict per layer), the patch/position embeddings and final norm (required with
-    `embeddings`; no 'pos_embed' at all without `pos_embed`), prefix tokens, pre-logits
-    layer and heads (optional: they follow the config)."""
+    """The parts of a params-like tree: blocks, embeddings, prefix tokens, pre-logits layer and heads.
+
+    Args:
+        blocks: the kinds 'blocks' may be: 'tree' (stacked), 'layers' (one dict per layer).
+        embeddings: whether the patch/position embeddings and final norm are required (else optional).
+        pos_embed: False: no 'pos_embed' part at all.
+
+    Returns:
+        A dict of `Part`s by key; prefix tokens, pre-logits layer and heads are optional (they follow
+        the config).
+    """
     parts = {'blocks': Part(tuple(blocks)),
              **top_parts(('patch_embed', 'pos_embed', 'norm') if embeddings else ())}
     if not pos_embed:
@@ -103,10 +116,22 @@ def _listing(parts: Mapping[str, Part]) -> str:
 
 def check_parts(tree: Any, parts: Mapping[str, Part], what: str, holder: str,
                 path: str = '') -> None:
-    """GeneError unless `tree` is a dict with every required part of `parts`, no other key,
-    and each part of its kind (recursively where a part names its own parts). The message
-    starts with `what` and names every missing and unexpected part ('a/b' for nested
-    ones) and what `holder` (e.g. "TLEG's gene") holds; only the containers are read."""
+    """Check that `tree` is a dict with every required part of `parts`, no other key, and each part of its kind.
+
+    Recursive where a part names its own parts; only the containers are read.
+
+    Args:
+        tree: the tree to check (a gene, a model's params, ...).
+        parts: its expected parts, by key.
+        what: the start of the error message.
+        holder: what holds these parts, in words (e.g. "TLEG's gene").
+        path: prefix of part names in messages ('a/b/' for nested ones; the recursion sets it).
+
+    Raises:
+        GeneError: `tree` (or a nested part) is not a dict, lacks a required part, has a key not in
+          `parts`, or holds a part of a kind its `Part` does not allow; the message names every
+          missing and unexpected part of that level.
+    """
     here = f"{holder}'s '{path[:-1]}'" if path else holder
     if not isinstance(tree, Mapping):
         got = PART_KINDS.get(_kind_of(tree), 'None')
@@ -136,9 +161,16 @@ def check_parts(tree: Any, parts: Mapping[str, Part], what: str, holder: str,
 # Options: the keywords of a method's verbs.
 
 def forwards_options(to: Callable[..., Any]) -> Callable[[Callable], Callable]:
-    """Decorator for a function whose `**options` go on to `to`: its signature
-    (`inspect.signature`, what `Method.options` reads) lists `to`'s keyword-only parameters
-    in their place, so its options are known and checked by name."""
+    """Decorator for a function whose `**options` go on to `to`, so its options are known and checked by name.
+
+    Args:
+        to: the function that receives the options.
+
+    Returns:
+        A decorator that sets the function's `__signature__` (what `inspect.signature` and so
+        `Method.options` read) to its own parameters, `**options` left out, followed by those
+        keyword-only parameters of `to` that it does not already have; it returns the function.
+    """
     def wrap(fn: Callable) -> Callable:
         sig = inspect.signature(fn)
         own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
@@ -187,7 +219,14 @@ class Operator:
     grow_options: tuple[str, ...] = ()
 
     def split(self, options: Mapping[str, Any]) -> tuple[dict, dict]:
-        """(init options, grow options) of a method's gene options."""
+        """Split a method's gene options between the operator's `init` and `grow`.
+
+        Args:
+            options: the method's gene options.
+
+        Returns:
+            `(init options, grow options)`, the options not in `grow_options` and those in it.
+        """
         return ({k: v for k, v in options.items() if k not in self.grow_options},
                 {k: v for k, v in options.items() if k in self.grow_options})
 
@@ -314,9 +353,18 @@ class Method:
                             '(the parts of its gene, for check_gene)')
 
     def check_gene(self, gene: Any) -> None:
-        """GeneError unless `gene` has the parts of this method's gene (`gene_parts`; None
-        for source 'none'), naming the method and every missing or unexpected part. Reads
-        only the containers, so it runs before anything reads the gene's arrays."""
+        """Check that `gene` has the parts of this method's gene (`gene_parts`; None for source 'none').
+
+        Reads only the containers, so it runs before anything reads the gene's arrays.
+
+        Args:
+            gene: the gene to check.
+
+        Raises:
+            GeneError: for source 'none', `gene` is not None; otherwise (`check_parts`) it is not a
+              dict or lacks, adds or mistypes a part; the message names the method and every missing
+              or unexpected part.
+        """
         what = f'not a gene of {self.label} ({self.name!r})'
         if self.source == 'none':
             if gene is not None:
@@ -326,9 +374,19 @@ class Method:
         check_parts(gene, self.gene_parts, what, f"{self.label}'s gene")
 
     def options(self, verb: str = 'descend') -> tuple[str, ...] | None:
-        """The keyword options of `verb` ('descend', 'gene_from_model' or 'init_gene'): its
-        parameters after the leading gene/params and config ('key' excluded); None where it
-        takes any keywords (`**options` not declared with `forwards_options`)."""
+        """The keyword options of one of the method's verbs.
+
+        Args:
+            verb: 'descend', 'gene_from_model' or 'init_gene'.
+
+        Returns:
+            The names of its parameters after the leading gene/params and config ('key' and
+            `*args` excluded); None where it takes any keywords (`**options` not declared with
+            `forwards_options`).
+
+        Raises:
+            GeneError: the method has no `verb` (e.g. `init_gene` for source 'model').
+        """
         fn = getattr(self, verb, None)
         if fn is None:
             raise GeneError(f'{self.label} ({self.name!r}, source {self.source!r}) has no {verb}')
@@ -339,8 +397,17 @@ class Method:
 
     def check_options(self, options: Mapping[str, Any], verb: str = 'descend',
                       flag: str = '--option') -> None:
-        """GeneError naming the first of `options` that `verb` does not take, and the ones it
-        does."""
+        """Check that `verb` takes every one of `options` (no check where it takes any keywords).
+
+        Args:
+            options: the options by name (only the names are read).
+            verb: 'descend', 'gene_from_model' or 'init_gene'.
+            flag: how an option is named at the start of the message (e.g. the command-line flag).
+
+        Raises:
+            GeneError: an option that `verb` does not take (the first one, with the ones it does),
+              or the method has no `verb` (`options`).
+        """
         known = self.options(verb)
         if known is None:
             return
@@ -350,9 +417,21 @@ class Method:
                                 f"{name!r}; its options: {', '.join(known) or 'none'}")
 
     def gene_shapes(self, cfg: ViTConfig, **options: Any) -> Gene:
-        """Shapes of the gene (`jax.ShapeDtypeStruct` leaves; None for source 'none') that
-        `init_gene` or `gene_from_model` makes for a source of config `cfg`; nothing is
-        allocated."""
+        """Shapes of the gene that `init_gene` or `gene_from_model` makes for a source of config `cfg`.
+
+        Nothing is allocated (`jax.eval_shape`).
+
+        Args:
+            cfg: the config of the gene's source (the learned gene's, or the trained model's).
+            **options: the gene options, passed on to `init_gene` or `gene_from_model`.
+
+        Returns:
+            The gene with `jax.ShapeDtypeStruct` leaves; None for source 'none'.
+
+        Raises:
+            GeneError: source 'none' with any `options`; whatever `init_gene` or
+              `gene_from_model` raises for impossible options.
+        """
         if self.source == 'learned':
             return jax.eval_shape(lambda: self.init_gene(cfg, jax.random.key(0), **options))
         if self.source == 'model':
@@ -403,7 +482,11 @@ def get(name: str) -> Method:
 
 
 def names() -> tuple[str, ...]:
-    """Registered method names, in registration order."""
+    """Registered method names, in registration order.
+
+    Returns:
+        A tuple of the names `get` accepts.
+    """
     return tuple(_REGISTRY)
 
 
@@ -411,23 +494,55 @@ def names() -> tuple[str, ...]:
 # Choices, shapes and checks.
 
 def check_choice(what: str, option: str, value: Any, choices: Sequence[str]) -> None:
-    """GeneError unless `value` is one of `choices`."""
+    """Check that an option's value is one of its choices.
+
+    Args:
+        what: the start of the error message.
+        option: the option's name, for the message.
+        value: its value.
+        choices: the values allowed.
+
+    Raises:
+        GeneError: `value` is not one of `choices`.
+    """
     if value not in choices:
         raise GeneError(f'{what}: {option}={value!r}; expected one of {tuple(choices)}')
 
 
 def target_shapes(cfg: ViTConfig) -> Params:
-    """Shapes of `vit.init(cfg)` (nothing is allocated)."""
+    """Shapes of `vit.init(cfg)` (nothing is allocated).
+
+    Args:
+        cfg: the model config.
+
+    Returns:
+        Its params (stacked layout) with `jax.ShapeDtypeStruct` leaves.
+    """
     return jax.eval_shape(lambda: vit.init(cfg, jax.random.key(0)))
 
 
 def block_shapes(blocks: Any) -> Any:
-    """Shapes of one block of a stacked `blocks` tree (the leading layers axis dropped)."""
+    """Shapes of one block of a stacked `blocks` tree.
+
+    Args:
+        blocks: stacked blocks (arrays or `jax.ShapeDtypeStruct`s with a leading layers axis).
+
+    Returns:
+        The same tree of `jax.ShapeDtypeStruct`s, the leading layers axis dropped, dtypes kept.
+    """
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype), blocks)
 
 
 def shape_str(cfg: ViTConfig) -> str:
-    """The config fields that fix parameter shapes, for error messages."""
+    """The config fields that fix parameter shapes, for error messages.
+
+    Args:
+        cfg: the model config.
+
+    Returns:
+        `'width=..., num_heads=..., head_dim=..., mlp_dim=..., patch_size=..., image_size=...,
+        num_classes=...'`.
+    """
     return (f'width={cfg.width}, num_heads={cfg.num_heads}, head_dim={cfg.head_dim}, '
             f'mlp_dim={cfg.mlp_dim}, patch_size={cfg.patch_size}, image_size={cfg.image_size}, '
             f'num_classes={cfg.num_classes}')
@@ -436,10 +551,23 @@ def shape_str(cfg: ViTConfig) -> str:
 def check_fits(got: Any, want: Any, what: str, cfg: ViTConfig, *, source: str = 'gene',
                prefix: str = '', complete: bool = False, hint: str = '',
                config: str = 'the target config') -> None:
-    """GeneError unless every leaf of `got` exists in `want` (the shapes of `cfg`) with the
-    same shape and, with `complete`, `want` has no leaf that `got` lacks. The message names
-    the first mismatch, the `source` and `config` in words; `prefix` is prepended to the
-    paths in it, `hint` appended."""
+    """Check that every leaf of `got` exists in `want` with the same shape (only shapes are read).
+
+    Args:
+        got: the tree to check (arrays or `jax.ShapeDtypeStruct`s).
+        want: the shapes it must fit, those of `cfg` (or a subtree of them).
+        what: the start of the error message.
+        cfg: the config `want` comes from; its shape fields go in the message.
+        source: what `got` is, in words ('gene', 'model', ...).
+        prefix: prepended to the paths in the message (where `got` is a subtree).
+        complete: also require that `want` has no leaf that `got` lacks.
+        hint: appended to the message.
+        config: what `cfg` is, in words.
+
+    Raises:
+        GeneError: a leaf of `got` that `want` lacks or has in another shape, or with `complete`
+          a leaf of `want` that `got` lacks; the message names the first such path.
+    """
     fg, fw = pytree.flatten(got), pytree.flatten(want)
     where = f'{config} ({shape_str(cfg)})'
     for path, leaf in fg.items():
@@ -457,9 +585,19 @@ def check_fits(got: Any, want: Any, what: str, cfg: ViTConfig, *, source: str = 
 
 
 def check_no_pre_logits(source: ViTConfig | Mapping[str, Any], what: str) -> None:
-    """Width-changing methods resize the head's input along 'embed'; a `pre_logits` layer
-    (ViTConfig.representation_size) puts the head on its own 'repr' axis, which they do not
-    resize. GeneError for a config or params tree that has one."""
+    """Refuse a model with a pre-logits layer, for the width-changing methods.
+
+    They resize the head's input along 'embed'; a `pre_logits` layer
+    (`ViTConfig.representation_size`) puts the head on its own 'repr' axis, which they do not
+    resize.
+
+    Args:
+        source: a config, or a params-like tree.
+        what: the start of the error message.
+
+    Raises:
+        GeneError: the config has a `representation_size`, or the tree a 'pre_logits' entry.
+    """
     has = (source.representation_size if isinstance(source, ViTConfig)
            else 'pre_logits' in source)
     if has:
@@ -469,8 +607,21 @@ def check_no_pre_logits(source: ViTConfig | Mapping[str, Any], what: str) -> Non
 
 
 def check_model(params: Params, cfg: ViTConfig, what: str) -> Params:
-    """`params` in the stacked layout, checked to be a whole model of config `cfg` (its
-    parts first: `model_parts`)."""
+    """`params` in the stacked layout, checked to be a whole model of config `cfg`.
+
+    Args:
+        params: a model's params, in either layout.
+        cfg: its config.
+        what: the start of error messages.
+
+    Returns:
+        `params` in the stacked layout.
+
+    Raises:
+        GeneError: its parts are not a model's (`model_parts`), its list-layout blocks differ in
+          shape, its depth is not `cfg.depth`, or a leaf is extra, missing or of another shape
+          than `cfg` gives.
+    """
     check_parts(params, model_parts(blocks=('tree', 'layers')), f"{what}: not a model's params",
                 'a model')
     params = stacked(params, what)
@@ -486,21 +637,47 @@ def check_model(params: Params, cfg: ViTConfig, what: str) -> Params:
 # Embeddings and heads.
 
 def top_level(tree: Mapping[str, Any]) -> Params:
-    """The embeddings and heads of a params-like tree (everything but blocks)."""
+    """The embeddings and heads of a params-like tree (everything but blocks).
+
+    Args:
+        tree: a params-like tree.
+
+    Returns:
+        A new dict of its entries under `EMBED_KEYS` and `HEAD_KEYS`.
+    """
     return {k: v for k, v in tree.items() if k in EMBED_KEYS + HEAD_KEYS}
 
 
 def embeddings_and_heads(source: Mapping[str, Any], target_cfg: ViTConfig, *, head: str,
                          embeddings: str | None, fresh: Callable[[], Mapping[str, Any]] | None,
                          what: str, want: Params | None = None, src: str = 'gene') -> Params:
-    """A descendant's top-level params: patch/position embeddings, prefix tokens and final
-    norm inherited from `source` (embeddings='inherit') or fresh ('random'; None: inherit
-    exactly when `source` holds embeddings); the heads inherited (head='inherit', same class
-    count) or fresh ('new'). A pre-logits layer (`representation_size`) goes with the heads:
-    inherited only together with them, so source and target must agree on having one.
+    """A descendant's top-level params: embeddings, prefix tokens, final norm and heads.
 
-    `fresh()` returns freshly drawn top-level params of `target_cfg`; it is called only when
-    something is drawn, and None means no key was given. Every check runs on shapes first.
+    A pre-logits layer (`representation_size`) goes with the heads: inherited only together
+    with them, so source and target must agree on having one. Every check runs on shapes
+    before `fresh` is called.
+
+    Args:
+        source: the gene or model to inherit from (its top-level entries are read).
+        target_cfg: the descendant's config.
+        head: 'inherit' (same class count) or 'new' (fresh).
+        embeddings: patch/position embeddings, prefix tokens and final norm: 'inherit' from
+          `source` or 'random' (fresh); None: inherit exactly when `source` holds embeddings.
+        fresh: returns freshly drawn top-level params of `target_cfg`; called only when
+          something is drawn. None: no key was given.
+        what: the start of error messages.
+        want: the descendant's param shapes (None: `target_shapes(target_cfg)`); only its
+          top-level entries are made.
+        src: what `source` is, in words, for messages.
+
+    Returns:
+        The top-level entries of `want`, each taken from `source` or from `fresh()`.
+
+    Raises:
+        GeneError: `head` or `embeddings` is not a valid choice; head='inherit' with no head in
+          `source`, or with a pre-logits layer that the target lacks; a part to inherit is
+          missing from `source` or does not fit `target_cfg`; something is drawn and `fresh`
+          is None.
     """
     check_choice(what, 'head', head, HEADS)
     if embeddings is None:
@@ -542,8 +719,18 @@ def embeddings_and_heads(source: Mapping[str, Any], target_cfg: ViTConfig, *, he
 # Layers.
 
 def stacked(params: Params, what: str) -> Params:
-    """`params` in the stacked layout (list-layout blocks are stacked; GeneError if they
-    differ in shape)."""
+    """`params` in the stacked layout (list-layout blocks are stacked).
+
+    Args:
+        params: a params-like tree with 'blocks', in either layout.
+        what: the start of the error message.
+
+    Returns:
+        `params` itself if stacked, else a copy with its blocks stacked.
+
+    Raises:
+        GeneError: list-layout blocks that are none or differ in structure or shape.
+    """
     if layout.is_stacked(params):
         return params
     try:
@@ -553,20 +740,48 @@ def stacked(params: Params, what: str) -> Params:
 
 
 def num_layers(blocks: Any) -> int:
-    """Length of the leading layers axis of a stacked `blocks` tree (0 when empty)."""
+    """Length of the leading layers axis of a stacked `blocks` tree.
+
+    Args:
+        blocks: stacked blocks.
+
+    Returns:
+        The number of layers (0 when the tree has no leaves).
+    """
     leaves = jax.tree.leaves(blocks)
     return int(np.shape(leaves[0])[0]) if leaves else 0
 
 
 def gather_layers(blocks: Any, index: Sequence[int] | np.ndarray) -> Any:
-    """Layers `index` of a stacked `blocks` tree, stacked in that order."""
+    """Layers `index` of a stacked `blocks` tree, stacked in that order.
+
+    Args:
+        blocks: stacked blocks.
+        index: layer indices (any order, repeats allowed).
+
+    Returns:
+        The blocks with `len(index)` layers, layer `i` being layer `index[i]` of `blocks`.
+    """
     idx = np.asarray(index, dtype=np.int32)
     return jax.tree.map(lambda x: x[idx], blocks)
 
 
 def place_layers(target: Any, dst: Sequence[int] | np.ndarray, source: Any,
                  src: Sequence[int] | np.ndarray) -> Any:
-    """`target` (stacked) with layers dst[i] replaced by layer src[i] of `source` (stacked)."""
+    """`target` with layers `dst[i]` replaced by layer `src[i]` of `source`.
+
+    Args:
+        target: stacked blocks.
+        dst: the layers of `target` to replace.
+        source: stacked blocks of the same structure.
+        src: the layers of `source` to put there, one per entry of `dst`.
+
+    Returns:
+        `target` with those layers replaced (jax arrays, cast to `target`'s dtypes).
+
+    Raises:
+        GeneError: `dst` and `src` differ in shape.
+    """
     d, s = np.asarray(dst, dtype=np.int32), np.asarray(src, dtype=np.int32)
     if d.shape != s.shape:
         raise GeneError(f'place_layers: {d.size} target layers but {s.size} source layers')
@@ -575,7 +790,17 @@ def place_layers(target: Any, dst: Sequence[int] | np.ndarray, source: Any,
 
 
 def stack_layers(blocks: Sequence[Any]) -> Any:
-    """Per-layer block trees (same structure and shapes) stacked on a leading layers axis."""
+    """Per-layer block trees stacked on a leading layers axis.
+
+    Args:
+        blocks: per-layer trees, all of the same structure and shapes.
+
+    Returns:
+        One tree whose leaves have a leading layers axis of length `len(blocks)`.
+
+    Raises:
+        GeneError: `blocks` is empty, or a layer differs from layer 0 in structure or shapes.
+    """
     if not blocks:
         raise GeneError('stack_layers: no layers')
     for i, b in enumerate(blocks[1:], start=1):
@@ -587,8 +812,22 @@ def stack_layers(blocks: Sequence[Any]) -> Any:
 
 def merge_disjoint(a: Mapping, b: Mapping, what: str, names: tuple[str, str] = ('a', 'b'),
                    path: str = '') -> dict:
-    """Nested union of two trees whose leaves do not overlap; an overlap is a GeneError
-    naming its path and the two trees (`names`)."""
+    """Nested union of two trees whose leaves do not overlap.
+
+    Args:
+        a: a tree of dicts.
+        b: another.
+        what: the start of the error message.
+        names: what `a` and `b` are, in words, for the message.
+        path: prefix of the paths in the message (the recursion sets it).
+
+    Returns:
+        A new dict with the entries of both (dicts under the same key merged); the inputs are
+        not modified.
+
+    Raises:
+        GeneError: both trees hold something under the same path that is not a dict in both.
+    """
     out = dict(a)
     for k, v in b.items():
         p = f'{path}{k}'
@@ -603,7 +842,16 @@ def merge_disjoint(a: Mapping, b: Mapping, what: str, names: tuple[str, str] = (
 
 
 def count(tree: Any, *, include_head: bool = True) -> int:
-    """Parameters in a tree; top-level heads ('head', 'head_dist') only with include_head."""
+    """Parameters in a tree.
+
+    Args:
+        tree: a params-like tree (arrays or `jax.ShapeDtypeStruct`s), or None.
+        include_head: False: leave out the top-level classifier (`HEAD_KEYS`: 'pre_logits',
+          'head', 'head_dist').
+
+    Returns:
+        The number of scalar parameters (0 for None).
+    """
     if tree is None:
         return 0
     if not include_head and isinstance(tree, Mapping):

@@ -54,8 +54,22 @@ def _method(method: str | common.Method) -> common.Method:
 
 def descendant(method: str | common.Method, gene: Any, target_cfg: ViTConfig, *,
                key: jax.Array | None = None, **options: Any) -> Model:
-    """`(method.descend(gene, target_cfg, key=key, **options), target_cfg)`: a chain's first
-    model, from a gene."""
+    """A chain's first model, from a stored gene.
+
+    Args:
+        method: a registered method's name (`jlearngene.genes.get`) or its `Method`.
+        gene: the method's gene, as `method.descend` reads it.
+        target_cfg: the descendant's config.
+        key: PRNG key for whatever the method draws fresh; None where nothing is drawn.
+        **options: the rest of `method.descend`'s options (e.g. `head`, `embeddings`).
+
+    Returns:
+        `(method.descend(gene, target_cfg, key=key, **options), target_cfg)`.
+
+    Raises:
+        GeneError: `method` names no registered method, or `method.descend` refuses the
+          gene, the config or the options.
+    """
     return _method(method).descend(gene, target_cfg, key=key, **options), target_cfg
 
 
@@ -65,9 +79,26 @@ def step(method: str | common.Method, target: Target, *,
     """A link of a chain: `(params, cfg)` -> the descendant of `method` of config `target`
     (or `target(cfg)`) whose gene is `gene_from(params, cfg, **gene_options)`.
 
-    `gene_from` defaults to `method.gene_from_model` (methods of source 'model'); a method
-    whose gene is learned needs one (`linear_gene`, `whole_model`, or any function of a
-    model). `key` and `options` go to `method.descend`.
+    Args:
+        method: a registered method's name (`jlearngene.genes.get`) or its `Method`.
+        target: the descendant's config, or a function of the source model's config that
+          returns it.
+        gene_from: `gene_from(params, cfg, **gene_options) -> gene`, how the gene is read off
+          the source model; None is `method.gene_from_model` (methods of source 'model'). A
+          method whose gene is learned needs one (`linear_gene`, `whole_model`, or any
+          function of a model).
+        gene_options: keyword arguments for `gene_from`; None for none.
+        key: PRNG key passed on to `method.descend`.
+        **options: the rest of `method.descend`'s options.
+
+    Returns:
+        The link, `link(params, cfg) -> (descendant params, target config)`. It raises
+        GeneError when `target(cfg)` is not a `ViTConfig`, and whatever `gene_from` and
+        `method.descend` raise.
+
+    Raises:
+        GeneError: `method` names no registered method, or `gene_from` is None and the
+          method has no `gene_from_model`.
     """
     m = _method(method)
     read = gene_from if gene_from is not None else m.gene_from_model
@@ -88,7 +119,15 @@ def step(method: str | common.Method, target: Target, *,
 
 
 def chain(model: Model, *steps: Step) -> Model:
-    """`steps` applied to `model` = (params, cfg) from left to right."""
+    """`steps` applied to `model` from left to right.
+
+    Args:
+        model: the first model, `(params, cfg)` (e.g. from `descendant`).
+        *steps: links `(params, cfg) -> (params, cfg)`, as `step` makes them.
+
+    Returns:
+        The last step's `(params, cfg)`; `model` itself when there are no steps.
+    """
     params, cfg = model
     for s in steps:
         params, cfg = s(params, cfg)
@@ -99,8 +138,19 @@ def chain(model: Model, *steps: Step) -> Model:
 # Reading a gene off a model, for methods whose gene is learned.
 
 def whole_model(params: Params, cfg: ViTConfig) -> Params:
-    """The model itself as the gene (checked against `cfg`): what Scala, US-Net and MatFormer
-    descend from (their gene is the full slimmable network)."""
+    """The model itself as the gene: what Scala, US-Net and MatFormer descend from (their
+    gene is the full slimmable network).
+
+    Args:
+        params: the model's canonical params (stacked or list layout).
+        cfg: the model's config.
+
+    Returns:
+        `params` in the stacked layout.
+
+    Raises:
+        GeneError: `params` is not a whole model of config `cfg` (`common.check_model`).
+    """
     return common.check_model(params, cfg, 'compose.whole_model')
 
 
@@ -114,6 +164,19 @@ def linear_gene(params: Params, cfg: ViTConfig) -> tleg.Gene:
     layers (θ_B = w_0, θ_A = 2·(w_1 − w_0)) and for a model that TLEG expanded; a one-layer
     model gives θ_A = 0 (Share-Init). Deeper models keep their best linear approximation
     in depth: the layer-position linearity TLEG builds on.
+
+    Args:
+        params: the model's canonical params (stacked or list layout).
+        cfg: the model's config.
+
+    Returns:
+        A TLEG gene, a dict with keys 'theta_b' and 'theta_a' (block trees, each leaf of one
+        layer's shape and the model's dtype, fitted in float32) and 'shared' (the embeddings
+        and heads).
+
+    Raises:
+        GeneError: `params` is not a whole model of config `cfg` (`common.check_model`), or
+          it has block modules outside TLEG's expansion groups.
     """
     params = common.check_model(params, cfg, 'compose.linear_gene')
     groups = [g for g in tleg.MODULES if g != 'ls' or cfg.layer_scale]

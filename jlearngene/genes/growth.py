@@ -95,8 +95,24 @@ def check_growth(small: Params, large_cfg: ViTConfig, what: str, *,
                  grows: tuple[str, ...] = ALL_GROWABLE, hint: str = '') -> Params:
     """The shapes of `vit.init(large_cfg)`, after checking that the stacked `small` tree grows
     into them: the same leaves, each logical axis in `grows` at least as large, every other
-    axis equal. GeneError names the first leaf and axis that fail (`hint` is added to
-    errors about axes that may not change)."""
+    axis equal.
+
+    Args:
+        small: the small model's canonical params (stacked layout), or their shapes.
+        large_cfg: the large model's config.
+        what: the caller's name, for error messages.
+        grows: the logical axes that may grow (`ALL_GROWABLE` by default).
+        hint: added to errors about an axis that may not change (unless the axis has its own
+          hint: classes, tokens, patch and channels).
+
+    Returns:
+        The large model's params as `jax.ShapeDtypeStruct`s (`common.target_shapes`).
+
+    Raises:
+        GeneError: either model has a pre-logits layer, the leaves differ, a leaf's rank
+          differs, an axis in `grows` would shrink, or an axis not in `grows` differs (the
+          message names the first such leaf and axis).
+    """
     common.check_no_pre_logits(small, what)
     common.check_no_pre_logits(large_cfg, what)
     want = common.target_shapes(large_cfg)
@@ -129,7 +145,18 @@ def check_growth(small: Params, large_cfg: ViTConfig, what: str, *,
 
 
 def axis_sizes(tree: Params) -> dict[str, int]:
-    """{logical axis: size} over every leaf of a canonical tree ('layers' included)."""
+    """The size of every logical axis of a canonical tree.
+
+    Args:
+        tree: canonical params (either layout), or their shapes.
+
+    Returns:
+        A dict from each logical axis of any leaf ('layers' included for stacked blocks) to
+        its size, taken from the first leaf that has it.
+
+    Raises:
+        KeyError: a leaf's path is not in the canonical tree (`layout.leaf_axes`).
+    """
     sizes: dict[str, int] = {}
     for path, x in pytree.flatten(tree).items():
         for name, n in zip(layout.leaf_axes(path, np.ndim(x)), np.shape(x)):
@@ -139,14 +166,34 @@ def axis_sizes(tree: Params) -> dict[str, int]:
 
 
 def fan_in_axes(path: str, shape) -> tuple[str, ...]:
-    """The logical axes a kernel reads (its fan-in); () for biases, norms and embeddings."""
+    """The logical axes a kernel reads (its fan-in).
+
+    Args:
+        path: the leaf's '/'-joined path in a canonical tree.
+        shape: the leaf's shape.
+
+    Returns:
+        The kernel's fan-in axis names; () for any leaf whose path does not end in 'kernel'
+        (biases, norms, embeddings).
+
+    Raises:
+        KeyError: `path` ends in 'kernel' but is not a kernel of the canonical tree
+          (`layout.matrix_view`).
+    """
     if not path.endswith('kernel'):
         return ()
     return tuple(layout.matrix_view(path, tuple(shape)).fan_in)
 
 
 def num_classes_of(params: Params) -> int:
-    """The class count of a model's head (0 without one)."""
+    """The class count of a model's head.
+
+    Args:
+        params: canonical params.
+
+    Returns:
+        The length of `params['head']['bias']`; 0 without a head.
+    """
     return int(np.shape(params['head']['bias'])[0]) if 'head' in params else 0
 
 
@@ -155,10 +202,28 @@ def descend_grown(grow: Callable[[Params, ViTConfig], Params], small: Params,
                   head: str, embeddings: str | None) -> Params:
     """A grown descendant with the contract's `head` / `embeddings` options.
 
-    `grow(small, cfg)` grows `small` into `cfg` with the small model's classes kept;
-    head='inherit' keeps the grown head (same class count required), 'new' draws a fresh
-    one for `target_cfg` (needs `key`); embeddings='inherit' (or None) keeps the grown
-    embeddings, 'random' draws them fresh."""
+    Args:
+        grow: `grow(small, cfg) -> params`, grows `small` into `cfg`; called with the small
+          model's class count when `head` is 'new' or `target_cfg` has no classes, else
+          with `target_cfg` (so an inherited head needs the same class count).
+        small: the small model's canonical params (either layout).
+        target_cfg: the descendant's config.
+        what: the caller's name, for error messages.
+        key: the PRNG key for what is drawn fresh (a new head, random embeddings); it is not
+          passed to `grow`.
+        head: 'inherit' keeps the grown head; 'new' draws a fresh one for `target_cfg`
+          (needs `key`).
+        embeddings: 'inherit' (or None) keeps the grown embeddings; 'random' draws them
+          fresh (needs `key`).
+
+    Returns:
+        Canonical params of `target_cfg`, with the grown blocks (stacked layout).
+
+    Raises:
+        GeneError: `small`'s list-layout blocks differ in shape, `head` or `embeddings` is
+          not one of its choices, an inherited part does not fit `target_cfg`, or something
+          must be drawn and there is no `key`; and whatever `grow` raises.
+    """
     small = common.stacked(small, what)
     common.check_choice(what, 'head', head, common.HEADS)
     grow_cfg = target_cfg
@@ -179,9 +244,26 @@ def descend_grown(grow: Callable[[Params, ViTConfig], Params], small: Params,
 # Net2WiderNet / FPI.
 
 def unit_mapping(n1: int, n2: int, key: jax.Array | None, *, balanced: bool) -> jax.Array:
-    """(n2,) source unit of every target unit: the first n1 are the units themselves, the
-    n2 − n1 new ones random source units (`balanced`: a random permutation repeated, so no
-    source unit is used more than once more than another; else uniform draws, Net2Net)."""
+    """The source unit of every target unit when an axis grows from n1 to n2 units.
+
+    Args:
+        n1: the axis's size in the small model (at least 1).
+        n2: its size in the large model (at least `n1`).
+        key: the PRNG key for the new units; may be None when `n2 == n1`.
+        balanced: draw the new units as a random permutation of the source units repeated,
+          so no source unit is used more than once more than another; else uniform draws
+          (Net2Net).
+
+    Returns:
+        (n2,) int source-unit indices; the first n1 are the units themselves, the n2 − n1
+        new ones random source units.
+
+    Raises:
+        GeneError: `n1` is less than 1 or `n2` less than `n1`, or `n2 != n1` and `key` is None.
+    """
+    if not 1 <= n1 <= n2:
+        raise GeneError(f'unit_mapping: an axis grows from {n1} to {n2} units; growth needs '
+                        'n2 >= n1 >= 1')
     if n2 == n1:
         return jnp.arange(n1)
     if key is None:
@@ -199,7 +281,22 @@ def unit_mapping(n1: int, n2: int, key: jax.Array | None, *, balanced: bool) -> 
 
 def net2net_mappings(small: Params, want: Params, key: jax.Array | None, *,
                      embed_mapping: str = 'balanced') -> dict[str, jax.Array]:
-    """{axis: (n2,) source units} for each width axis (`WIDTH_AXES`) that grows."""
+    """The Net2WiderNet unit mappings of the width axes that grow.
+
+    Args:
+        small: the small model's canonical params (stacked layout).
+        want: the large model's params or shapes (`check_growth`'s output).
+        key: the PRNG key, split over `WIDTH_AXES`; needed when any width axis grows.
+        embed_mapping: the residual axis's draw, 'balanced' or 'random' (`unit_mapping`);
+          'heads' and 'mlp' always draw uniformly.
+
+    Returns:
+        A dict from each axis of `WIDTH_AXES` whose size differs to its (n2,) source units.
+
+    Raises:
+        GeneError: `embed_mapping` is not one of `EMBED_MAPPINGS`, or an axis grows and
+          `key` is None.
+    """
     common.check_choice('net2net', 'embed_mapping', embed_mapping, EMBED_MAPPINGS)
     s, t = axis_sizes(small), axis_sizes(want)
     keys = dict(zip(WIDTH_AXES, jax.random.split(key, len(WIDTH_AXES)))) if key is not None else {}
@@ -237,9 +334,18 @@ def _aki_mask(path: str, shape, mappings: Mapping[str, jax.Array], small_sizes: 
 
 
 def widen(small: Params, mappings: Mapping[str, jax.Array], *, aki: bool = False) -> Params:
-    """`small` (stacked) with its width axes grown by `mappings` (FPI / Net2WiderNet); with
-    `aki`, the new fan-out heads / MLP units of layer l come from layer l+1 (the top layer
-    from itself). The depth is unchanged."""
+    """`small` with its width axes grown by `mappings` (FPI / Net2WiderNet). The depth is
+    unchanged.
+
+    Args:
+        small: the small model's canonical params (stacked layout).
+        mappings: {axis: (n2,) source units} (`net2net_mappings`); unmapped axes are kept.
+        aki: bert2BERT's AKI, so the new fan-out heads / MLP units of layer l come from layer
+          l+1 (the top layer from itself).
+
+    Returns:
+        The widened params, in the stacked layout.
+    """
     sizes = axis_sizes(small)
 
     def one(p, x):
@@ -258,13 +364,29 @@ def widen(small: Params, mappings: Mapping[str, jax.Array], *, aki: bool = False
 # Depth.
 
 def stack_depth(blocks: Params, depth: int) -> Params:
-    """StackBERT: `depth` layers, layer l = source layer l mod L1."""
+    """StackBERT's depth growth: layer l is source layer l mod L1.
+
+    Args:
+        blocks: a stacked blocks tree of L1 layers.
+        depth: the number of layers wanted.
+
+    Returns:
+        A stacked blocks tree of `depth` layers.
+    """
     return common.gather_layers(blocks, np.arange(depth) % common.num_layers(blocks))
 
 
 def identity_depth(blocks: Params, depth: int) -> Params:
     """Net2DeeperNet: layer l copies source layer ⌊l·L1/depth⌋; every copy after the first
-    of a source layer has its output projections zeroed (an identity block)."""
+    of a source layer has its output projections zeroed (an identity block).
+
+    Args:
+        blocks: a stacked blocks tree of L1 layers.
+        depth: the number of layers wanted, at least L1.
+
+    Returns:
+        A stacked blocks tree of `depth` layers.
+    """
     n = common.num_layers(blocks)
     src = (np.arange(depth) * n) // depth
     first = np.concatenate([[True], src[1:] != src[:-1]])
@@ -290,7 +412,22 @@ def net2net(small: Params, large_cfg: ViTConfig, key: jax.Array | None = None, *
     """Net2WiderNet then Net2DeeperNet: the large model computes the small model's function
     (exactly with a balanced residual mapping when D1 divides D2). `key` draws the unit
     mappings (needed when the width grows). Needs equal head_dim; classes, patches and
-    image size unchanged."""
+    image size unchanged.
+
+    Args:
+        small: the small model's canonical params (either layout).
+        large_cfg: the large model's config.
+        key: the PRNG key for the unit mappings.
+        embed_mapping: 'balanced' or 'random' residual mapping (`unit_mapping`).
+
+    Returns:
+        Canonical params of `large_cfg` (stacked layout).
+
+    Raises:
+        GeneError: `small` does not grow into `large_cfg` by width and depth
+          (`check_growth`), `embed_mapping` is not one of its choices, or the width grows
+          and `key` is None.
+    """
     small = common.stacked(small, 'net2net')
     want = check_growth(small, large_cfg, 'net2net', grows=WIDTH_AXES + ('layers',),
                         hint='Net2Net copies whole heads, so head_dim must match')
@@ -300,8 +437,23 @@ def net2net(small: Params, large_cfg: ViTConfig, key: jax.Array | None = None, *
 
 def stackbert(small: Params, large_cfg: ViTConfig, key: jax.Array | None = None, *,
               width: str = 'none', embed_mapping: str = 'balanced') -> Params:
-    """StackBERT: target layer l = source layer l mod L1. `width='none'` needs equal widths;
-    'net2net' first widens by Net2WiderNet (then `key` draws its mappings)."""
+    """StackBERT: target layer l = source layer l mod L1.
+
+    Args:
+        small: the small model's canonical params (either layout).
+        large_cfg: the large model's config.
+        key: the PRNG key for Net2WiderNet's unit mappings (width='net2net' with a width
+          change only).
+        width: 'none' needs equal widths; 'net2net' first widens by Net2WiderNet.
+        embed_mapping: with width='net2net', the residual mapping (`unit_mapping`).
+
+    Returns:
+        Canonical params of `large_cfg` (stacked layout).
+
+    Raises:
+        GeneError: `width` or `embed_mapping` is not one of its choices, `small` does not
+          grow into `large_cfg` (`check_growth`), or the width grows and `key` is None.
+    """
     common.check_choice('stackbert', 'width', width, STACKBERT_WIDTHS)
     small = common.stacked(small, 'stackbert')
     if width == 'none':
@@ -317,7 +469,23 @@ def stackbert(small: Params, large_cfg: ViTConfig, key: jax.Array | None = None,
 def bert2bert(small: Params, large_cfg: ViTConfig, key: jax.Array | None = None, *,
               aki: bool = True, embed_mapping: str = 'balanced') -> Params:
     """bert2BERT: FPI width growth (with AKI by default), then stacking to the target
-    depth. `key` draws the unit mappings (needed when the width grows)."""
+    depth.
+
+    Args:
+        small: the small model's canonical params (either layout).
+        large_cfg: the large model's config (the small model's head_dim).
+        key: the PRNG key for the unit mappings; needed when the width grows.
+        aki: take the new heads' and MLP units' fan-out weights from the next layer (AKI).
+        embed_mapping: the residual mapping, 'balanced' or 'random' (`unit_mapping`).
+
+    Returns:
+        Canonical params of `large_cfg` (stacked layout).
+
+    Raises:
+        GeneError: `small` does not grow into `large_cfg` by width and depth
+          (`check_growth`), `embed_mapping` is not one of its choices, or the width grows
+          and `key` is None.
+    """
     small = common.stacked(small, 'bert2bert')
     want = check_growth(small, large_cfg, 'bert2bert', grows=WIDTH_AXES + ('layers',),
                         hint='bert2BERT copies whole heads, so head_dim must match')
@@ -371,6 +539,21 @@ def ligo_init_operator(small_cfg: ViTConfig, large_cfg: ViTConfig, key: jax.Arra
     other matrices are drawn as without it.
     depth_init 'stackbert_noisy' (official): row l2 = normalise(onehot(l2 mod L1) +
     U(0, depth_noise)); 'stackbert': the one-hot rows.
+
+    Args:
+        small_cfg: the small model's config.
+        large_cfg: the large model's config.
+        key: the PRNG key.
+        width_init: 'rand' or 'sel' (above).
+        depth_init: 'stackbert_noisy' or 'stackbert' (above).
+        depth_noise: the upper bound of the uniform noise of 'stackbert_noisy'.
+
+    Returns:
+        The operator (above), float32.
+
+    Raises:
+        GeneError: `width_init` or `depth_init` is not one of its choices, or `small_cfg`
+          does not grow into `large_cfg` (`check_growth`).
     """
     common.check_choice('ligo_init_operator', 'width_init', width_init, LIGO_WIDTH_INITS)
     common.check_choice('ligo_init_operator', 'depth_init', depth_init, LIGO_DEPTH_INITS)
@@ -444,7 +627,20 @@ def ligo_grow(operator: Params, small: Params, large_cfg: ViTConfig) -> Params:
     """The large model's params from the small model's by the LiGO operator: each block leaf
     mixed over source layers by its own coefficients, then every growing axis expanded by
     its tied [I; C] matrix (see the module docstring; the head's input by the operator's
-    'head' matrix). Jittable with `large_cfg` static."""
+    'head' matrix). Jittable with `large_cfg` static.
+
+    Args:
+        operator: the LiGO operator (`ligo_init_operator`, trained or not).
+        small: the small model's canonical params (either layout).
+        large_cfg: the large model's config.
+
+    Returns:
+        Canonical params of `large_cfg` (stacked layout).
+
+    Raises:
+        GeneError: `small` does not grow into `large_cfg` (`check_growth`), or the
+          operator's shapes are not those for this pair of models.
+    """
     small = common.stacked(small, 'ligo_grow')
     want = check_growth(small, large_cfg, 'ligo_grow')
     common.check_fits(operator, _ligo_operator_shapes(small, want), 'ligo_grow', large_cfg,
@@ -493,8 +689,26 @@ def _descend_with(fn: Callable[..., Params], name: str):
 def ligo_gene(params: Params, cfg: ViTConfig, *, large_cfg: ViTConfig | None = None,
               operator: Params | None = None, key: jax.Array | None = None,
               **init_options: Any) -> Params:
-    """LiGO's gene: {'small': the small model, 'operator': the (trained) operator}; without
-    `operator` a fresh one for `large_cfg` is drawn with `key` (default key 0)."""
+    """LiGO's gene: the small model and its (trained) operator.
+
+    Args:
+        params: the small model's canonical params (either layout).
+        cfg: the small model's config.
+        large_cfg: the large model's config, to draw a fresh operator; not used with
+          `operator`.
+        operator: the trained operator; None draws a fresh one for `large_cfg`.
+        key: the PRNG key for a fresh operator; None is `jax.random.key(0)`.
+        **init_options: `ligo_init_operator`'s options for a fresh operator.
+
+    Returns:
+        A dict with the small model (stacked layout) under 'small' and the operator under
+        'operator'.
+
+    Raises:
+        GeneError: `params` is not a whole model of config `cfg` (`common.check_model`),
+          neither `operator` nor `large_cfg` is given, or `ligo_init_operator` refuses the
+          configs or options.
+    """
     small = common.check_model(params, cfg, 'ligo_gene')
     if operator is None:
         if large_cfg is None:
@@ -505,7 +719,15 @@ def ligo_gene(params: Params, cfg: ViTConfig, *, large_cfg: ViTConfig | None = N
 
 
 def check_operator_gene(gene: Any, what: str) -> None:
-    """GeneError unless `gene` is {'small': model, 'operator': operator}."""
+    """Check that `gene` is a learned growth's gene, `{'small': model, 'operator': operator}`.
+
+    Args:
+        gene: the tree to check.
+        what: the method's label, for the error message.
+
+    Raises:
+        GeneError: `gene` is not a mapping with exactly the keys 'small' and 'operator'.
+    """
     if not isinstance(gene, Mapping) or set(gene) != {'small', 'operator'}:
         got = sorted(gene) if isinstance(gene, Mapping) else type(gene).__name__
         raise GeneError(f"not a {what} gene: expected keys ['operator', 'small'], got {got}")
@@ -513,20 +735,54 @@ def check_operator_gene(gene: Any, what: str) -> None:
 
 def descend_ligo(gene: Params, target_cfg: ViTConfig, *, key: jax.Array | None = None,
                  head: str = 'inherit', embeddings: str | None = None) -> Params:
-    """The large model grown by the gene's LiGO operator."""
+    """The large model grown by the gene's LiGO operator.
+
+    Args:
+        gene: the LiGO gene (`ligo_gene`).
+        target_cfg: the large model's config (the one the operator was made for, up to the
+          class count with head='new').
+        key: the PRNG key for what is drawn fresh (a new head, random embeddings).
+        head: 'inherit' or 'new' (`descend_grown`).
+        embeddings: 'inherit', None (inherit) or 'random'.
+
+    Returns:
+        Canonical params of `target_cfg` (stacked layout).
+
+    Raises:
+        GeneError: `gene` is no operator gene (`check_operator_gene`), the operator does not
+          fit the models, an option is not one of its choices, or something must be drawn
+          and there is no `key`.
+    """
     check_operator_gene(gene, 'LiGO')
     return descend_grown(lambda s, c: ligo_grow(gene['operator'], s, c), gene['small'],
                          target_cfg, what='ligo', key=key, head=head, embeddings=embeddings)
 
 
 def operator_gene_param_count(gene: Params, *, include_head: bool = False) -> int:
-    """The small model (head optional) plus the operator: what a learned growth stores."""
+    """The parameters a learned growth stores: the small model plus the operator.
+
+    Args:
+        gene: an operator gene, `{'small', 'operator'}`.
+        include_head: count the small model's head too.
+
+    Returns:
+        The small model's parameter count (its head only with `include_head`) plus the
+        whole operator's.
+    """
     return common.count(gene['small'], include_head=include_head) + common.count(gene['operator'])
 
 
 def ligo_gene_param_count(gene: Params, *, include_head: bool = False) -> int:
     """LiGO's S-Params: `operator_gene_param_count`, less the head input's own expansion
-    without `include_head` (descend reads it only with head='inherit')."""
+    without `include_head` (descend reads it only with head='inherit').
+
+    Args:
+        gene: the LiGO gene.
+        include_head: count the small model's head and the operator's 'head' expansion.
+
+    Returns:
+        The parameter count.
+    """
     total = operator_gene_param_count(gene, include_head=include_head)
     if not include_head:
         total -= common.count(gene['operator']['width'].get('head'))

@@ -113,7 +113,11 @@ class Sizes:
         return 2 * self.sets
 
     def pair_of_set(self) -> np.ndarray:
-        """(sets,) learngene pair g(o) = ⌊o·pairs/sets⌋ combined by each coefficient set."""
+        """The learngene pair that each coefficient set combines.
+
+        Returns:
+            int array of shape `(sets,)`, entry o the pair g(o) = ⌊o·pairs/sets⌋.
+        """
         return np.arange(self.sets) * self.pairs // self.sets
 
 

@@ -98,8 +98,20 @@ class Packing(NamedTuple):
 
 
 def packing(params: Params, what: str = 'mango') -> Packing:
-    """The packing of a stacked canonical tree (arrays or shapes); GeneError when a kernel's
-    fan-in / fan-out or a vector is not a multiple of the width."""
+    """The packing of a stacked canonical tree: how its blocks cut into D × D slices and D-vectors.
+
+    Args:
+        params: a stacked canonical tree, of arrays or shapes (`jax.ShapeDtypeStruct`); the width
+          D is read from `patch_embed/kernel`.
+        what: the start of error messages.
+
+    Returns:
+        The `Packing`, which records the width, the depth, and every block kernel and vector in tree order.
+
+    Raises:
+        GeneError: a kernel's fan-in or fan-out, or a vector's entries per layer, is not a
+          multiple of the width.
+    """
     width = layout.axis_size(params, 'patch_embed/kernel', 'embed')
     kernels, vectors = [], []
     for path, x in pytree.flatten(params['blocks']).items():
@@ -122,7 +134,19 @@ def packing(params: Params, what: str = 'mango') -> Packing:
 
 
 def weight_tensor(params: Params) -> jax.Array:
-    """M (L, B, D, D): every block kernel's D × D slices (row block, then column block)."""
+    """M (L, B, D, D): every block kernel's D × D slices (row block, then column block).
+
+    Args:
+        params: a stacked canonical tree of arrays.
+
+    Returns:
+        M of shape (depth, B, width, width) with B = `packing(params).num_slices`, holding the
+        kernels in tree order, each kernel's slices row block by row block (fan-in), then column block
+        (fan-out) within a row block.
+
+    Raises:
+        GeneError: a kernel or vector is not made of width-sized slices (`packing`).
+    """
     p = packing(params)
     d, flat = p.width, pytree.flatten(params['blocks'])
     parts = []
@@ -134,7 +158,18 @@ def weight_tensor(params: Params) -> jax.Array:
 
 
 def vector_tensor(params: Params) -> jax.Array:
-    """V (L, V, D): every block vector (biases, norms, LayerScale) as width-sized slices."""
+    """V (L, V, D): every block vector (biases, norms, LayerScale) as width-sized slices.
+
+    Args:
+        params: a stacked canonical tree of arrays.
+
+    Returns:
+        V of shape (depth, V, width) with V = `packing(params).num_vectors`, holding the vectors
+        in tree order, each cut into consecutive width-sized pieces.
+
+    Raises:
+        GeneError: a kernel or vector is not made of width-sized slices (`packing`).
+    """
     p = packing(params)
     flat = pytree.flatten(params['blocks'])
     return jnp.concatenate([jnp.reshape(flat[path], (p.depth, n, p.width))
@@ -142,7 +177,20 @@ def vector_tensor(params: Params) -> jax.Array:
 
 
 def blocks_from_tensors(m: jax.Array, v: jax.Array, shapes: Params) -> Params:
-    """The block tree of `shapes` (a stacked tree of shapes) from its tensors M and V."""
+    """The block tree of `shapes` from its tensors M and V; inverts `weight_tensor` and `vector_tensor`.
+
+    Args:
+        m: M (depth, B, width, width) in `shapes`' packing.
+        v: V (depth, V, width) in `shapes`' packing.
+        shapes: the whole stacked tree (arrays or `jax.ShapeDtypeStruct`s) whose blocks to make.
+
+    Returns:
+        The `blocks` subtree (stacked layout, nested dicts) with the shapes of `shapes['blocks']`,
+        in `m`'s and `v`'s dtype.
+
+    Raises:
+        GeneError: a kernel or vector of `shapes` is not made of width-sized slices (`packing`).
+    """
     p = packing(shapes)
     d, flat, out = p.width, pytree.flatten(shapes['blocks']), {}
     start = 0
@@ -246,7 +294,21 @@ def init_operator(small_cfg: ViTConfig, large_cfg: ViTConfig, rank: int, key: ja
 
 
 def operator_shapes(small: Params, want: Params, rank: int) -> dict[str, jax.ShapeDtypeStruct]:
-    """The operator's shapes for a small tree and large shapes (both stacked)."""
+    """The operator's shapes for a small tree and large shapes (both stacked).
+
+    Args:
+        small: the small model's stacked tree (arrays or shapes).
+        want: the large model's stacked tree of shapes.
+        rank: the ring rank R.
+
+    Returns:
+        A dict from name to `jax.ShapeDtypeStruct`, all float32, for the cores S_B (R, B1, B2, R),
+        S_I and S_O (R, D1, D2, R), S_L (R, L1, L2, R), S_V (R, V1, V2, R) and the matrices
+        'embed' and 'head_in' (D1, D2), as `init_operator` makes them.
+
+    Raises:
+        GeneError: a tree's kernels or vectors are not made of width-sized slices (`packing`).
+    """
     p1, p2 = packing(small), packing(want)
     r, f = rank, jnp.float32
     sds = jax.ShapeDtypeStruct
@@ -258,7 +320,17 @@ def operator_shapes(small: Params, want: Params, rank: int) -> dict[str, jax.Sha
 
 
 def rank_of(operator: Mapping[str, Any]) -> int:
-    """The ring rank R of an operator."""
+    """The ring rank R of an operator.
+
+    Args:
+        operator: a Mango operator (`init_operator`).
+
+    Returns:
+        The leading size of its core S_B, as an int.
+
+    Raises:
+        GeneError: `operator` is not a mapping, or has no core 'S_B'.
+    """
     if not isinstance(operator, Mapping) or 'S_B' not in operator:
         got = sorted(operator) if isinstance(operator, Mapping) else type(operator).__name__
         raise GeneError(f'not a Mango operator: expected cores {CORES}, got {got}')
@@ -266,8 +338,21 @@ def rank_of(operator: Mapping[str, Any]) -> int:
 
 
 def operator_axes(operator: Mapping[str, Any]) -> dict[str, layout.Axes]:
-    """Logical axis names of every operator leaf (the large model's width is 'embed'),
-    for `parallel.param_shardings(..., axes=...)`."""
+    """Logical axis names of every operator leaf, for `parallel.param_shardings(..., axes=...)`.
+
+    The large model's sizes are 'embed', 'slices', 'vectors' and 'layers', the small model's
+    'source_*', the ring rank 'ring'.
+
+    Args:
+        operator: a Mango operator (`init_operator`).
+
+    Returns:
+        A dict from name to `layout.Axes` for the cores S_B, S_I, S_O, S_L, S_V and the matrices 'embed' and
+        'head_in'.
+
+    Raises:
+        GeneError: `operator` is not a Mango operator (`rank_of`).
+    """
     rank_of(operator)
     ring = 'ring'
     return {'S_B': layout.Axes((ring, 'source_slices', 'slices', ring)),
@@ -311,10 +396,19 @@ def _all_layers(op: Operator, m1, v1):
 
 def contract(operator: Operator, m1: jax.Array, v1: jax.Array, *, layer_loop: bool = True,
              remat: bool = True) -> tuple[jax.Array, jax.Array]:
-    """(M2 (L2, B2, D2, D2), V2 (L2, V2, D2)) = the ring contraction of the cores with
-    M1 (L1, B1, D1, D1) and V1 (L1, V1, D1), staged (module docstring). `layer_loop`
-    computes one target layer at a time (`lax.map`); `remat` checkpoints each layer so the
-    backward pass recomputes the stages instead of keeping them for every layer."""
+    """The ring contraction of the operator's cores with M1 and V1, staged (module docstring).
+
+    Args:
+        operator: a Mango operator (`init_operator`); its cores S_B, S_I, S_O, S_L and S_V are read.
+        m1: M1 (L1, B1, D1, D1), the small model's `weight_tensor`.
+        v1: V1 (L1, V1, D1), the small model's `vector_tensor`.
+        layer_loop: compute one target layer at a time (`lax.map`); False: all layers at once.
+        remat: with `layer_loop`, checkpoint each layer so the backward pass recomputes the
+          stages instead of keeping them for every layer; unused without `layer_loop`.
+
+    Returns:
+        The pair `(M2, V2)` of the large model's tensors, M2 (L2, B2, D2, D2) and V2 (L2, V2, D2).
+    """
     if not layer_loop:
         return _all_layers(operator, m1, v1)
     def body(s_l):
@@ -376,10 +470,26 @@ def grow(operator: Operator, small_params: Params, large_cfg: ViTConfig, *,
 # Cost.
 
 def operator_cost(small_cfg: ViTConfig, large_cfg: ViTConfig, rank: int) -> dict[str, Any]:
-    """The operator's parameter count and the forward FLOPs of one `grow` (one per
-    multiply-accumulate, the `jlearngene.costs` convention), per stage and in total; from
-    shapes only. Training the operator costs ≈ 3× these FLOPs per step (forward and
-    backward), on top of the large model's own step."""
+    """The operator's parameter count and the forward FLOPs of one `grow`, per stage and in total.
+
+    FLOPs count one per multiply-accumulate (the `jlearngene.costs` convention), from shapes
+    only. Training the operator costs ≈ 3× these FLOPs per step (forward and backward), on top
+    of the large model's own step.
+
+    Args:
+        small_cfg: the small model's config.
+        large_cfg: the large model's config.
+        rank: the ring rank R.
+
+    Returns:
+        A dict with 'params', the operator's entry count; 'flops', the total; 'stages',
+        `{stage: FLOPs}` for the seven contraction stages and 'embeddings and heads'; 'small' and 'large',
+        each {'slices', 'vectors', 'width', 'depth'} of that model's packing.
+
+    Raises:
+        GeneError: the pair cannot be grown (`check_growth`: a size shrinks, an axis that may
+          not change differs, a pre-logits layer) or is not made of width-sized slices (`packing`).
+    """
     small = common.target_shapes(small_cfg)
     want, p1, p2 = _check_pair(small, large_cfg, 'mango.operator_cost')
     r, l1, l2, d1, d2 = rank, p1.depth, p2.depth, p1.width, p2.width
@@ -409,9 +519,24 @@ def operator_cost(small_cfg: ViTConfig, large_cfg: ViTConfig, rank: int) -> dict
 def gene_from_model(params: Params, cfg: ViTConfig, *, large_cfg: ViTConfig | None = None,
                     operator: Operator | None = None, rank: int = 1,
                     key: jax.Array | None = None, **init_options: Any) -> Params:
-    """Mango's gene: {'small': the small pretrained model, 'operator': the (trained)
-    operator}; without `operator` a fresh one of `rank` for `large_cfg` is drawn with `key`
-    (default key 0)."""
+    """Mango's gene: {'small': the small pretrained model, 'operator': the (trained) operator}.
+
+    Args:
+        params: the small pretrained model's params, in either layout.
+        cfg: its config.
+        large_cfg: the large model's config, to draw a fresh operator for; unused with `operator`.
+        operator: the trained operator, kept as it is (not checked here); None draws a fresh one.
+        rank: the fresh operator's ring rank R.
+        key: the PRNG key of the fresh operator's noise; None uses `jax.random.key(0)`.
+        **init_options: further keyword options of `init_operator` (`noise`).
+
+    Returns:
+        A dict with 'small', `params` in the stacked layout, and 'operator', the operator.
+
+    Raises:
+        GeneError: `params` is not a whole model of `cfg` (`common.check_model`); neither
+          `operator` nor `large_cfg` is given; or `init_operator` refuses the rank or the pair.
+    """
     small = common.check_model(params, cfg, 'mango.gene_from_model')
     if operator is None:
         if large_cfg is None:
@@ -425,8 +550,25 @@ def gene_from_model(params: Params, cfg: ViTConfig, *, large_cfg: ViTConfig | No
 @common.forwards_options(grow)
 def descend(gene: Params, target_cfg: ViTConfig, *, key: jax.Array | None = None,
             head: str = 'inherit', embeddings: str | None = None, **options: Any) -> Params:
-    """The large model grown by the gene's operator (`grow`, whose options pass through);
-    head='new' / embeddings='random' draw those fresh (need `key`)."""
+    """The large model grown by the gene's operator (`grow`, whose options pass through).
+
+    Args:
+        gene: {'small': the small model, 'operator': the operator} (`gene_from_model`).
+        target_cfg: the large model's config.
+        key: the PRNG key of whatever is drawn fresh; needed only then.
+        head: 'inherit' keeps the grown head (`target_cfg` must have the small model's class
+          count); 'new' draws one for `target_cfg`.
+        embeddings: 'inherit' (or None) keeps the grown embeddings; 'random' draws them fresh.
+        **options: `grow`'s options, `layer_loop` and `remat`.
+
+    Returns:
+        Canonical params of `target_cfg`, stacked layout.
+
+    Raises:
+        GeneError: `gene` does not have exactly the keys 'small' and 'operator'; `head` or
+          `embeddings` is not a valid choice; the operator or the small model does not fit
+          `target_cfg`; something is drawn fresh without `key`.
+    """
     growth.check_operator_gene(gene, 'Mango')
     return growth.descend_grown(lambda s, c: grow(gene['operator'], s, c, **options),
                                 gene['small'], target_cfg, what='mango', key=key, head=head,

@@ -107,7 +107,18 @@ def _count(ratio: float, n: int, what: str) -> int:
 
 
 def width_grid(smallest: float = 0.25, granularity: float = 1 / 16) -> tuple[float, ...]:
-    """The ratios s, s + g, ..., 1 (X = (1 − s)/g + 1 of them; s = 1/4, g = 1/16: X = 13)."""
+    """The ratios s, s + g, ..., 1 (X = (1 − s)/g + 1 of them; s = 1/4, g = 1/16: X = 13).
+
+    Args:
+        smallest: the smallest ratio s, in (0, 1].
+        granularity: the step g between ratios, in (0, 1]; it must divide 1 − s.
+
+    Returns:
+        The X ratios as floats, increasing, the last 1.0.
+
+    Raises:
+        GeneError: `smallest` or `granularity` is not a number in (0, 1], or g does not divide 1 − s.
+    """
     s, g = _fraction(smallest, 'smallest'), _fraction(granularity, 'granularity')
     steps = (1 - s) / g
     if steps.denominator != 1:
@@ -125,8 +136,18 @@ def _check_grid(grid: Sequence[float]) -> tuple[float, ...]:
 
 
 def stable_halves(grid: Sequence[float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(upper, lower): the grid's ratios in [m, 1) and in (s, m), m = (s + 1)/2; stable
-    sampling draws one of each per step. GeneError when a half is empty."""
+    """The two halves of a width grid that stable sampling draws one width of each per step.
+
+    Args:
+        grid: the width grid (`width_grid`): increasing, without repeats, ending at 1.
+
+    Returns:
+        `(upper, lower)`, the grid's ratios in [m, 1) and in (s, m), m = (s + 1)/2, s = `grid[0]`.
+
+    Raises:
+        GeneError: `grid` has fewer than 2 ratios, is not increasing, does not end at 1 or has a ratio
+          outside (0, 1]; or a half is empty.
+    """
     grid = _check_grid(grid)
     s = grid[0]
     m = (s + 1.0) / 2
@@ -139,24 +160,63 @@ def stable_halves(grid: Sequence[float]) -> tuple[tuple[float, ...], tuple[float
 
 
 def sample_widths(key: jax.Array, grid: Sequence[float]) -> tuple[jax.Array, jax.Array]:
-    """Stable sampling: indices (i_upper, i_lower) into `stable_halves(grid)`, uniform and
-    independent, drawn from `key` alone (so a resumed run and every host agree)."""
+    """Stable sampling: one width of each half of the grid.
+
+    Drawn from `key` alone, so a resumed run and every host agree.
+
+    Args:
+        key: a PRNG key.
+        grid: the width grid (`width_grid`).
+
+    Returns:
+        `(i_upper, i_lower)`, int32 scalar indices into the two halves of `stable_halves(grid)`,
+        uniform and independent.
+
+    Raises:
+        GeneError: as `stable_halves` (an invalid grid, or an empty half).
+    """
     upper, lower = stable_halves(grid)
     ku, kl = jax.random.split(key)
     return (jax.random.randint(ku, (), 0, len(upper)), jax.random.randint(kl, (), 0, len(lower)))
 
 
 def sample_interior(key: jax.Array, grid: Sequence[float], n: int = 2) -> jax.Array:
-    """US-Net's middle widths: `n` indices into the grid's interior (s, 1), uniform with
-    replacement, from `key` alone."""
+    """US-Net's middle widths: indices into the grid's interior (s, 1), drawn from `key` alone.
+
+    Args:
+        key: a PRNG key.
+        grid: the width grid (`width_grid`).
+        n: how many widths to draw.
+
+    Returns:
+        int32 array of shape `(n,)`, uniform with replacement, of indices into the interior
+        `grid[1:-1]`.
+
+    Raises:
+        GeneError: `grid` is not a valid width grid (at least 2 ratios in (0, 1], increasing,
+          ending at 1), or has no ratio strictly between its ends.
+    """
+    return jax.random.randint(key, (n,), 0, len(_interior(grid)))
+
+
+def _interior(grid: Sequence[float]) -> tuple[float, ...]:
+    """The checked grid's widths strictly between its ends (US-Net's middle widths)."""
     interior = _check_grid(grid)[1:-1]
     if not interior:
         raise GeneError(f'the grid {tuple(grid)} has no width strictly between its ends')
-    return jax.random.randint(key, (n,), 0, len(interior))
+    return interior
 
 
 def is_left(ratio: float, smallest: float) -> bool:
-    """Isolated activation: the left block for the smallest ratio and for 1, else the right."""
+    """Isolated activation: the left block for the smallest ratio and for 1, else the right.
+
+    Args:
+        ratio: a width ratio.
+        smallest: the grid's smallest ratio s.
+
+    Returns:
+        Whether the width-`ratio` sub-network takes the left block (`ratio` is close to s or to 1).
+    """
     return math.isclose(ratio, smallest) or math.isclose(ratio, 1.0)
 
 
@@ -164,8 +224,20 @@ def is_left(ratio: float, smallest: float) -> bool:
 # Sub-network sizes and slicing.
 
 def sizes(cfg: ViTConfig, ratio: float) -> dict[str, int]:
-    """{'embed', 'mlp', 'head_dim'} of the width-`ratio` sub-network (all H heads kept);
-    GeneError when a size is not whole or the width does not split into whole heads."""
+    """The sizes of the width-`ratio` sub-network (all H heads kept).
+
+    Args:
+        cfg: the full network's config.
+        ratio: the width ratio r, in (0, 1].
+
+    Returns:
+        A dict of the sizes r·width, r·mlp_dim and r·head_dim, under 'embed', 'mlp' and
+        'head_dim'.
+
+    Raises:
+        GeneError: r is not a number in (0, 1], a size is not whole, or r·width does not split
+          into `cfg.num_heads` whole heads.
+    """
     d = _count(ratio, cfg.width, 'width')
     if d % cfg.num_heads:
         raise GeneError(f'width ratio {ratio}: width {d} does not split into num_heads='
@@ -200,7 +272,10 @@ def subnet(params: Params, cfg: ViTConfig, ratio: float, *, rule: str = 'clean',
         (sub_params, sub_cfg), which `vit.apply(sub_params, x, sub_cfg)` runs.
 
     Raises:
-        GeneError: `rule` is not one of `RULES`, or r·width does not split into the heads.
+        GeneError: `cfg` has a pre-logits layer; `rule` is not one of `RULES` or `side` not one of
+          `SIDES`; list-layout blocks differ in shape; r is not in (0, 1], a size is not whole or
+          r·width does not split into the heads (`sizes`); rule='official' with num_heads ×
+          head_dim != width.
     """
     common.check_no_pre_logits(cfg, 'scala.subnet')
     common.check_choice('subnet', 'rule', rule, RULES)
@@ -213,7 +288,20 @@ def subnet(params: Params, cfg: ViTConfig, ratio: float, *, rule: str = 'clean',
 
 
 def subnet_config(cfg: ViTConfig, ratio: float, *, rule: str = 'clean') -> ViTConfig:
-    """The config that `subnet(params, cfg, ratio, rule=rule)` returns (no params needed)."""
+    """The config that `subnet(params, cfg, ratio, rule=rule)` returns (no params needed).
+
+    Args:
+        cfg: the full network's config.
+        ratio: the width ratio r.
+        rule: 'clean' or 'official' (`RULES`); 'official' also sets the full network's attention
+          scale and LayerNorm eps 1e-5.
+
+    Returns:
+        The sub-network's config.
+
+    Raises:
+        GeneError: `rule` is not one of `RULES`, or r gives no whole sub-network (`sizes`).
+    """
     common.check_choice('subnet_config', 'rule', rule, RULES)
     n = sizes(cfg, ratio)
     if rule == 'clean':
@@ -226,10 +314,23 @@ def subnet_config(cfg: ViTConfig, ratio: float, *, rule: str = 'clean') -> ViTCo
 
 def subnet_configs(cfg: ViTConfig, grid: Sequence[float], *,
                    rule: str = 'clean') -> tuple[tuple[float, ViTConfig], ...]:
-    """The sub-networks one slimmable network of `cfg` holds on `grid` (`width_grid`), as
-    ((ratio, sub-network config), ...), smallest first: the models a trained Scala network
-    stands in for, so its cost is shared by len(...) of them (X = 13 on the 1/16 grid from
-    1/4). GeneError naming the first ratio that gives no whole sub-network."""
+    """The sub-networks one slimmable network of `cfg` holds on `grid`.
+
+    These are the models a trained Scala network stands in for, so its cost is shared by
+    `len(grid)` of them (X = 13 on the 1/16 grid from 1/4).
+
+    Args:
+        cfg: the full network's config.
+        grid: the width grid (`width_grid`).
+        rule: the slicing rule (`subnet_config`).
+
+    Returns:
+        `((ratio, sub-network config), ...)`, smallest first.
+
+    Raises:
+        GeneError: `grid` is not a valid width grid, `rule` is not one of `RULES`, or a ratio gives
+          no whole sub-network (the first such one is named).
+    """
     return tuple((r, subnet_config(cfg, r, rule=rule)) for r in _check_grid(grid))
 
 
@@ -282,9 +383,24 @@ def _official_attention(attn: Params, d: int, heads: int, side: str) -> Params:
 
 def unit_masks(cfg: ViTConfig, ratio, *, smallest: float = 0.25,
                side: str | None = None) -> dict[str, jax.Array]:
-    """{'embed' (D,), 'mlp' (M,), 'head_dim' (Dh,)} float 0/1 masks of the clean rule's
-    width-`ratio` sub-network. `ratio` may be traced (one program for every width): its
-    counts are then rounded and unchecked; a concrete ratio is checked like `subnet`."""
+    """The units of the clean rule's width-`ratio` sub-network, as masks for `masked_apply`.
+
+    Args:
+        cfg: the full network's config.
+        ratio: the width ratio r, a Python number or a traced scalar (one program for every
+          width); a traced ratio's counts are rounded and unchecked.
+        smallest: the grid's smallest ratio s (isolated activation, `is_left`).
+        side: 'left' or 'right' for every axis, overriding isolated activation.
+
+    Returns:
+        float32 0/1 masks by axis, 'embed' (D,), 'mlp' (M,) and 'head_dim' (Dh,).
+
+    Raises:
+        GeneError: `side` not one of `SIDES` (for any ratio); for a Python-number `ratio`, as
+          `sizes`.
+    """
+    if side is not None:
+        common.check_choice('unit_masks', 'side', side, SIDES)
     if isinstance(ratio, (int, float)):
         counts = sizes(cfg, ratio)
         left = _side(side, ratio, smallest) == 'left'
@@ -302,8 +418,20 @@ def unit_masks(cfg: ViTConfig, ratio, *, smallest: float = 0.25,
 
 
 def ffn_masks(cfg: ViTConfig, mlp_ratios: float | Sequence[float]) -> dict[str, jax.Array]:
-    """Masks of MatFormer's sub-network (`ffn_subnet`): the first r·M MLP units, one ratio
-    for all layers or one per layer ((L, M) mask); everything else whole."""
+    """Masks of MatFormer's sub-network (`ffn_subnet`): the first r·M MLP units of each layer.
+
+    Args:
+        cfg: the full network's config.
+        mlp_ratios: one FFN ratio for all layers, or one per layer (`cfg.depth` of them).
+
+    Returns:
+        float32 0/1 masks by axis, 'embed' (D,) and 'head_dim' (Dh,) all ones, 'mlp' (L, M) per
+        layer (a single ratio repeated over the layers).
+
+    Raises:
+        GeneError: a per-layer sequence not of length `cfg.depth`, or a ratio outside (0, 1] or
+          whose r·M is not whole.
+    """
     ratios = [mlp_ratios] * cfg.depth if isinstance(mlp_ratios, (int, float)) else list(mlp_ratios)
     if len(ratios) != cfg.depth:
         raise GeneError(f'ffn_masks: {len(ratios)} per-layer ratios for depth {cfg.depth}')
@@ -314,8 +442,16 @@ def ffn_masks(cfg: ViTConfig, mlp_ratios: float | Sequence[float]) -> dict[str, 
 
 
 def mask_params(params: Params, masks: dict[str, jax.Array]) -> Params:
-    """Full-shape stacked params with every unit outside `masks` zeroed (by logical axis; a
-    2-D mask is per layer, its first axis on the 'layers' axis)."""
+    """Full-shape stacked params with every unit outside `masks` zeroed, by logical axis.
+
+    Args:
+        params: stacked params.
+        masks: 0/1 masks by logical axis (`unit_masks`, `ffn_masks`); a 1-D mask applies to every
+          leaf with that axis, a 2-D mask `(L, n)` is per layer, its first axis on 'layers'.
+
+    Returns:
+        `params` with each leaf multiplied by its axes' masks (in the leaf's dtype).
+    """
     def zero(path, x):
         names = layout.leaf_axes(pytree.path_str(path), np.ndim(x))
         for dim, axis in enumerate(names):
@@ -342,11 +478,27 @@ def _masked_norm(x, p, mask, eps):
 
 def masked_apply(params: Params, images: jax.Array, cfg: ViTConfig,
                  masks: dict[str, jax.Array]) -> tuple[jax.Array, dict]:
-    """The clean-rule sub-network of `masks` (`unit_masks`, or MatFormer's `ffn_masks`) at
-    full shapes: equal to `vit.apply(*subnet(params, cfg, r), ...)` (or `ffn_subnet`'s) up
-    to float rounding, in one program for every width when the masks are traced. Evaluation mode (no dropout or stochastic depth);
-    stacked layout; returns (logits, aux) like `vit.apply` (aux: 'pre_logits', and with a
-    distillation token 'logits_cls' / 'logits_dist')."""
+    """The clean-rule sub-network of `masks`, run at full shapes.
+
+    Equal to `vit.apply(*subnet(params, cfg, r), ...)` (or `ffn_subnet`'s) up to float
+    rounding, in one program for every width when the masks are traced. Evaluation mode (no
+    dropout or stochastic depth); LayerNorm statistics over the active channels only.
+
+    Args:
+        params: the full network's params (list-layout blocks are stacked).
+        images: a batch of images, as `vit.apply` takes them.
+        cfg: the full network's config; its `attn_scale` (None: (active head_dim)^-1/2) and
+          `ln_eps` are used.
+        masks: `unit_masks`, or MatFormer's `ffn_masks`.
+
+    Returns:
+        `(logits, aux)` like `vit.apply`, float32 logits `(batch, num_classes)` (the two heads'
+        mean with a distillation token); aux 'pre_logits', and with a distillation token
+        'logits_cls' / 'logits_dist'. Without a head, `(pre-logits features, aux)`.
+
+    Raises:
+        GeneError: list-layout blocks that differ in shape.
+    """
     params = mask_params(common.stacked(params, 'scala.masked_apply'), masks)
     emask = masks['embed']
     scale = (cfg.attn_scale if cfg.attn_scale is not None
@@ -375,7 +527,8 @@ def masked_apply(params: Params, images: jax.Array, cfg: ViTConfig,
     head = lambda f, h: f @ h['kernel'] + h['bias']   # noqa: E731
     logits = head(feats, params['head'])
     if 'head_dist' in params:
-        dist = head(_masked_norm(x[:, 1], params['norm'], emask, cfg.ln_eps), params['head_dist'])
+        dist = head(_masked_norm(x[:, int('cls_token' in params)], params['norm'], emask, cfg.ln_eps),
+                    params['head_dist'])
         aux['logits_cls'], aux['logits_dist'] = logits, dist
         logits = (logits + dist) / 2
     return logits.astype(jnp.float32), aux
@@ -386,10 +539,24 @@ def masked_apply(params: Params, images: jax.Array, cfg: ViTConfig,
 
 def ffn_subnet(params: Params, cfg: ViTConfig,
                mlp_ratios: float | Sequence[float]) -> tuple[Params, ViTConfig]:
-    """MatFormer's sub-network: the first r·M MLP units of every layer (one ratio) or of
-    each layer (a per-layer sequence, Mix'n'Match; then the blocks come in the list
-    layout). Attention, embeddings and heads are kept whole. The config's `mlp_dim` is the
-    largest layer's (`vit.apply` reads every block's shape from the params)."""
+    """MatFormer's sub-network: the first r·M MLP units of every layer or of each layer.
+
+    Attention, embeddings and heads are kept whole.
+
+    Args:
+        params: the full network's params (either layout).
+        cfg: its config.
+        mlp_ratios: one FFN ratio r for all layers, or one per layer (Mix'n'Match).
+
+    Returns:
+        `(sub_params, sub_cfg)`. With per-layer ratios the blocks come in the list layout and
+        `sub_cfg.mlp_dim` is the largest layer's (`vit.apply` reads every block's shape from the
+        params).
+
+    Raises:
+        GeneError: list-layout blocks that differ in shape; a per-layer sequence not of length
+          `cfg.depth`; a ratio outside (0, 1] or whose r·M is not whole.
+    """
     params = common.stacked(params, 'scala.ffn_subnet')
     if isinstance(mlp_ratios, (int, float)):
         m = _count(mlp_ratios, cfg.mlp_dim, 'mlp_dim')
@@ -404,10 +571,25 @@ def ffn_subnet(params: Params, cfg: ViTConfig,
 
 
 def mix_n_match(ratio: float, granularities: Sequence[float], depth: int) -> tuple[float, ...]:
-    """Per-layer FFN ratios from the trained `granularities` whose mean is closest to
-    `ratio`: the two granularities around it, the smaller in the first layers and the
-    larger in the last (non-decreasing with depth, MatFormer's heuristic)."""
+    """Per-layer FFN ratios from the trained `granularities` whose mean is closest to `ratio`.
+
+    MatFormer's heuristic: the two granularities around it, the smaller in the first layers
+    and the larger in the last (non-decreasing with depth).
+
+    Args:
+        ratio: the wanted mean FFN ratio.
+        granularities: the FFN ratios the network was trained at.
+        depth: the number of layers.
+
+    Returns:
+        `depth` ratios; all equal to `ratio` where it is a trained granularity.
+
+    Raises:
+        GeneError: `granularities` is empty, or `ratio` lies outside their range.
+    """
     gs = sorted(float(g) for g in granularities)
+    if not gs:
+        raise GeneError(f'mix_n_match: no trained granularities to mix for ratio {ratio}')
     if not gs[0] <= ratio <= gs[-1]:
         raise GeneError(f'mix_n_match: ratio {ratio} lies outside the trained granularities {gs}')
     if ratio in gs:
@@ -442,20 +624,47 @@ def _ratio(target: int, full: int, what: str) -> float:
 
 
 def _check_sub(sub_cfg: ViTConfig, target_cfg: ViTConfig, what: str) -> None:
-    for f in ('width', 'num_heads', 'head_dim', 'mlp_dim', 'num_classes'):
+    for f in ('width', 'num_heads', 'head_dim', 'mlp_dim'):
         if getattr(sub_cfg, f) != getattr(target_cfg, f):
             raise GeneError(f'{what}: the sub-network of width {sub_cfg.width} has {f}='
                             f'{getattr(sub_cfg, f)} but the target config has {getattr(target_cfg, f)}')
 
 
+def _check_classes(gene: Params, target_cfg: ViTConfig, what: str) -> None:
+    """The gene's head (which the sub-network keeps) has `target_cfg.num_classes` classes."""
+    k = int(np.shape(gene['head']['bias'])[0]) if 'head' in gene else 0
+    if k != target_cfg.num_classes:
+        got = f"the gene's head has {k} classes" if k else 'the gene has no head'
+        raise GeneError(f'{what}: {got} but the target config has num_classes='
+                        f"{target_cfg.num_classes}; the sub-network keeps the gene's head")
+
+
 def descend(gene: Params, target_cfg: ViTConfig, *, key=None, rule: str = 'clean',
             smallest: float = 0.25, side: str | None = None) -> Params:
-    """The slimmable `gene`'s sub-network of `target_cfg`'s width (ratio = target width /
-    gene width), by `subnet` with `rule`, `smallest` and `side`. `key` is unused (nothing is
-    drawn). Run it with `subnet`'s config for rule='official' (full attention scale, eps
-    1e-5)."""
+    """The slimmable `gene`'s sub-network of `target_cfg`'s width, by `subnet`.
+
+    Run it with `subnet`'s config for rule='official' (full attention scale, eps 1e-5).
+
+    Args:
+        gene: the full slimmable network's params (either layout).
+        target_cfg: the descendant's config; its width / the gene's width is the ratio r; its
+          depth and heads must be the gene's, its head size and MLP width r times the gene's.
+        key: unused (nothing is drawn).
+        rule: the slicing rule (`subnet`).
+        smallest: the grid's smallest ratio s (isolated activation).
+        side: 'left' or 'right' for every parameter, overriding isolated activation.
+
+    Returns:
+        The sub-network's params (stacked layout).
+
+    Raises:
+        GeneError: the depths differ; the target width is not in (0, gene width]; as `subnet`;
+          the sub-network's width, heads, head size or MLP width is not the target's; or the
+          gene's head has another class count than `target_cfg.num_classes` (none: 0).
+    """
     del key
     full = _source_config(gene, target_cfg, 'scala.descend')
+    _check_classes(gene, target_cfg, 'scala.descend')
     ratio = _ratio(target_cfg.width, full.width, 'scala.descend')
     sub, sub_cfg = subnet(gene, full, ratio, rule=rule, smallest=smallest, side=side)
     _check_sub(sub_cfg, target_cfg, 'scala.descend')
@@ -463,14 +672,41 @@ def descend(gene: Params, target_cfg: ViTConfig, *, key=None, rule: str = 'clean
 
 
 def descend_us_net(gene: Params, target_cfg: ViTConfig, *, key=None) -> Params:
-    """US-Net's sub-network of the target's width: the left block at every width."""
+    """US-Net's sub-network of the target's width: the left block at every width.
+
+    Args:
+        gene: the full slimmable network's params (either layout).
+        target_cfg: the descendant's config (as `descend`).
+        key: unused (nothing is drawn).
+
+    Returns:
+        The sub-network's params (stacked layout).
+
+    Raises:
+        GeneError: as `descend`.
+    """
     return descend(gene, target_cfg, key=key, side='left')
 
 
 def descend_matformer(gene: Params, target_cfg: ViTConfig, *, key=None) -> Params:
-    """MatFormer's nested FFN of `target_cfg.mlp_dim` (width and heads as the gene's)."""
+    """MatFormer's nested FFN of `target_cfg.mlp_dim` (width and heads as the gene's).
+
+    Args:
+        gene: the full network's params (either layout).
+        target_cfg: the descendant's config; all but `mlp_dim` as the gene's.
+        key: unused (nothing is drawn).
+
+    Returns:
+        The sub-network's params (stacked layout), the first `target_cfg.mlp_dim` MLP units of
+        every layer.
+
+    Raises:
+        GeneError: the depth, width, heads, head size or class count (of the gene's head; none:
+          0) differs from the gene's, or `target_cfg.mlp_dim` is not in (0, gene mlp_dim].
+    """
     del key
     full = _source_config(gene, target_cfg, 'matformer.descend')
+    _check_classes(gene, target_cfg, 'matformer.descend')
     if target_cfg.width != full.width or target_cfg.num_heads != full.num_heads:
         raise GeneError(f'matformer.descend: only the FFN is nested; the target needs the gene '
                         f'width {full.width} and {full.num_heads} heads (got {target_cfg.width}, '
@@ -481,7 +717,15 @@ def descend_matformer(gene: Params, target_cfg: ViTConfig, *, key=None) -> Param
 
 
 def init_gene(cfg: ViTConfig, key: jax.Array) -> Params:
-    """The full slimmable network, freshly initialised (`vit.init`)."""
+    """The full slimmable network, freshly initialised (`vit.init`).
+
+    Args:
+        cfg: the full network's config.
+        key: a PRNG key.
+
+    Returns:
+        Its params (stacked layout).
+    """
     return vit.init(cfg, key)
 
 
@@ -495,7 +739,15 @@ def _materializer(descend_fn):
 
 
 def gene_param_count(gene: Params, *, include_head: bool = False) -> int:
-    """Every parameter of the slimmable network (all sub-networks live in it)."""
+    """Every parameter of the slimmable network (all sub-networks live in it).
+
+    Args:
+        gene: the full network's params.
+        include_head: also count the classifier (`common.HEAD_KEYS`).
+
+    Returns:
+        The number of parameters.
+    """
     return common.count(gene, include_head=include_head)
 
 
@@ -535,7 +787,7 @@ Teacher = tuple[Any, ViTConfig]   # (params, config) of a frozen external teache
 
 def _choice(name: str, value: str, choices: Sequence[str]) -> None:
     if value not in choices:
-        raise ValueError(f'{name}={value!r}; expected one of {tuple(choices)}')
+        raise GeneError(f'{name}={value!r}; expected one of {tuple(choices)}')
 
 
 def _targets(batch):
@@ -553,8 +805,19 @@ def _heads(params, images, cfg: ViTConfig, rng):
 
 def width_forward(cfg: ViTConfig, ratio: float, *, rule: str = 'clean', smallest: float = 0.25,
                   side: str | None = None) -> Callable:
-    """`(params, images, rng) -> (cls logits, distillation logits)` of the width-`ratio`
-    sub-network (`subnet`) in training mode."""
+    """The forward of the width-`ratio` sub-network (`subnet`) in training mode.
+
+    Args:
+        cfg: the full network's config.
+        ratio: the width ratio r.
+        rule: the slicing rule (`subnet`).
+        smallest: the grid's smallest ratio s (isolated activation).
+        side: 'left' or 'right' for every parameter, overriding isolated activation.
+
+    Returns:
+        `run(params, images, rng) -> (cls logits, distillation logits)`, the same logits twice
+        without a distillation token; it raises `subnet`'s errors when called.
+    """
     def run(params, images, rng):
         sub, sub_cfg = subnet(params, cfg, ratio, rule=rule, smallest=smallest, side=side)
         return _heads(sub, images, sub_cfg, rng)
@@ -587,7 +850,23 @@ def _full_term(ce_logits, kd_logits, batch, teacher: Teacher | None, alpha: floa
 
 def full_loss(cfg: ViTConfig, *, rule: str = 'clean', teacher: Teacher | None = None,
               alpha: float = 0.5, label_smoothing: float = 0.0) -> Callable:
-    """The full network alone (Scala's warm-up): the same loss as `scala_loss`'s full term."""
+    """The full network alone (Scala's warm-up): the same loss as `scala_loss`'s full term.
+
+    Args:
+        cfg: the slimmable network's config.
+        rule: the slicing rule (`subnet`).
+        teacher: (params, cfg) of a frozen external model for DeiT hard distillation; None:
+          cross-entropy on the labels (both heads averaged with a distillation token).
+        alpha: the DeiT distillation weight, with `teacher`.
+        label_smoothing: of the cross-entropy terms.
+
+    Returns:
+        `loss_fn(params, batch, rng) -> (loss, metrics)` for the trainer, with a hashable `key`
+        naming it (None with an external teacher); metrics hold the accuracy.
+
+    Raises:
+        GeneError: `rule` is not one of `RULES`.
+    """
     _choice('rule', rule, RULES)
     forward = width_forward(cfg, 1.0, rule=rule)
 
@@ -626,6 +905,10 @@ def scala_loss(cfg: ViTConfig, grid: Sequence[float], *, rule: str = 'clean',
         `loss_fn(params, batch, rng) -> (loss, metrics)` for the trainer, with a hashable
         `key` naming it (None with an external teacher); metrics: the four terms, the drawn
         ratios and the full network's accuracy.
+
+    Raises:
+        GeneError: `rule`, `transfer` or `distill` is not one of its choices, or `grid` is not
+          a valid width grid or a stable half is empty (`stable_halves`).
     """
     _choice('rule', rule, RULES)
     _choice('transfer', transfer, TRANSFERS)
@@ -671,9 +954,23 @@ def scala_loss(cfg: ViTConfig, grid: Sequence[float], *, rule: str = 'clean',
 
 
 def usnet_loss(cfg: ViTConfig, grid: Sequence[float], *, label_smoothing: float = 0.0) -> Callable:
-    """US-Net's sandwich rule with in-place distillation: the full width on the labels; the
-    smallest and two widths drawn uniformly from the grid's interior trained only on the
-    detached softmax of the full width (soft-target CE); every width left-aligned."""
+    """US-Net's sandwich rule with in-place distillation.
+
+    The full width trains on the labels; the smallest and two widths drawn uniformly from the
+    grid's interior train only on the detached softmax of the full width (soft-target CE);
+    every width is left-aligned.
+
+    Args:
+        cfg: the slimmable network's config.
+        grid: the width grid (`width_grid`), its first entry the smallest ratio; it needs a
+          ratio strictly between its ends (checked when `loss_fn` is traced).
+        label_smoothing: of the full width's cross-entropy.
+
+    Returns:
+        `loss_fn(params, batch, rng) -> (loss, metrics)` for the trainer, with a hashable `key`
+        naming it; metrics: 'loss_full', 'accuracy', 'loss_width0' to 'loss_width2' (the two
+        drawn widths, then the smallest) and the drawn ratios 'ratio_a', 'ratio_b'.
+    """
     grid = tuple(float(r) for r in grid)
     interior, smallest = grid[1:-1], grid[0]
 
@@ -702,8 +999,17 @@ def usnet_loss(cfg: ViTConfig, grid: Sequence[float], *, label_smoothing: float 
 
 def matformer_loss(cfg: ViTConfig, granularities: Sequence[float] = (0.25, 0.5, 0.75, 1.0), *,
                    label_smoothing: float = 0.0) -> Callable:
-    """MatFormer: the nested FFN at every granularity (ratio of the MLP width) on the same
-    batch, CE on the labels, summed with equal weights."""
+    """MatFormer: the nested FFN at every granularity on the same batch, CE on the labels, summed.
+
+    Args:
+        cfg: the full network's config.
+        granularities: the FFN ratios (of the MLP width) trained at every step.
+        label_smoothing: of the cross-entropy terms.
+
+    Returns:
+        `loss_fn(params, batch, rng) -> (loss, metrics)` for the trainer, with a hashable `key`
+        naming it; metrics: 'loss_ffn{g}' per granularity and the largest one's 'accuracy'.
+    """
     granularities = tuple(float(g) for g in granularities)
 
     def loss_fn(params, batch, rng):
@@ -725,23 +1031,56 @@ def matformer_loss(cfg: ViTConfig, granularities: Sequence[float] = (0.25, 0.5, 
 # How each slimmable network trains (`common.Slimmable`), and the registered methods.
 
 def scala_plan(grid: Sequence[float], warmup: int, steps: int) -> tuple[tuple[float, float], ...]:
-    """The passes per width of a Scala run: the full width at every step (warm-up included),
-    the smallest at every step, and one width of each stable half per step, spread evenly."""
+    """The forward-backward passes per width of a Scala run, for its training FLOPs.
+
+    Args:
+        grid: the width grid (`width_grid`).
+        warmup: steps of the full-width warm-up.
+        steps: steps of the main run.
+
+    Returns:
+        `((ratio, passes), ...)`, the full width `warmup + steps`, the smallest `steps`, each
+        width of a stable half `steps / len(half)` (one per step, spread evenly).
+
+    Raises:
+        GeneError: as `stable_halves`.
+    """
     upper, lower = stable_halves(grid)
     return ((1.0, warmup + steps), (grid[0], steps), *((r, steps / len(upper)) for r in upper),
             *((r, steps / len(lower)) for r in lower))
 
 
 def usnet_plan(grid: Sequence[float], warmup: int, steps: int) -> tuple[tuple[float, float], ...]:
-    """The passes per width of a US-Net run: the full width and the smallest at every step,
-    two widths a step drawn uniformly from the grid's interior."""
-    interior = grid[1:-1]
+    """The forward-backward passes per width of a US-Net run, for its training FLOPs.
+
+    Args:
+        grid: the width grid (`width_grid`).
+        warmup: steps of the full-width warm-up.
+        steps: steps of the main run.
+
+    Returns:
+        `((ratio, passes), ...)`, the full width `warmup + steps`, the smallest `steps`, each
+        interior width `2 * steps / len(interior)` (two drawn uniformly per step).
+
+    Raises:
+        GeneError: as `sample_interior` (an invalid grid, or no width strictly between its
+          ends), which `usnet_loss` runs.
+    """
+    interior = _interior(grid)
     return ((1.0, warmup + steps), (grid[0], steps), *((r, 2 * steps / len(interior)) for r in interior))
 
 
 def matformer_plan(grid: Sequence[float], warmup: int, steps: int) -> tuple[tuple[float, float], ...]:
-    """The passes per FFN ratio of a MatFormer run: every ratio at every step, the full one
-    also through the warm-up."""
+    """The forward-backward passes per FFN ratio of a MatFormer run, for its training FLOPs.
+
+    Args:
+        grid: the FFN ratios trained.
+        warmup: steps of the full-width warm-up.
+        steps: steps of the main run.
+
+    Returns:
+        `((ratio, passes), ...)`, every ratio `steps`, plus `warmup` for the ratio 1.0.
+    """
     return tuple((r, steps + (warmup if r == 1.0 else 0)) for r in grid)
 
 
@@ -762,7 +1101,19 @@ def _matformer_loss(cfg: ViTConfig, grid: Sequence[float], *, rule: str = 'clean
 
 def matformer_subnet_config(cfg: ViTConfig, ratio: float, *, rule: str = 'clean') -> ViTConfig:
     """MatFormer's sub-network config at FFN ratio `ratio`: the width and heads kept, the
-    first ratio·M MLP units."""
+    first ratio·M MLP units.
+
+    Args:
+        cfg: the full network's config.
+        ratio: the FFN ratio r.
+        rule: must be 'clean' (MatFormer slices by that rule only).
+
+    Returns:
+        `cfg` with `mlp_dim` = r·M.
+
+    Raises:
+        GeneError: `rule` is not 'clean', or r is not in (0, 1] or r·M is not whole.
+    """
     _clean_only(rule, 'MatFormer')
     return cfg.replace(mlp_dim=_count(ratio, cfg.mlp_dim, 'mlp_dim'))
 

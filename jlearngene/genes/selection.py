@@ -36,14 +36,39 @@ _FIXED_AXES = ('patch_h', 'patch_w', 'channels', 'tokens', 'classes')
 
 
 def uniform_indices(n: int, m: int) -> np.ndarray:
-    """m evenly spaced indices of an axis of size n (the published rule; m > n repeats)."""
+    """m evenly spaced indices of an axis of size n (the published rule).
+
+    Args:
+        n: the size of the larger axis.
+        m: how many indices to take, at least 1; m > n repeats indices.
+
+    Returns:
+        int64 array of shape `(m,)`, `0, s, 2s, ...` with s = n/m when m divides n, else
+        `round(linspace(0, n - 1, m))`.
+
+    Raises:
+        GeneError: `n` or `m` is less than 1.
+    """
+    if n < 1 or m < 1:
+        raise GeneError(f'uniform_indices: m={m} indices of an axis of size n={n}; both must be at least 1')
     if m <= n and n % m == 0:
         return np.arange(m) * (n // m)
     return np.round(np.linspace(0, n - 1, m)).astype(np.int64)
 
 
 def gene_from_model(params: Params, cfg: ViTConfig) -> Params:
-    """IMwLM's gene: the whole larger model (stacked layout), checked against `cfg`."""
+    """IMwLM's gene: the whole larger model (stacked layout), checked against `cfg`.
+
+    Args:
+        params: the trained larger model's params, in either layout.
+        cfg: its config.
+
+    Returns:
+        `params` in the stacked layout.
+
+    Raises:
+        GeneError: `params` is not a whole model of config `cfg` (`common.check_model`).
+    """
     return common.check_model(params, cfg, 'imwlm')
 
 
@@ -52,10 +77,30 @@ def descend(gene: Params, target_cfg: ViTConfig, *, key: jax.Array | None = None
             heads: str = 'whole') -> Params:
     """Uniform element selection of `target_cfg`'s shapes from the larger model `gene`.
 
-    Every axis of the target must be at most the model's (GeneError naming the first leaf
-    that is larger), except depth; the patch, channel, token and class axes must be equal
-    (`head='new'` draws a head for other class counts). `embeddings='random'` draws the
-    patch/position embeddings and final norm fresh. `key` is needed for anything drawn.
+    Every axis of the target must be at most the model's, except depth; the patch, channel,
+    token and class axes must be equal (`head='new'` draws a head for other class counts).
+
+    Args:
+        gene: the larger model's params (either layout), as `gene_from_model` makes it.
+        target_cfg: the descendant's config.
+        key: PRNG key for anything drawn (a new head, random embeddings, layers above the
+          model's depth with layers='first'); None where nothing is drawn.
+        head: 'inherit' the model's head (selected) or draw a 'new' one.
+        embeddings: 'inherit' (selected) or 'random': the patch/position embeddings, prefix
+          tokens and final norm drawn fresh; None: inherit.
+        layers: 'first', the first `target_cfg.depth` layers (a deeper target draws the rest
+          fresh), or 'uniform', `uniform_indices` over the layers (a deeper target repeats them).
+        heads: 'whole' selects on the 'heads' and 'head_dim' axes separately; 'flat' on the
+          flattened heads × head_dim axis, as the published code does.
+
+    Returns:
+        The descendant's params (stacked layout).
+
+    Raises:
+        GeneError: the model or the target has a pre-logits layer; `layers`, `heads`, `head` or
+          `embeddings` is not a valid choice; the target needs a leaf that the model lacks, or
+          one larger than the model's (or different on a fixed axis), naming the first; something
+          is drawn and `key` is None.
     """
     common.check_no_pre_logits(gene, 'imwlm.descend')
     common.check_no_pre_logits(target_cfg, 'imwlm.descend')
@@ -129,7 +174,15 @@ def descend(gene: Params, target_cfg: ViTConfig, *, key: jax.Array | None = None
 
 
 def gene_param_count(gene: Params, *, include_head: bool = False) -> int:
-    """Parameters of the stored larger model (its head only with `include_head`)."""
+    """Parameters of the stored larger model (its head only with `include_head`).
+
+    Args:
+        gene: the larger model's params.
+        include_head: also count the classifier (`common.HEAD_KEYS`).
+
+    Returns:
+        The number of parameters.
+    """
     return common.count(gene, include_head=include_head)
 
 

@@ -154,7 +154,8 @@ def check_gene(gene: Any) -> None:
         gene: the tree to check.
 
     Raises:
-        GeneError: it lacks 'theta_b' or 'shared', or has other keys.
+        GeneError: it is not a dict, lacks 'theta_b' or 'shared', or has other keys; or
+          'theta_a' and 'theta_b' differ in structure or shapes.
     """
     if not isinstance(gene, Mapping) or 'theta_b' not in gene or 'shared' not in gene:
         got = list(gene) if isinstance(gene, Mapping) else type(gene).__name__
@@ -163,22 +164,46 @@ def check_gene(gene: Any) -> None:
     if extra:
         raise GeneError(f'not a TLEG gene: unexpected keys {sorted(extra)}')
     if 'theta_a' in gene:
-        pytree.assert_same_structure(gene['theta_b'], gene['theta_a'], 'theta_b and theta_a')
+        try:
+            pytree.assert_same_structure(gene['theta_b'], gene['theta_a'], 'theta_b and theta_a')
+        except ValueError as e:
+            raise GeneError(f'not a TLEG gene: {e}') from None
 
 
 def aux_depth(gene: Gene) -> int | None:
-    """Depth of the Aux-Net the gene was built for, when it has free per-layer block params
-    (`shared['blocks']`); None when every block param is expanded (then any depth works)."""
+    """Depth of the Aux-Net the gene was built for.
+
+    Args:
+        gene: a TLEG gene.
+
+    Returns:
+        The layers of its free per-layer block params (`shared['blocks']`); None when every
+        block param is expanded (then any depth works).
+    """
     return common.num_layers(gene['shared'].get('blocks', {})) or None
 
 
 def from_layer_of(gene: Gene) -> int:
-    """Number of leading free (non-expanded) layers: 0 unless the gene was partially expanded."""
+    """Number of leading free (non-expanded) layers.
+
+    Args:
+        gene: a TLEG gene.
+
+    Returns:
+        The layers in `shared['prefix']`; 0 unless the gene was partially expanded.
+    """
     return common.num_layers(gene['shared'].get('prefix', {}))
 
 
 def expanded_modules(gene: Gene) -> tuple[str, ...]:
-    """The module groups of `MODULES` that the gene expands."""
+    """The module groups of `MODULES` that the gene expands.
+
+    Args:
+        gene: a TLEG gene.
+
+    Returns:
+        The names of the groups all of whose modules are in `gene['theta_b']`, in `MODULES` order.
+    """
     keys = set(gene['theta_b'])
     return tuple(m for m, ks in MODULES.items() if set(ks) <= keys)
 
@@ -248,8 +273,9 @@ def expand(gene: Gene, depth: int) -> Params:
         Canonical params (stacked layout).
 
     Raises:
-        GeneError: the gene has free per-layer params (`shared['blocks']`, or a partial
-          expansion's first layers) for another depth, or `depth` is not a positive integer.
+        GeneError: `gene` is not a TLEG gene (`check_gene`), the gene has free per-layer params
+          (`shared['blocks']`, or a partial expansion's first layers) for another depth, or
+          `depth` is not a positive integer.
     """
     check_gene(gene)
     blocks = _expand_core(gene, depth)
@@ -345,9 +371,10 @@ def descend(gene: Gene, target_cfg: ViTConfig, *, head: str = 'inherit',
         Canonical params of `target_cfg` (stacked layout).
 
     Raises:
-        GeneError: the gene's shapes do not fit `target_cfg`, an option is not one of its
-          choices, `others='inherit'` at another depth than the Aux-Net's, or something must
-          be drawn and there is no `key`.
+        GeneError: `gene` is not a TLEG gene (`check_gene`), the gene's shapes do not fit
+          `target_cfg`, an option is not one of its choices, `target_cfg.depth` does not exceed
+          a partial expansion's free first layers, `others='inherit'` at another depth than the
+          Aux-Net's, or something must be drawn and there is no `key`.
     """
     check_gene(gene)
     common.check_choice('descend', 'others', others, OTHERS)
@@ -403,6 +430,9 @@ def gene_param_count(gene: Gene, *, include_head: bool = False) -> int:
 
     Returns:
         θ_A + θ_B + shared (the head only with `include_head`).
+
+    Raises:
+        GeneError: `gene` is not a TLEG gene (`check_gene`).
     """
     check_gene(gene)
     shared = {k: v for k, v in gene['shared'].items() if k != 'blocks'}

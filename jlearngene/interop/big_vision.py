@@ -134,7 +134,16 @@ def _check_layout(layout: str) -> None:
 # The expected layout of a config.
 
 def check_representable(cfg: ViTConfig) -> None:
-    """ConfigError naming every field of `cfg` that big_vision's / vit_jax's ViT cannot hold."""
+    """Check that big_vision's / vit_jax's ViT can hold a config.
+
+    Args:
+        cfg: the config.
+
+    Raises:
+        ConfigError: naming every field of `cfg` that those models cannot hold (LayerScale, a
+          distillation token, no q/k/v biases, average pooling with a class token or with the
+          norm after pooling, num_heads × head_dim != width, a non-default `attn_scale`).
+    """
     bad = [why for wrong, why in (
         (cfg.layer_scale, 'layer_scale=True (no LayerScale)'),
         (cfg.distill_token, 'distill_token=True (no distillation token)'),
@@ -152,7 +161,19 @@ def check_representable(cfg: ViTConfig) -> None:
 
 
 def big_vision_shapes(cfg: ViTConfig, layout: str = 'big_vision') -> dict[str, tuple[int, ...]]:
-    """{checkpoint key: shape} of the ViT equal to `cfg` in `layout`."""
+    """The layout of the checkpoint of the ViT equal to a config.
+
+    Args:
+        cfg: the model's config.
+        layout: one of `LAYOUTS`.
+
+    Returns:
+        The shape of each checkpoint key, in the order `to_big_vision` writes them.
+
+    Raises:
+        ValueError: `layout` is not one of `LAYOUTS`.
+        ConfigError: big_vision's ViT cannot hold `cfg` (`check_representable`).
+    """
     _check_layout(layout)
     check_representable(cfg)
     d, h, dh, m, k, p, c = (cfg.width, cfg.num_heads, cfg.head_dim, cfg.mlp_dim, cfg.num_classes,
@@ -189,16 +210,30 @@ def big_vision_shapes(cfg: ViTConfig, layout: str = 'big_vision') -> dict[str, t
 # Reading.
 
 def flat_checkpoint(tree: Mapping[str, Any]) -> Checkpoint:
-    """{'/'-joined key: numpy array} of a flat or nested params dict (a FrozenDict too)."""
+    """A checkpoint as one flat dict of numpy arrays.
+
+    Args:
+        tree: a flat dict of '/'-joined keys, or a nested params dict (a FrozenDict too).
+
+    Returns:
+        A dict of '/'-joined key to numpy array.
+    """
     if any(isinstance(v, Mapping) for v in tree.values()):
         tree = traverse_util.flatten_dict(dict(tree), sep='/')
     return {str(k): np.asarray(v) for k, v in tree.items()}
 
 
 def detect_layout(tree: Mapping[str, Any]) -> str:
-    """Which of `LAYOUTS` a checkpoint (flat or nested) uses: 'big_vision_scan' when it has a
-    stacked `Transformer/encoderblock`, 'vit' when its blocks use the pre-Linen names or its
-    position embedding is `Transformer/posembed_input/pos_embedding`, else 'big_vision'."""
+    """Which of `LAYOUTS` a checkpoint uses.
+
+    Args:
+        tree: the checkpoint, flat or nested.
+
+    Returns:
+        'big_vision_scan' when it has a stacked `Transformer/encoderblock`, 'vit' when its
+        blocks use the pre-Linen names or its position embedding is
+        `Transformer/posembed_input/pos_embedding`, else 'big_vision'.
+    """
     keys = list(flat_checkpoint(tree))
     if any(k.startswith('Transformer/encoderblock/') for k in keys):
         return 'big_vision_scan'
@@ -210,8 +245,22 @@ def detect_layout(tree: Mapping[str, Any]) -> str:
 
 
 def infer_config(tree: Mapping[str, Any], layout: str | None = None) -> ViTConfig:
-    """The `ViTConfig` of a big_vision / vit_jax checkpoint, from its keys and shapes (GELU
-    'tanh', LayerNorm eps 1e-6: Flax's defaults). Raises StateDictError listing every problem."""
+    """The `ViTConfig` of a big_vision / vit_jax checkpoint, from its keys and shapes.
+
+    GELU is 'tanh' and LayerNorm eps 1e-6, Flax's defaults.
+
+    Args:
+        tree: the checkpoint, flat or nested.
+        layout: one of `LAYOUTS`; `None` (default): `detect_layout`.
+
+    Returns:
+        The config.
+
+    Raises:
+        StateDictError: the checkpoint has no big_vision key at all, or the config cannot be
+          inferred (the message lists every problem).
+        ValueError: `layout` is not one of `LAYOUTS`.
+    """
     ckpt = flat_checkpoint(tree)
     _check_not_foreign(ckpt)
     cfg, problems = _infer(ckpt, layout or detect_layout(ckpt))
@@ -309,9 +358,20 @@ def _infer(ckpt: Checkpoint, layout: str) -> tuple[ViTConfig | None, list[str]]:
 
 
 def check_checkpoint(tree: Mapping[str, Any], cfg: ViTConfig, layout: str | None = None) -> None:
-    """Raise StateDictError listing every key of the checkpoint that is missing, unexpected
-    (with the reason when a known ViT variant has it) or of the wrong shape or dtype for
-    `cfg` in `layout` (default: `detect_layout`)."""
+    """Check a big_vision / vit_jax checkpoint against the layout of a config.
+
+    Args:
+        tree: the checkpoint, flat or nested.
+        cfg: the model's config.
+        layout: one of `LAYOUTS`; `None` (default): `detect_layout`.
+
+    Raises:
+        StateDictError: listing every key that is missing, unexpected (with the reason when a
+          known ViT variant has it) or of the wrong shape or a non-float dtype, and a pre-logits
+          layer that only one of checkpoint and config has.
+        ValueError: `layout` is not one of `LAYOUTS`.
+        ConfigError: big_vision's ViT cannot hold `cfg` (`check_representable`).
+    """
     ckpt = flat_checkpoint(tree)
     layout = layout or detect_layout(ckpt)
     want = big_vision_shapes(cfg, layout)
@@ -335,13 +395,23 @@ def check_checkpoint(tree: Mapping[str, Any], cfg: ViTConfig, layout: str | None
 
 def from_big_vision(npz_or_dict: str | os.PathLike | Mapping[str, Any],
                     cfg: ViTConfig | None = None) -> tuple[dict, ViTConfig]:
-    """big_vision / vit_jax checkpoint -> (params in the stacked canonical layout as float32 jax
-    arrays, cfg).
+    """big_vision / vit_jax checkpoint -> canonical parameters and config.
 
-    `npz_or_dict` is a `.npz` path or a flat or nested params dict; the layout is detected
-    (`detect_layout`). Without `cfg` the config is inferred from the shapes (`infer_config`);
-    with it, the checkpoint must have exactly its shapes. Every missing, unexpected or
-    mis-shaped key is reported together in one StateDictError.
+    The layout is detected (`detect_layout`). Without `cfg` the config is inferred from the
+    shapes (`infer_config`); with it, the checkpoint must have exactly its shapes.
+
+    Args:
+        npz_or_dict: a `.npz` path (`load_npz`), or a flat or nested params dict.
+        cfg: the model's config; `None` (default): inferred.
+
+    Returns:
+        `(params, cfg)`, with params in the stacked canonical layout as float32 jax arrays.
+
+    Raises:
+        StateDictError: the file cannot be read, the checkpoint has no big_vision key, or
+          keys are missing, unexpected or mis-shaped (all reported together).
+        FileNotFoundError: there is no file at the path.
+        ConfigError: big_vision's ViT cannot hold the given `cfg` (`check_representable`).
     """
     ckpt = (load_npz(npz_or_dict) if isinstance(npz_or_dict, (str, os.PathLike))
             else flat_checkpoint(npz_or_dict))
@@ -383,17 +453,28 @@ def _canonical(ckpt: Checkpoint, cfg: ViTConfig, layout: str) -> dict:
 
 def to_big_vision(params: Any, cfg: ViTConfig, *, layout: str = 'big_vision',
                   dtype: Any = np.float32) -> Checkpoint:
-    """Canonical parameters (stacked or list layout) -> flat {key: numpy array} checkpoint of
-    big_vision's / vit_jax's ViT in `layout` (see the module docstring), arrays cast to `dtype`.
+    """Canonical parameters -> flat checkpoint of big_vision's / vit_jax's ViT.
 
     `save_npz` writes it; `traverse_util.unflatten_dict(ckpt, sep='/')` gives the nested params
     of big_vision's `Model` ('big_vision' layouts: `pool_type='tok'` or 'gap', `scan=` as the
     layout says) or of vit_jax's `VisionTransformer` ('vit': `classifier='token'` or 'gap',
     after `flax.training.checkpoints.convert_pre_linen`, as its `checkpoint.load` does). In
     the 'big_vision' layouts a non-zero class-token row of `pos_embed` is folded into `cls`.
-    ConfigError for configs those models cannot hold; StateDictError for blocks of different
-    shapes (list layout, e.g. per-layer head counts) and listing every parameter that does not
-    fit `cfg`.
+
+    Args:
+        params: canonical parameters, stacked or list layout.
+        cfg: their config.
+        layout: one of `LAYOUTS` (see the module docstring).
+        dtype: the arrays' dtype (default float32).
+
+    Returns:
+        A dict of '/'-joined key to numpy array, in `big_vision_shapes`' order; writable copies.
+
+    Raises:
+        ValueError: `layout` is not one of `LAYOUTS`.
+        ConfigError: those models cannot hold `cfg` (`check_representable`).
+        StateDictError: blocks of different shapes (list layout, e.g. per-layer head counts),
+          or parameters that do not fit `cfg` (every one listed).
     """
     _check_layout(layout)
     check_representable(cfg)
@@ -421,8 +502,19 @@ def to_big_vision(params: Any, cfg: ViTConfig, *, layout: str = 'big_vision',
 # Files.
 
 def load_npz(path: str | os.PathLike) -> Checkpoint:
-    """Read a big_vision / vit_jax `.npz` checkpoint into a flat {key: array} dict (numpy
-    only); a file that is not a readable `.npz` is a StateDictError naming it and the reason."""
+    """Read a big_vision / vit_jax `.npz` checkpoint into a flat dict (numpy only).
+
+    Args:
+        path: the `.npz` file.
+
+    Returns:
+        A dict of '/'-joined key to numpy array; bfloat16 arrays become float32 (`load_state_dict`).
+
+    Raises:
+        StateDictError: `path` does not end in `.npz`, or the file is not a readable `.npz`
+          (the message names it and the reason).
+        FileNotFoundError: there is no file at `path`.
+    """
     path = os.fspath(path)
     if not path.lower().endswith('.npz'):
         raise StateDictError(f'{path!r}: big_vision checkpoints are read from .npz files')
@@ -430,8 +522,22 @@ def load_npz(path: str | os.PathLike) -> Checkpoint:
 
 
 def save_npz(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> str:
-    """Write a flat or nested checkpoint to an uncompressed `.npz` with '/'-joined keys (the
-    format of the released ViT / AugReg files), renamed into place once complete."""
+    """Write a checkpoint to an uncompressed `.npz` with '/'-joined keys.
+
+    That is the format of the released ViT / AugReg files. The file is renamed into place once
+    complete; missing parent folders are made.
+
+    Args:
+        checkpoint: a flat or nested checkpoint (`to_big_vision`).
+        path: the output file; its name must end in `.npz`.
+
+    Returns:
+        `path`, as a str.
+
+    Raises:
+        ValueError: `path` does not end in `.npz`.
+        OSError: the file cannot be written (named by `train.files.write_file`).
+    """
     path = os.fspath(path)
     if not path.endswith('.npz'):
         raise ValueError(f'{path!r}: the output file name must end in .npz')

@@ -65,7 +65,20 @@ def _depth_name(o: int, module: str, kind: str) -> str:
 
 
 def from_lets(state_dict: Mapping[str, Any], *, head_dim: int = 64) -> Gene:
-    """A LeTra gene from the official Aux-Net's state dict (see the module docstring)."""
+    """A LeTra gene from the official Aux-Net's state dict (see the module docstring).
+
+    Args:
+        state_dict: {LeTs name: numpy array, or anything `np.asarray` reads}.
+        head_dim: the head size that q/k/v are split into (official: 64); no shape records it.
+
+    Returns:
+        The gene, in `jlearngene.genes.letra`'s layout (numpy arrays).
+
+    Raises:
+        StateDictError: a required name is missing, per-layer tensors differ in shape, the
+          coefficient sets are not at Aux layers 0, 2, 4, ..., or some names are unknown.
+        GeneError: the shapes do not make a LeTra gene (`letra.sizes`).
+    """
     sd = {k: np.asarray(v) for k, v in state_dict.items()}
     used: set[str] = set()
 
@@ -117,8 +130,18 @@ def from_lets(state_dict: Mapping[str, Any], *, head_dim: int = 64) -> Gene:
 
 
 def to_lets(gene: Gene) -> dict[str, np.ndarray]:
-    """The official Aux-Net state dict of a LeTra gene (numpy arrays in torch layouts; the
-    inverse of `from_lets`, bit for bit). The official learngene has no class token."""
+    """The official Aux-Net state dict of a LeTra gene; the inverse of `from_lets`, bit for bit.
+
+    Args:
+        gene: a LeTra gene (arrays of any kind).
+
+    Returns:
+        A dict of LeTs name to numpy array, in torch layouts.
+
+    Raises:
+        StateDictError: the learngene has a class token (the official learngene has none).
+        GeneError: `gene` is no LeTra gene, or its parts disagree (`letra.sizes`).
+    """
     s = letra.sizes(gene)
     lg = gene['learngene']
     if 'cls_token' in lg:

@@ -50,7 +50,12 @@ class ViT(nnx.Module):
             setattr(self, name, nnx.data(jax.tree.map(nnx.Param, sub)))
 
     def canonical_params(self) -> dict:
-        """The canonical tree of the current parameter values (traced values under a transform)."""
+        """The canonical tree of the current parameter values.
+
+        Returns:
+            The parameter tree in the layout the module was built with (stacked, or blocks as a
+            list), holding the `nnx.Param`s' values (traced values under a transform).
+        """
         return {name: jax.tree.map(lambda v: v.get_value(), getattr(self, name), is_leaf=_is_variable)
                 for name in self.param_names}
 

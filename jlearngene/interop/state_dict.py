@@ -50,11 +50,29 @@ _WRAPPER_KEYS = ('model', 'state_dict', 'model_ema', 'state_dict_ema', 'module')
 
 
 def load_state_dict(path: str | os.PathLike) -> StateDict:
-    """Read a state dict into numpy: `.safetensors` and `.npz`; `.pth`/`.pt`/`.bin`/`.ckpt`
-    (torch pickles, loaded with `weights_only=True`) when torch is installed. Training
-    checkpoints that wrap the weights under 'model' / 'state_dict' (DeiT, timm) are unwrapped
-    and a DistributedDataParallel 'module.' prefix is removed. bfloat16 becomes float32."""
+    """Read a state dict into numpy.
+
+    Training checkpoints that wrap the weights under 'model' / 'state_dict' (DeiT, timm) are
+    unwrapped and a DistributedDataParallel 'module.' prefix (on every key) is removed.
+
+    Args:
+        path: a `.safetensors` or `.npz` file, or a `.pth`/`.pt`/`.bin`/`.ckpt` torch pickle
+          (loaded with `weights_only=True`; needs torch). The suffix (any letter case) picks the reader.
+
+    Returns:
+        The arrays by name, in numpy; bfloat16 arrays become float32.
+
+    Raises:
+        IsADirectoryError: `path` is a directory.
+        FileNotFoundError: `path` is no file.
+        StateDictError: the suffix is none of these, or the file cannot be read as its format
+          (empty, truncated, another format, a `.safetensors` dtype numpy lacks, a pickled `.npz`
+          array, a torch pickle that holds no state dict), or it holds no arrays.
+        ImportError: a torch pickle without torch installed.
+    """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f'state dict file {path!r} is a directory, not a file')
     if not os.path.isfile(path):
         raise FileNotFoundError(f'state dict file {path!r} does not exist')
     low = path.lower()
@@ -67,6 +85,8 @@ def load_state_dict(path: str | os.PathLike) -> StateDict:
     else:
         raise StateDictError(f'{path!r}: unknown state dict format; expected .safetensors, .npz or '
                              f'{"/".join(PICKLE_SUFFIXES)} (torch)')
+    if not sd:
+        raise StateDictError(f'{path!r} holds no arrays; a state dict file holds at least one')
     if any(k.startswith('module.') for k in sd) and all(k.startswith('module.') for k in sd):
         sd = {k[len('module.'):]: v for k, v in sd.items()}
     # numpy has no bfloat16 of its own (safetensors may hand back ml_dtypes.bfloat16).
@@ -74,10 +94,19 @@ def load_state_dict(path: str | os.PathLike) -> StateDict:
 
 
 def file_kind(path: str | os.PathLike) -> str:
-    """What an existing file holds, from its first bytes (not its name): 'safetensors' (an
-    8-byte header length and a JSON header), 'npz' (a zip archive of .npy arrays), 'torch'
-    (a torch zip archive or pickle), 'empty' (0 bytes) or 'unknown'. FileNotFoundError for
-    a path that does not exist, IsADirectoryError for a directory."""
+    """What an existing file holds, from its first bytes (not its name).
+
+    Args:
+        path: the file.
+
+    Returns:
+        'safetensors' (an 8-byte header length and a JSON header), 'npz' (a zip archive of .npy
+        arrays), 'torch' (a torch zip archive or pickle), 'empty' (0 bytes) or 'unknown'.
+
+    Raises:
+        IsADirectoryError: `path` is a directory.
+        FileNotFoundError: `path` does not exist.
+    """
     path = os.fspath(path)
     if os.path.isdir(path):
         raise IsADirectoryError(f'{path!r} is a directory, not a file')
@@ -179,7 +208,15 @@ def _load_torch(path: str) -> StateDict:
 
 
 def to_numpy(v: Any) -> np.ndarray:
-    """numpy view of an array or a torch tensor (bfloat16 tensors become float32, exactly)."""
+    """numpy view of an array or a torch tensor (bfloat16 tensors become float32, exactly).
+
+    Args:
+        v: a torch tensor (detached and moved to the CPU; torch is not imported), or anything
+          `np.asarray` reads.
+
+    Returns:
+        The numpy array.
+    """
     if hasattr(v, 'detach') and hasattr(v, 'cpu'):  # torch.Tensor, without importing torch
         v = v.detach().cpu()
         if str(v.dtype) == 'torch.bfloat16':
@@ -191,8 +228,23 @@ def to_numpy(v: Any) -> np.ndarray:
 def save_safetensors(state_dict: Mapping[str, Any], path: str | os.PathLike, *,
                      metadata: Mapping[str, str] | None = None) -> str:
     """Write a state dict of arrays to `.safetensors` (readable by `safetensors.torch` and timm).
-    `metadata` is a str -> str dict stored in the header. The file is renamed into place
-    once complete (`train.files.write_file`): a failed write leaves the old one."""
+
+    The file is renamed into place once complete (`train.files.write_file`): a failed write
+    leaves the old one. Missing parent folders are made.
+
+    Args:
+        state_dict: {name: array or torch tensor}.
+        path: the output file; its name must end in `.safetensors`.
+        metadata: str -> str entries stored in the header, beside (or replacing) its
+          `'format': 'pt'`.
+
+    Returns:
+        `path`, as a str.
+
+    Raises:
+        ValueError: `path` does not end in `.safetensors`.
+        OSError: the file cannot be written (named by `train.files.write_file`).
+    """
     import safetensors.numpy
 
     from jlearngene.train import files
@@ -211,7 +263,18 @@ def save_safetensors(state_dict: Mapping[str, Any], path: str | os.PathLike, *,
 
 
 def read_safetensors_metadata(path: str | os.PathLike) -> dict[str, str]:
-    """The str -> str metadata in a `.safetensors` header ({} when there is none)."""
+    """The str -> str metadata in a `.safetensors` header.
+
+    Args:
+        path: the `.safetensors` file.
+
+    Returns:
+        The metadata; {} when there is none.
+
+    Raises:
+        StateDictError: the header cannot be parsed (empty, truncated, not JSON).
+        FileNotFoundError: there is no file at `path`.
+    """
     path = os.fspath(path)
     with _safe_open(path) as f:
         return dict(f.metadata() or {})
@@ -222,9 +285,17 @@ TIMM_VIT_KEYS = ('patch_embed.proj.weight', 'pos_embed', 'cls_token')
 
 
 def archive_keys(path: str | os.PathLike, kind: str) -> list[str] | None:
-    """The array names of an .npz (`kind` 'npz') or the tensor names of a .safetensors file
-    (from its zip directory or JSON header: nothing else is read); None when they cannot be
-    read."""
+    """The array names of an .npz or the tensor names of a .safetensors file.
+
+    Only the zip directory or the JSON header is read, no array.
+
+    Args:
+        path: the file.
+        kind: 'npz' for an .npz; anything else reads a .safetensors header.
+
+    Returns:
+        The names, in the file's order; `None` when they cannot be read.
+    """
     import json
     try:
         if kind == 'npz':
@@ -239,9 +310,16 @@ def archive_keys(path: str | os.PathLike, kind: str) -> list[str] | None:
 
 
 def keys_format(keys: list[str], kind: str) -> str | None:
-    """The checkpoint format that an archive's keys are written in: 'big_vision' for an .npz
-    with '/'-joined keys, 'timm' for a timm ViT's '.'-joined keys (`TIMM_VIT_KEYS` or
-    'blocks.*'), else None."""
+    """The checkpoint format that an archive's keys are written in.
+
+    Args:
+        keys: the archive's array names (`archive_keys`).
+        kind: the archive's kind (`file_kind`): '/'-joined keys count only in 'npz'.
+
+    Returns:
+        'big_vision' for an .npz with '/'-joined keys; 'timm' for a timm ViT's '.'-joined keys
+        (one of `TIMM_VIT_KEYS` or 'blocks.*', a 'module.' prefix ignored); else `None`.
+    """
     if any('/' in k for k in keys):
         return 'big_vision' if kind == 'npz' else None
     bare = [k[len('module.'):] if k.startswith('module.') else k for k in keys]
@@ -254,8 +332,16 @@ EXPORTS = {'timm': ('a timm state dict', '.safetensors'),
 
 
 def is_export(path: str | os.PathLike, fmt: str) -> bool:
-    """Whether the file `path` is an export of format `fmt` (`EXPORTS`): its suffix, its
-    contents' kind (`file_kind`) and its keys (`keys_format`)."""
+    """Whether a file is an export of a format, by its suffix, contents and keys.
+
+    Args:
+        path: the file.
+        fmt: the format, a key of `EXPORTS` ('timm' or 'big_vision').
+
+    Returns:
+        True where `path` is a file with the format's suffix, its contents are of that kind
+        (`file_kind`) and its keys are written in `fmt` (`keys_format`).
+    """
     suffix = EXPORTS[fmt][1]
     if not os.fspath(path).endswith(suffix) or not os.path.isfile(path):
         return False
@@ -266,10 +352,24 @@ def is_export(path: str | os.PathLike, fmt: str) -> bool:
 
 def check_output(path: str | os.PathLike, flag: str, fmt: str, overwrite: bool, *,
                  inputs=(), how: str = '--overwrite') -> None:
-    """A one-line error unless `path` (given as `flag`) names a file that an export of
-    format `fmt` (`EXPORTS`) may write: its suffix, and nothing there or, with `overwrite`,
-    an export of the same format that is none of `inputs` (`train.files.check_replaceable`;
-    `how` names the switch: '--overwrite' or 'overwrite=True')."""
+    """A one-line error unless `path` names a file that an export of a format may write.
+
+    It may when the name has the format's suffix and nothing is there or, with `overwrite`, an
+    export of the same format that is none of `inputs` (`train.files.check_replaceable`).
+
+    Args:
+        path: the output file.
+        flag: how `path` was given, for the message (e.g. '--output').
+        fmt: the export's format, a key of `EXPORTS`.
+        overwrite: whether an existing export of `fmt` may be replaced.
+        inputs: the paths the export reads; `path` may be none of them nor hold one.
+        how: the switch that allows replacing, for the message: '--overwrite' or 'overwrite=True'.
+
+    Raises:
+        ValueError: `path` lacks the format's suffix.
+        FileExistsError: something is at `path` that may not be replaced (another kind of file,
+          an export without `overwrite`, or one of `inputs`).
+    """
     from jlearngene.train import files
     what, suffix = EXPORTS[fmt]
     if not str(path).endswith(suffix):
@@ -283,8 +383,16 @@ def check_output(path: str | os.PathLike, flag: str, fmt: str, overwrite: bool, 
 # Checks.
 
 def check_params(params: Any, cfg: ViTConfig) -> None:
-    """Raise StateDictError listing every leaf of `params` (stacked layout) that is missing,
-    unexpected or shaped differently from what `cfg` implies."""
+    """Check a canonical parameter tree against its config.
+
+    Args:
+        params: the parameters, stacked layout (arrays or `jax.ShapeDtypeStruct`s).
+        cfg: the config that implies their paths and shapes (`vit.init`'s).
+
+    Raises:
+        StateDictError: a leaf is missing, unexpected or shaped differently from what `cfg`
+          implies; the message lists every one.
+    """
     want = jax.eval_shape(lambda: vit.init(cfg, jax.random.key(0)))
     diff = pytree.structure_diff(want, params)
     problems = [f'{kind} parameters ({len(diff[kind])}): ' + ', '.join(diff[kind])
@@ -295,10 +403,19 @@ def check_params(params: Any, cfg: ViTConfig) -> None:
 
 
 def check_values(params: Any, where: str) -> None:
-    """Raise StateDictError naming the first leaf of `params` that is not a floating array
-    or holds NaN or inf (`where` names the tree: a file, a gene, a flag). Parameters
-    enter here from files and flags; an integer tree would run with all-zero logits and a
-    NaN would reach the first loss."""
+    """Check that every parameter is a finite floating array.
+
+    Parameters enter here from files and flags; an integer tree would run with all-zero logits
+    and a NaN would reach the first loss.
+
+    Args:
+        params: a parameter tree.
+        where: what the tree is, for the message: a file, a gene, a flag.
+
+    Raises:
+        StateDictError: naming the first leaf (in `pytree.flatten`'s order) that is not of a
+          floating dtype or holds NaN or inf (with their counts).
+    """
     import jax.numpy as jnp
     for path, leaf in pytree.flatten(params).items():
         dtype = getattr(leaf, 'dtype', None) or np.asarray(leaf).dtype
@@ -315,9 +432,19 @@ def check_values(params: Any, where: str) -> None:
 
 
 def stacked_for_export(params: Any, fmt: str) -> Any:
-    """`params` in the stacked layout, for a format (`fmt`, in words) whose blocks all have one
-    shape; list-layout blocks that differ (per-layer head counts, e.g. Cluster-Learngene) are a
-    StateDictError naming each block's head count and MLP size."""
+    """Parameters in the stacked layout, for a format whose blocks all have one shape.
+
+    Args:
+        params: canonical parameters, stacked or list layout.
+        fmt: the format, in words, for the message (e.g. "timm's VisionTransformer").
+
+    Returns:
+        `params` itself when stacked, else its blocks stacked (`layout.stack_blocks`).
+
+    Raises:
+        StateDictError: list-layout blocks that differ (per-layer head counts, e.g.
+          Cluster-Learngene), naming each block's head count and MLP size.
+    """
     if layout.is_stacked(params):
         return params
     try:
@@ -335,7 +462,16 @@ def stacked_for_export(params: Any, fmt: str) -> Any:
 
 
 def problem_message(title: str, problems: list[str]) -> str:
-    """`title (N problems):` and one indented line per problem: every mismatch in one error."""
+    """Every mismatch in one error message.
+
+    Args:
+        title: what does not fit, without a final colon.
+        problems: one phrase per problem.
+
+    Returns:
+        The first line, `title (N problems)` and a colon, then one indented `- problem` line per
+        problem.
+    """
     lines = [f'{title} ({len(problems)} problem{"s" if len(problems) != 1 else ""}):']
     lines += [f'  - {p}' for p in problems]
     return '\n'.join(lines)
@@ -343,7 +479,18 @@ def problem_message(title: str, problems: list[str]) -> str:
 
 def ranked_shape(shape: Mapping[str, tuple], key: str, rank: int, gives: str,
                  problems: list[str]) -> tuple | None:
-    """`shape[key]` when it has `rank` axes; else None, with a problem saying what it gives."""
+    """`shape[key]` when it has `rank` axes; else `None`, with a problem saying what it gives.
+
+    Args:
+        shape: {key: shape} of a state dict.
+        key: the key read.
+        rank: the number of axes it must have.
+        gives: what the key tells, for the problem (e.g. 'mlp_dim as (M, D)').
+        problems: the list the problem is appended to, where the key is missing or of another rank.
+
+    Returns:
+        The shape, or `None`.
+    """
     s = shape.get(key)
     if s is not None and len(s) == rank:
         return s
@@ -352,23 +499,49 @@ def ranked_shape(shape: Mapping[str, tuple], key: str, rank: int, gives: str,
 
 
 def unsupported_hint(key: str, unsupported=()) -> str:
-    """Why jlearngene's ViT lacks a key of a known variant, else ''. `unsupported`: the
-    converter's (key regex, what the variant has) pairs."""
+    """Why jlearngene's ViT lacks a key of a known variant.
+
+    Args:
+        key: a state dict key.
+        unsupported: the converter's (key regex, what the variant has) pairs; a regex must match
+          the whole key.
+
+    Returns:
+        For the first matching pair, its `what` and 'not supported by jlearngene ViT' in
+        parentheses after a space; '' where none matches.
+    """
     return next((f' ({what}: not supported by jlearngene ViT)' for rx, what in unsupported
                  if re.fullmatch(rx, key)), '')
 
 
 def unexpected_keys(keys: list[str], unsupported=()) -> list[str]:
-    """The problem that names `keys` outside the layout (each with the reason where a known
-    ViT variant has it); [] for no keys."""
+    """The problem that names keys outside the layout.
+
+    Args:
+        keys: the keys outside the layout.
+        unsupported: (key regex, what the variant has) pairs, as for `unsupported_hint`.
+
+    Returns:
+        One problem naming every key, each with the reason where a known ViT variant has it;
+        [] for no keys.
+    """
     hints = ', '.join(k + unsupported_hint(k, unsupported) for k in keys)
     return [f'unexpected keys ({len(keys)}): {hints}'] if keys else []
 
 
 def key_problems(arrays: Mapping[str, Any], want: Mapping[str, tuple],
                  unsupported=()) -> list[str]:
-    """The keys of the layout `want` ({key: shape}) that `arrays` lacks, and those it has
-    beyond it."""
+    """The keys of a layout that a state dict lacks, and those it has beyond it.
+
+    Args:
+        arrays: the state dict, {key: array}.
+        want: the layout, {key: shape}.
+        unsupported: (key regex, what the variant has) pairs, as for `unsupported_hint`.
+
+    Returns:
+        At most two problems, the missing keys (in `want`'s order), then the unexpected ones
+        (sorted, with their hints).
+    """
     missing = [k for k in want if k not in arrays]
     problems = [f'missing keys ({len(missing)}): ' + ', '.join(missing)] if missing else []
     return problems + unexpected_keys(sorted(k for k in arrays if k not in want), unsupported)
@@ -384,8 +557,17 @@ def _is_float(v: Any) -> bool:
 
 def entry_problems(arrays: Mapping[str, Any], want: Mapping[str, tuple],
                    floating=_is_float) -> list[str]:
-    """The entries of `arrays` in the layout `want` of another shape or a dtype that
-    `floating` rejects."""
+    """The entries of a state dict in a layout of another shape or a dtype that is not floating.
+
+    Args:
+        arrays: the state dict, {key: array or tensor}.
+        want: the layout, {key: shape}; keys `arrays` lacks are skipped (`key_problems`).
+        floating: True for an entry whose dtype is accepted; default: a numpy, jax or torch
+          float or bfloat dtype, by its name.
+
+    Returns:
+        One problem per wrong shape and per rejected dtype, in `want`'s order.
+    """
     problems = []
     for k, s in want.items():
         if k in arrays:
@@ -398,6 +580,13 @@ def entry_problems(arrays: Mapping[str, Any], want: Mapping[str, tuple],
 
 
 def isqrt_exact(n: int) -> int | None:
-    """The integer square root of `n` when `n` is a perfect square, else None."""
+    """The integer square root of `n` when `n` is a perfect square.
+
+    Args:
+        n: an integer.
+
+    Returns:
+        `r` with `r * r == n`; `None` when there is none (negative `n` too).
+    """
     r = math.isqrt(n) if n >= 0 else -1
     return r if r >= 0 and r * r == n else None

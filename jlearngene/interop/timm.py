@@ -94,7 +94,15 @@ _UNSUPPORTED = (
 # The expected timm layout of a config.
 
 def timm_shapes(cfg: ViTConfig, *, no_embed_class: bool = False) -> dict[str, tuple[int, ...]]:
-    """{timm key: shape} of the state dict of the timm model equal to `cfg`, in timm's order."""
+    """The layout of the state dict of the timm model equal to a config.
+
+    Args:
+        cfg: the model's config.
+        no_embed_class: `pos_embed` without the prefix-token rows (DeiT-3).
+
+    Returns:
+        The shape of each timm key, in timm's order.
+    """
     d, m, k, p, c = cfg.width, cfg.mlp_dim, cfg.num_classes, cfg.patch_size, cfg.channels
     n_pos = cfg.num_patches if no_embed_class else cfg.num_tokens
     out: dict[str, tuple[int, ...]] = {}
@@ -138,11 +146,25 @@ def _final_norm_key(cfg: ViTConfig) -> str:
 
 
 def timm_kwargs(cfg: ViTConfig, *, no_embed_class: bool = False) -> dict[str, Any]:
-    """Constructor arguments of the timm model whose `state_dict` `to_timm` produces:
-    `timm.models.vision_transformer.VisionTransformer(**kw)`, or
+    """Constructor arguments of the timm model whose `state_dict` `to_timm` produces.
+
+    They build `timm.models.vision_transformer.VisionTransformer(**kw)`, or
     `timm.models.deit.VisionTransformerDistilled(**kw)` when `cfg.distill_token`.
     LN eps and GELU are timm's defaults (1e-6, exact); other values need `norm_layer` /
-    `act_layer` arguments that are not plain data."""
+    `act_layer` arguments that are not plain data.
+
+    Args:
+        cfg: the model's config.
+        no_embed_class: the state dict's `pos_embed` has no prefix-token rows (DeiT-3).
+
+    Returns:
+        The keyword arguments, plain data.
+
+    Raises:
+        ConfigError: timm's ViT cannot hold `cfg` (a pre-logits layer, a non-default
+          `attn_scale`, num_heads × head_dim != width, a distillation token without class-token
+          pooling), or timm's `int(width * mlp_ratio)` does not give `mlp_dim` back.
+    """
     _check_timm_representable(cfg)
     if int(cfg.width * (cfg.mlp_dim / cfg.width)) != cfg.mlp_dim:
         raise ConfigError(f'mlp_dim={cfg.mlp_dim} is not reproduced by timm mlp_ratio='
@@ -193,10 +215,21 @@ _TENSORS = {'kernel': 'weight', 'scale': 'weight', 'bias': 'bias'}
 
 
 def torch_name(path: str, *, norm: str = 'norm') -> str:
-    """timm's name of the canonical leaf `path`: a block leaf without its layer index
-    ('attn/out/kernel' -> 'attn.proj.weight', 'ls1/scale' -> 'ls1.gamma') or a top-level one
-    ('patch_embed/kernel' -> 'patch_embed.proj.weight'); `norm` is the final norm's module
-    ('fc_norm' after average pooling, `final_norm_key`)."""
+    """timm's name of a canonical leaf.
+
+    Args:
+        path: a block leaf without its layer index ('attn/out/kernel' -> 'attn.proj.weight',
+          'ls1/scale' -> 'ls1.gamma') or a top-level one ('patch_embed/kernel' ->
+          'patch_embed.proj.weight').
+        norm: the final norm's module: 'norm', or 'fc_norm' after average pooling with
+          `pool_norm='after'`.
+
+    Returns:
+        The '.'-joined torch name.
+
+    Raises:
+        StateDictError: `path` is not a canonical ViT leaf that timm names (`MODULES`).
+    """
     module, tensor = path.rsplit('/', 1)
     if module not in MODULES or tensor not in _TENSORS:
         raise StateDictError(f'{path!r} is not a canonical ViT leaf that timm names')
@@ -205,9 +238,18 @@ def torch_name(path: str, *, norm: str = 'norm') -> str:
 
 
 def to_torch(path: str, x: np.ndarray) -> np.ndarray:
-    """The canonical leaf `path` (no layers axis) in torch's layout: linear kernels (in, out)
-    as (out, in), with the heads of q/k/v (D, H, Dh) and out (H, Dh, D) flattened; the patch
-    kernel HWIO as OIHW; q/k/v biases (H, Dh) flat."""
+    """A canonical leaf in torch's layout.
+
+    Linear kernels (in, out) become (out, in), with the heads of q/k/v (D, H, Dh) and out
+    (H, Dh, D) flattened; the patch kernel HWIO becomes OIHW; q/k/v biases (H, Dh) flat.
+
+    Args:
+        path: the leaf's canonical path (as for `torch_name`).
+        x: the leaf, without a layers axis.
+
+    Returns:
+        The tensor as timm holds it (a view where numpy gives one).
+    """
     if path == 'patch_embed/kernel':
         return x.transpose(3, 2, 0, 1)
     if path.endswith(('q/kernel', 'k/kernel', 'v/kernel')):
@@ -220,8 +262,16 @@ def to_torch(path: str, x: np.ndarray) -> np.ndarray:
 
 
 def from_torch(path: str, w: np.ndarray, head_dim: int) -> np.ndarray:
-    """The inverse of `to_torch`: the torch tensor `w` as the canonical leaf `path`, q/k/v
-    and out split into heads of `head_dim`."""
+    """The inverse of `to_torch`: a torch tensor as a canonical leaf.
+
+    Args:
+        path: the leaf's canonical path (as for `torch_name`).
+        w: the tensor in torch's layout, as a numpy array.
+        head_dim: the head size that q/k/v and out are split into.
+
+    Returns:
+        The leaf in the canonical layout, without a layers axis.
+    """
     if path == 'patch_embed/kernel':
         return w.transpose(2, 3, 1, 0)
     if path.endswith(('q/kernel', 'k/kernel', 'v/kernel')):
@@ -237,15 +287,35 @@ def from_torch(path: str, w: np.ndarray, head_dim: int) -> np.ndarray:
 # timm -> canonical.
 
 def has_embed_class(state_dict: Mapping[str, Any], cfg: ViTConfig) -> bool:
-    """Whether `pos_embed` has rows for the prefix tokens (timm default) or only for the
-    patches (`no_embed_class=True`, DeiT-3)."""
+    """Whether `pos_embed` has rows for the prefix tokens (timm default) or only for the patches.
+
+    Args:
+        state_dict: a timm state dict with a `pos_embed` of shape (1, rows, D).
+        cfg: the model's config.
+
+    Returns:
+        False where `cfg` has prefix tokens and `pos_embed` has one row per patch only
+        (`no_embed_class=True`, DeiT-3); else True.
+    """
     n_pos = int(np.shape(state_dict['pos_embed'])[1])
     return not (cfg.num_prefix_tokens and n_pos == cfg.num_patches)
 
 
 def infer_config(state_dict: Mapping[str, Any], **overrides: Any) -> ViTConfig:
-    """The `ViTConfig` of a timm ViT/DeiT state dict, from its keys and shapes; `overrides`
-    (any ViTConfig fields) win. Raises StateDictError listing every problem."""
+    """The `ViTConfig` of a timm ViT/DeiT state dict, from its keys and shapes.
+
+    Args:
+        state_dict: {timm key: array or tensor}.
+        **overrides: `ViTConfig` fields that win over what the shapes give (e.g. `num_heads`,
+          which no shape shows and defaults to `width // 64`).
+
+    Returns:
+        The config.
+
+    Raises:
+        StateDictError: the config cannot be inferred; the message lists every problem.
+        ConfigError: an override is not a `ViTConfig` field.
+    """
     cfg, problems = _infer(state_dict, overrides)
     if problems:
         raise StateDictError(problem_message('cannot infer a ViT config from the timm state dict',
@@ -321,8 +391,17 @@ def _infer(sd: Mapping[str, Any], overrides: Mapping[str, Any]) -> tuple[ViTConf
 
 def check_state_dict(state_dict: Mapping[str, Any], cfg: ViTConfig, *,
                      no_embed_class: bool | None = None) -> None:
-    """Raise StateDictError listing ALL missing, unexpected, wrongly shaped and non-float
-    entries of a timm state dict against the layout of `cfg`."""
+    """Check a timm state dict against the layout of a config.
+
+    Args:
+        state_dict: {timm key: array or tensor}.
+        cfg: the model's config.
+        no_embed_class: whether `pos_embed` lacks the prefix-token rows; `None` (default): read
+          from its shape (`has_embed_class`).
+
+    Raises:
+        StateDictError: listing ALL missing, unexpected, wrongly shaped and non-float entries.
+    """
     if no_embed_class is None:
         no_embed_class = (np.ndim(state_dict.get('pos_embed')) == 3
                           and not has_embed_class(state_dict, cfg))
@@ -338,14 +417,24 @@ def check_state_dict(state_dict: Mapping[str, Any], cfg: ViTConfig, *,
 
 
 def from_timm(state_dict: Mapping[str, Any], **overrides: Any) -> tuple[ViTConfig, dict]:
-    """timm/DeiT state dict -> (cfg, params in the stacked canonical layout, float32 jax arrays).
+    """timm/DeiT state dict -> config and canonical parameters.
 
     The config is inferred from the shapes (see the module docstring: the head count is
-    `width // 64` unless `num_heads=` is given); `overrides` set any ViTConfig field
-    (`num_heads`, `ln_eps`, `gelu`, `pool`, `dtype`, `drop_path`, ...). Overrides that
-    contradict the shapes, and any missing, unexpected or mis-shaped key, are reported
-    together in one StateDictError. To load a backbone without its classifier, drop the
-    `head.*` (and `head_dist.*`) keys first.
+    `width // 64` unless `num_heads=` is given). To load a backbone without its classifier,
+    drop the `head.*` (and `head_dist.*`) keys first.
+
+    Args:
+        state_dict: {timm key: numpy array or torch tensor}.
+        **overrides: `ViTConfig` fields to set (`num_heads`, `ln_eps`, `gelu`, `pool`, `dtype`,
+          `drop_path`, ...).
+
+    Returns:
+        `(cfg, params)`, with params in the stacked canonical layout as float32 jax arrays.
+
+    Raises:
+        StateDictError: overrides that contradict the shapes, and any missing, unexpected or
+          mis-shaped key, reported together.
+        ConfigError: an override is not a `ViTConfig` field.
     """
     cfg, problems = _infer(state_dict, overrides)
     if problems:
@@ -399,14 +488,26 @@ def _canonical(sd: StateDict, cfg: ViTConfig) -> dict:
 
 def to_timm(params: Any, cfg: ViTConfig, *, no_embed_class: bool = False,
             dtype: Any = np.float32) -> StateDict:
-    """Canonical parameters (stacked or list layout) -> timm state dict of numpy arrays.
+    """Canonical parameters -> timm state dict of numpy arrays.
 
     Rebuild the model with `timm_kwargs(cfg)` and `model.load_state_dict(...)` (after
-    `torch.from_numpy`). `no_embed_class=True` writes the DeiT-3 position embedding without
-    prefix rows (they must then be zero). Arrays are cast to `dtype` (default float32).
-    ConfigError for configs timm cannot hold (num_heads × head_dim != width, a non-default
-    `attn_scale`, a pre-logits layer); StateDictError for blocks of different shapes and for
-    parameters that do not fit `cfg`.
+    `torch.from_numpy`).
+
+    Args:
+        params: canonical parameters, stacked or list layout.
+        cfg: their config.
+        no_embed_class: write the DeiT-3 position embedding without prefix rows (they must then
+          be zero).
+        dtype: the arrays' dtype (default float32).
+
+    Returns:
+        A dict of timm key to numpy array, in timm's order (`timm_shapes`); writable copies.
+
+    Raises:
+        ConfigError: timm cannot hold `cfg` (num_heads × head_dim != width, a non-default
+          `attn_scale`, a pre-logits layer, a distillation token without class-token pooling).
+        StateDictError: blocks of different shapes, parameters that do not fit `cfg`, or
+          `no_embed_class` with non-zero prefix rows.
     """
     _check_timm_representable(cfg)
     params = stacked_for_export(params, "timm's VisionTransformer")
@@ -447,8 +548,23 @@ def to_timm(params: Any, cfg: ViTConfig, *, no_embed_class: bool = False,
 
 def save_model_safetensors(state_dict: Mapping[str, Any], path: str | os.PathLike, cfg: ViTConfig,
                            kwargs: Mapping[str, Any]) -> str:
-    """`save_safetensors` of a jlearngene model's state dict; the header holds its config (which
-    `jlearngene convert --from-timm` reads back), timm's class and constructor `kwargs`."""
+    """`save_safetensors` of a jlearngene model's state dict, with its description in the header.
+
+    The header holds its config (which `jlearngene convert --from-timm` reads back), timm's
+    class and constructor `kwargs`.
+
+    Args:
+        state_dict: the timm state dict (`to_timm`).
+        path: the output file, ending in `.safetensors`.
+        cfg: the model's config.
+        kwargs: timm's constructor arguments (`timm_kwargs`), JSON-serialisable.
+
+    Returns:
+        `path`, as a str.
+
+    Raises:
+        ValueError: `path` does not end in `.safetensors`.
+    """
     cls = 'VisionTransformerDistilled' if cfg.distill_token else 'VisionTransformer'
     return save_safetensors(state_dict, path, metadata={
         'jlearngene_config': json.dumps(cfg.to_dict()), 'timm_class': cls, 'timm_kwargs': json.dumps(kwargs)})

@@ -144,8 +144,21 @@ class ViTConfig:
         return self.num_patches + self.num_prefix_tokens
 
     def replace(self, **changes: Any) -> ViTConfig:
-        """A copy with some fields changed (validated again); ConfigError for a field that
-        ViTConfig does not have."""
+        """A copy with some fields changed, validated again.
+
+        Changing `pool` alone derives `class_token` again; changing `width` or `num_heads` alone
+        derives `head_dim` again when it was `width // num_heads`.
+
+        Args:
+            **changes: new values of `ViTConfig` fields.
+
+        Returns:
+            The new config.
+
+        Raises:
+            ConfigError: a name in `changes` is not a field of ViTConfig, or a value is invalid
+              (`validate`).
+        """
         _check_fields(changes, 'ViTConfig has no field(s)')
         if 'pool' in changes and 'class_token' not in changes:
             changes['class_token'] = None
@@ -155,7 +168,11 @@ class ViTConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a plain dict (what `from_dict` reads, JSON-serialisable)."""
+        """The fields as a plain dict (what `from_dict` reads, JSON-serialisable).
+
+        Returns:
+            A dict from every field's name to its value, `head_dim` and `class_token` resolved.
+        """
         return dataclasses.asdict(self)
 
     @classmethod
@@ -175,13 +192,32 @@ class ViTConfig:
         return cls(**dict(d))
 
     def diff(self, other: ViTConfig) -> dict[str, tuple[Any, Any]]:
-        """Fields whose values differ: {name: (self_value, other_value)}."""
+        """Fields whose values differ.
+
+        Args:
+            other: the config to compare with.
+
+        Returns:
+            A dict from the name of every field whose values differ to `(self_value, other_value)`;
+            empty when equal.
+        """
         a, b = self.to_dict(), other.to_dict()
         return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
 
 
 def expect_config(cfg: Any, what: str) -> ViTConfig:
-    """`cfg` itself when it is a `ViTConfig`; else ConfigTypeError saying how to make one."""
+    """`cfg` itself when it is a `ViTConfig`.
+
+    Args:
+        cfg: what was given as a config.
+        what: the start of the error message (the caller's name).
+
+    Returns:
+        `cfg`, unchanged.
+
+    Raises:
+        ConfigTypeError: `cfg` is not a `ViTConfig` (e.g. a dict); the message says how to make one.
+    """
     if isinstance(cfg, ViTConfig):
         return cfg
     how = ("ViTConfig.from_dict(d) (or vit_config('Ti', **fields))" if isinstance(cfg, Mapping)
@@ -208,7 +244,18 @@ def _positive_int(v: Any) -> bool:
 
 
 def validate(cfg: ViTConfig) -> None:
-    """Raise ConfigError naming the first impossible field."""
+    """Raise ConfigError naming the first impossible field.
+
+    Args:
+        cfg: the config to check (`ViTConfig.__post_init__` calls this for every config).
+
+    Raises:
+        ConfigError: a size is not a positive integer, `num_classes` not a non-negative integer,
+          `representation_size` is not positive or comes with `distill_token`, `image_size`
+          is not a multiple of `patch_size`, a choice field (`pool`, `gelu`, `dtype`,
+          `dense_precision`, `init_truncation`, `pool_norm`) has an unknown value, `pool='cls'`
+          lacks a class token, or `attn_scale`, `ln_eps`, `drop_path` or `dropout` is out of range.
+    """
     for name in ('image_size', 'patch_size', 'channels', 'width', 'depth', 'num_heads',
                  'mlp_dim', 'head_dim'):
         v = getattr(cfg, name)
@@ -267,9 +314,20 @@ def vit_config(variant: str = 'Ti', **overrides: Any) -> ViTConfig:
 
 
 def model_config(section: Mapping[str, Any], **overrides: Any) -> ViTConfig:
-    """The ViTConfig of a config file's `model` section (`variant` plus any ViTConfig
-    fields, a ConfigDict or a mapping), with `overrides` over it (a study's depth and
-    class count): the one reading of a model section, for runs, studies and commands."""
+    """The ViTConfig of a config file's `model` section: the one reading of a model section,
+    for runs, studies and commands.
+
+    Args:
+        section: the `model` section, a ConfigDict or a mapping: `variant` (default 'Ti', see
+          `vit_config`) plus any ViTConfig fields.
+        **overrides: fields set over the section's (a study's depth and class count).
+
+    Returns:
+        The validated config.
+
+    Raises:
+        ConfigError: an unknown variant or field, or invalid values (`vit_config`).
+    """
     d = dict(section.to_dict() if hasattr(section, 'to_dict') else section)
     d.update(overrides)
     return vit_config(d.pop('variant', 'Ti'), **d)

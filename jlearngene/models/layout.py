@@ -62,13 +62,25 @@ LOGICAL_AXES = tuple(sorted({a for t in (_BLOCK_AXES, _TOP_AXES) for names in t.
 
 
 def leaf_axes(path: str, ndim: int | None = None, *, pre_logits: bool = False) -> Axes:
-    """Logical axes of the leaf at `path` in either layout. Block leaves in the stacked
-    layout get a leading 'layers' axis; `ndim` (when given) is checked against the table.
+    """Logical axes of the leaf at `path` in either layout.
 
-    `pre_logits`: the leaf belongs to a tree with a `pre_logits` layer (`has_pre_logits`),
-    whose head kernels read its outputs: their input axis is then 'repr', not 'embed'. The
-    tree-level functions here (`axes`, `axis_size`, `slice_tree`, `kernel_matrices`) tell it
-    from the tree.
+    Block leaves in the stacked layout ('blocks/attn/q/kernel', not 'blocks/3/attn/q/kernel')
+    get a leading 'layers' axis. The tree-level functions here (`axes`, `axis_size`,
+    `slice_tree`) tell `pre_logits` from the tree.
+
+    Args:
+        path: the leaf's '/'-joined path in a canonical tree.
+        ndim: the leaf's rank, checked against the table; None skips the check.
+        pre_logits: the leaf belongs to a tree with a `pre_logits` layer (`has_pre_logits`),
+          whose head kernels read its outputs: their input axis is then 'repr', not 'embed'.
+
+    Returns:
+        The leaf's axis names; None for a broadcast axis (the leading axes of `pos_embed` and
+        the prefix tokens).
+
+    Raises:
+        KeyError: `path` is not a leaf of the canonical tree.
+        ValueError: `ndim` differs from the number of axes of `path`.
     """
     m = _BLOCK_PATH.fullmatch(path)
     if m:
@@ -87,7 +99,14 @@ def leaf_axes(path: str, ndim: int | None = None, *, pre_logits: bool = False) -
 
 
 def has_pre_logits(params: Any) -> bool:
-    """Whether a canonical tree has a pre-logits layer (`ViTConfig.representation_size`)."""
+    """Whether a canonical tree has a pre-logits layer (`ViTConfig.representation_size`).
+
+    Args:
+        params: a canonical tree (arrays or shapes), either layout.
+
+    Returns:
+        True where `params` is a mapping with a 'pre_logits' entry.
+    """
     return isinstance(params, Mapping) and 'pre_logits' in params
 
 
@@ -117,19 +136,46 @@ def axes(cfg: ViTConfig | None, params: Any) -> Any:
 
 
 def axis_size(params: Any, path: str, axis: str) -> int:
-    """Size of the named logical axis of one leaf, e.g. axis_size(p, 'blocks/attn/q/kernel', 'heads')."""
+    """Size of the named logical axis of one leaf, e.g. `axis_size(p, 'blocks/attn/q/kernel', 'heads')`.
+
+    Args:
+        params: a canonical tree (arrays or shapes), either layout.
+        path: the leaf's exact path in `params` ('blocks/3/attn/q/kernel' in the list layout).
+        axis: a logical axis name of that leaf (`leaf_axes`).
+
+    Returns:
+        The size of that axis, as an int.
+
+    Raises:
+        KeyError: `path` is not a leaf of `params`, or not a leaf of the canonical tree.
+        ValueError: the leaf has no axis named `axis`, or its rank is not the table's.
+    """
     leaf = pytree.flatten(params)[path]
     names = leaf_axes(path, np.ndim(leaf), pre_logits=has_pre_logits(params))
     return int(np.shape(leaf)[names.index(axis)])
 
 
 def is_stacked(params: Any) -> bool:
-    """Whether `params` holds its blocks stacked on a leading layers axis (else the list layout)."""
+    """Whether `params` holds its blocks stacked on a leading layers axis (else the list layout).
+
+    Args:
+        params: a canonical tree with a 'blocks' entry.
+
+    Returns:
+        True where `params['blocks']` is a dict (stacked layout); False for a list of blocks.
+    """
     return isinstance(params['blocks'], dict)
 
 
 def depth_of(params: Any) -> int:
-    """The number of blocks of `params`, in either layout."""
+    """The number of blocks of `params`, in either layout.
+
+    Args:
+        params: a canonical tree with a 'blocks' entry (arrays or shapes).
+
+    Returns:
+        The leading size of the stacked blocks' leaves, or the length of the list of blocks.
+    """
     blocks = params['blocks']
     return int(jax.tree.leaves(blocks)[0].shape[0]) if isinstance(blocks, dict) else len(blocks)
 
@@ -223,9 +269,23 @@ def slice_leaf(x, names: Sequence[str | None], sizes: Mapping[str, Selection], *
                side: str | Mapping[str, str] = 'left', what: str = 'leaf'):
     """`x` with each logical axis named in `sizes` cut to that selection.
 
-    `names` are the leaf's logical axes (`leaf_axes(path)`); axes not in `sizes` are kept
-    whole. A count keeps the first (`side='left'`) or last (`'right'`) entries; an index
-    list gathers those entries in order. `side` may be one value or {axis: side}.
+    Args:
+        x: the leaf, an array.
+        names: the leaf's logical axes (`leaf_axes(path)`), one per dimension of `x`.
+        sizes: {logical axis: selection}; axes not in `sizes` are kept whole. A count n keeps
+          the first or last n entries (by `side`); an index list (or array) gathers those entries
+          in order, repeats allowed. Traced index arrays are gathered without range checks.
+        side: 'left' (the first entries) or 'right' (the last), for every axis or as {axis: side}
+          (an axis not in the mapping is 'left'); used for counts only.
+        what: the leaf, in words, for error messages.
+
+    Returns:
+        `x` cut along every named axis in `sizes`.
+
+    Raises:
+        ValueError: `sizes` names an unknown logical axis; `names` does not have one entry per
+          dimension of `x`; a `side` is not 'left' or 'right'; a count is not in 1..size; an
+          index list is empty, not 1-D, not integer or out of range.
     """
     _check_selection_axes(sizes)
     if len(names) != np.ndim(x):
@@ -244,8 +304,22 @@ def slice_tree(params: Any, sizes: Mapping[str, Selection], *,
     of a width-192 model (a real tree that `apply` runs with `slice_config`'s config);
     `{'heads': [0, 2]}` keeps heads 0 and 2 of every layer; `{'layers': [0, 0, 1]}` repeats
     layer 0. A pre-logits layer is cut along 'embed' (its input) and 'repr'; the heads after
-    it along 'repr' and 'classes'. Works in both layouts ('layers' only in the stacked one) and under `jax.jit`
-    with `sizes` static (index arrays may also be traced, without range checks).
+    it along 'repr' and 'classes'. Works in both layouts ('layers' only in the stacked one)
+    and under `jax.jit` with `sizes` static (index arrays may also be traced, without range
+    checks).
+
+    Args:
+        params: a canonical tree, either layout.
+        sizes: {logical axis: selection}, a count or an index list per axis (`slice_leaf`).
+        side: 'left' or 'right', for every axis or as {axis: side} (`slice_leaf`).
+
+    Returns:
+        A tree of `params`' structure with every leaf cut.
+
+    Raises:
+        ValueError: `sizes` names an unknown logical axis, or 'layers' for a list-layout tree;
+          or a selection or side does not fit a leaf (`slice_leaf`).
+        KeyError: a leaf of `params` is not a leaf of the canonical tree (`leaf_axes`).
     """
     _check_selection_axes(sizes)
     if 'layers' in sizes and not is_stacked(params):
@@ -267,7 +341,22 @@ _CONFIG_FIELD_OF_AXIS = {'embed': 'width', 'mlp': 'mlp_dim', 'heads': 'num_heads
 
 
 def slice_config(cfg: ViTConfig, sizes: Mapping[str, Selection]) -> ViTConfig:
-    """The config of `slice_tree(params, sizes)`: the sliced axes' new sizes, the rest kept."""
+    """The config of `slice_tree(params, sizes)`: the sliced axes' new sizes, the rest kept.
+
+    Args:
+        cfg: the config of the tree that is sliced.
+        sizes: what `slice_tree` gets: {logical axis: a count, or an index list whose length is
+          the new size}.
+
+    Returns:
+        `cfg` with `width`, `mlp_dim`, `num_heads`, `head_dim`, `depth`, `num_classes` or
+        `representation_size` changed for the sliced axes; `head_dim` is kept unless sliced.
+
+    Raises:
+        ValueError: `sizes` names an unknown logical axis, or one that the input geometry
+          fixes ('patch_h', 'patch_w', 'channels', 'tokens').
+        ConfigError: the new sizes make an invalid config (`ViTConfig.replace`).
+    """
     _check_selection_axes(sizes)
     fixed = sorted(a for a in sizes if a not in _CONFIG_FIELD_OF_AXIS)
     if fixed:
@@ -309,8 +398,21 @@ class MatrixView:
 
 
 def matrix_view(path: str, shape: Sequence[int], *, pre_logits: bool = False) -> MatrixView:
-    """The fan-in × fan-out view of the kernel at `path` with `shape` (either layout);
-    `pre_logits` as in `leaf_axes` (it names the heads' input axis)."""
+    """The fan-in × fan-out view of the kernel at `path` with `shape` (either layout).
+
+    Args:
+        path: the kernel's '/'-joined path in a canonical tree.
+        shape: the kernel's shape (the target shape, for `from_matrix` after a resize).
+        pre_logits: as in `leaf_axes`: it names the heads' input axis ('repr', not 'embed').
+
+    Returns:
+        The `MatrixView`, holding the leading axes kept ('layers' in the stacked layout), the
+        input axes and the output axes.
+
+    Raises:
+        KeyError: `path` is not a leaf of the canonical tree (`leaf_axes`).
+        ValueError: the leaf at `path` is not a kernel, or `shape`'s rank is not the table's.
+    """
     names = leaf_axes(path, len(shape), pre_logits=pre_logits)
     m = _BLOCK_PATH.fullmatch(path)
     key = m.group(2) if m else path
@@ -324,17 +426,39 @@ def matrix_view(path: str, shape: Sequence[int], *, pre_logits: bool = False) ->
 
 
 def to_matrix(x, path: str):
-    """The kernel `x` at `path` as a (…, fan_in, fan_out) matrix, e.g. a stacked q kernel
-    (L, D, H, Dh) -> (L, D, H·Dh) and an out kernel (L, H, Dh, D) -> (L, H·Dh, D); a reshape
-    (no copy under jit). `from_matrix` inverts it."""
+    """The kernel `x` at `path` as a (…, fan_in, fan_out) matrix; `from_matrix` inverts it.
+
+    E.g. a stacked q kernel (L, D, H, Dh) -> (L, D, H·Dh) and an out kernel (L, H, Dh, D) ->
+    (L, H·Dh, D); a reshape (no copy under jit).
+
+    Args:
+        x: the kernel, an array.
+        path: its '/'-joined path in a canonical tree, either layout.
+
+    Returns:
+        `x` reshaped to `matrix_view(path, x.shape).matrix_shape`.
+
+    Raises:
+        KeyError: `path` is not a leaf of the canonical tree (`matrix_view`).
+        ValueError: `path` is not a kernel, or `x`'s rank is not the table's (`matrix_view`).
+    """
     return jnp.reshape(x, matrix_view(path, np.shape(x)).matrix_shape)
 
 
 def from_matrix(m, view: MatrixView):
     """Back from `to_matrix`: a matrix of `view.matrix_shape` to the kernel's own shape.
 
-    For a matrix whose fan-in / fan-out sizes differ (a width transformation or a growth
-    operator changed them), give the view of the target shape: `matrix_view(path, shape)`.
+    Args:
+        m: the matrix, an array of shape `view.matrix_shape`.
+        view: the kernel's `MatrixView`. For a matrix whose fan-in / fan-out sizes differ (a
+          width transformation or a growth operator changed them), give the view of the target
+          shape: `matrix_view(path, shape)`.
+
+    Returns:
+        `m` reshaped to `view.shape`.
+
+    Raises:
+        ValueError: `m`'s shape is not `view.matrix_shape`.
     """
     if tuple(np.shape(m)) != view.matrix_shape:
         raise ValueError(f"from_matrix: '{view.path}' needs a matrix of shape "
@@ -343,6 +467,14 @@ def from_matrix(m, view: MatrixView):
 
 
 def kernel_matrices(params: Any) -> dict[str, Any]:
-    """{path: (…, fan_in, fan_out) matrix} for every kernel leaf of a canonical tree."""
+    """{path: (…, fan_in, fan_out) matrix} for every kernel leaf of a canonical tree.
+
+    Args:
+        params: a canonical tree of arrays, either layout.
+
+    Returns:
+        A dict from path to `to_matrix` of the leaf, for every leaf whose path ends in 'kernel', in tree
+        order.
+    """
     return {path: to_matrix(x, path) for path, x in pytree.flatten(params).items()
             if path.endswith('kernel')}

@@ -86,6 +86,20 @@ def init_block(cfg: ViTConfig, key: jax.Array, *, num_heads: int | None = None,
 
     The q/k/v kernels are (D, H, cfg.head_dim) and the output kernel (H, cfg.head_dim, D):
     another head count keeps the head size, so H × head_dim may differ from the width.
+
+    Args:
+        cfg: the model's config (width, head size, biases, LayerScale, init truncation).
+        key: the PRNG key of the kernels.
+        num_heads: the block's head count H; None (or 0) means `cfg.num_heads`.
+        mlp_dim: the block's MLP size M; None (or 0) means `cfg.mlp_dim`.
+
+    Returns:
+        The block's float32 tree, holding `norm1`, `attn` (`q`, `k`, `v`, `out`), `norm2`, `mlp`
+        (`fc1`, `fc2`) and, with `cfg.layer_scale`, `ls1` and `ls2` (gains 1e-5). Kernels are
+        trunc-normal(0.02), biases zero (q/k/v biases only with `cfg.qkv_bias`).
+
+    Raises:
+        ConfigTypeError: `cfg` is not a `ViTConfig`, or is traced by `jax.jit`.
     """
     _static_config(cfg, 'init_block')
     d, h, dh = cfg.width, num_heads or cfg.num_heads, cfg.head_dim
@@ -115,7 +129,19 @@ def init_block(cfg: ViTConfig, key: jax.Array, *, num_heads: int | None = None,
 
 
 def init_head(cfg: ViTConfig, key: jax.Array, num_classes: int | None = None) -> Params:
-    """A classifier head; it reads the pre-logits layer's R outputs when the config has one."""
+    """A classifier head; it reads the pre-logits layer's R outputs when the config has one.
+
+    Args:
+        cfg: the model's config.
+        key: the PRNG key of the kernel.
+        num_classes: the head's class count K; None means `cfg.num_classes`.
+
+    Returns:
+        A float32 dict with 'kernel', (R or D, K) trunc-normal(0.02), and 'bias', (K,) zeros.
+
+    Raises:
+        ConfigTypeError: `cfg` is not a `ViTConfig`, or is traced by `jax.jit`.
+    """
     _static_config(cfg, 'init_head')
     k = cfg.num_classes if num_classes is None else num_classes
     fan_in = cfg.representation_size or cfg.width
@@ -123,8 +149,19 @@ def init_head(cfg: ViTConfig, key: jax.Array, num_classes: int | None = None) ->
 
 
 def init_pre_logits(cfg: ViTConfig, key: jax.Array) -> Params:
-    """The pre-logits layer Dense (D -> R) of `cfg.representation_size` = R (timm-style
-    trunc-normal(0.02) kernel, zero bias)."""
+    """The pre-logits layer Dense (D -> R) of `cfg.representation_size` = R.
+
+    Args:
+        cfg: the model's config; its `representation_size` is R.
+        key: the PRNG key of the kernel.
+
+    Returns:
+        A float32 dict with 'kernel', (D, R) timm-style trunc-normal(0.02), and 'bias', (R,) zeros.
+
+    Raises:
+        ConfigTypeError: `cfg` is not a `ViTConfig`, or is traced by `jax.jit`.
+        ValueError: `cfg.representation_size` is None (the config has no such layer).
+    """
     r = _static_config(cfg, 'init_pre_logits').representation_size
     if r is None:
         raise ValueError('init_pre_logits: the config has representation_size=None (no layer)')
@@ -133,7 +170,21 @@ def init_pre_logits(cfg: ViTConfig, key: jax.Array) -> Params:
 
 def init_embeddings(cfg: ViTConfig, key: jax.Array) -> Params:
     """Everything outside the blocks: patch/position embeddings, prefix tokens, final norm,
-    pre-logits layer, heads."""
+    pre-logits layer, heads.
+
+    Args:
+        cfg: the model's config.
+        key: the PRNG key of every draw here.
+
+    Returns:
+        The top-level float32 entries of the canonical tree, namely `patch_embed` (kernel and
+        bias uniform ±1/√(p·p·C), PyTorch's conv default), `pos_embed` (trunc-normal(0.02)),
+        `norm` (ones, zeros), and `cls_token`, `dist_token`, `pre_logits`, `head` and
+        `head_dist` where the config has them (`init_pre_logits`, `init_head`).
+
+    Raises:
+        ConfigTypeError: `cfg` is not a `ViTConfig`, or is traced by `jax.jit`.
+    """
     _static_config(cfg, 'init_embeddings')
     kp, kb, kc, kd, kpos, kh, khd = jax.random.split(key, 7)
     fan_in = cfg.patch_size * cfg.patch_size * cfg.channels
@@ -173,7 +224,14 @@ def _init(cfg: ViTConfig, key: jax.Array) -> Params:
 
 
 def block_elements(cfg: ViTConfig) -> int:
-    """The blocks' kernel values of `cfg` (the size of an initialisation, roughly)."""
+    """The blocks' kernel values of `cfg` (the size of an initialisation, roughly).
+
+    Args:
+        cfg: the model's config.
+
+    Returns:
+        `depth × width × (4 × attn_width + 2 × mlp_dim)`, an int.
+    """
     return cfg.depth * cfg.width * (4 * cfg.attn_width + 2 * cfg.mlp_dim)
 
 
@@ -202,8 +260,16 @@ def init(cfg: ViTConfig, key: jax.Array) -> Params:
 
 @functools.lru_cache(maxsize=256)
 def param_shapes(cfg: ViTConfig) -> Mapping[str, tuple[int, ...]]:
-    """{path: shape} of `init(cfg)` (stacked layout), from `jax.eval_shape` (nothing is
-    allocated); computed once per config. Do not mutate the returned dict."""
+    """{path: shape} of `init(cfg)` (stacked layout), from `jax.eval_shape` (nothing is allocated).
+
+    Computed once per config (an LRU cache): do not mutate the returned dict.
+
+    Args:
+        cfg: the model's config.
+
+    Returns:
+        A dict from every leaf's '/'-joined path to its shape tuple, the kernels first.
+    """
     return _shape_table(jax.eval_shape(lambda: _init(cfg, jax.random.key(0))))
 
 
@@ -284,7 +350,18 @@ def check_params(params: Any, cfg: ViTConfig, what: str = 'apply') -> None:
     MatFormer's Mix'n'Match) each have the leaves of `init_block(cfg, num_heads=h,
     mlp_dim=m)` for their own h and m, which `apply` reads from the parameters (a config
     holds one value of each). Width, head size, depth and every leaf outside the blocks are
-    the config's."""
+    the config's.
+
+    Args:
+        params: the parameters to check, either layout.
+        cfg: the config they should match.
+        what: the caller's name, to start error messages.
+
+    Raises:
+        ConfigError: `params` is not a mapping, a list of blocks is not `cfg.depth` long, or a
+          leaf is missing, extra or of another shape than `cfg` gives (the first named); its
+          subclass ConfigTypeError when `cfg` is not a `ViTConfig` or is traced by `jax.jit`.
+    """
     cfg = _static_config(cfg, what)
     if not isinstance(params, Mapping):
         raise ConfigError(f'{what}: params must be a canonical parameter dict (from init), '
@@ -312,7 +389,18 @@ def check_images(images: Any, cfg: ViTConfig, what: str = 'apply') -> None:
     config's channel count (the spatial size is checked by `embed`, against the patch size
     and `pos_embed`). Integer, bool and complex images are refused, not cast: raw uint8
     pixels would run unnormalised (0..255 where the model expects the pipelines'
-    `(x / 255 - mean) / std`), a complex batch would lose its imaginary part."""
+    `(x / 255 - mean) / std`), a complex batch would lose its imaginary part.
+
+    Args:
+        images: the batch, an array-like (or anything with `dtype` and `shape`).
+        cfg: the model's config (`channels`; `image_size` for the message).
+        what: the caller's name, to start error messages.
+
+    Raises:
+        ValueError: the images' dtype is not a real floating type, or their shape is not
+          (batch, height, width, `cfg.channels`); the message hints at a missing batch axis or
+          an NCHW batch where it sees one.
+    """
     dtype = np.dtype(images.dtype if hasattr(images, 'dtype') else np.asarray(images).dtype)
     if not jnp.issubdtype(dtype, jnp.floating):
         hint = ('scale and normalise pixels as the data pipelines do, (x / 255 - mean) / std '
@@ -337,7 +425,16 @@ def check_images(images: Any, cfg: ViTConfig, what: str = 'apply') -> None:
 # Forward pass.
 
 def layer_norm(x: jax.Array, p: Params, eps: float) -> jax.Array:
-    """LayerNorm over the last axis, statistics in float32."""
+    """LayerNorm over the last axis, statistics in float32.
+
+    Args:
+        x: (..., D) activations, any floating dtype.
+        p: {'scale': (D,), 'bias': (D,)}.
+        eps: added to the variance.
+
+    Returns:
+        The normalised, scaled and shifted `x`, of its shape and dtype.
+    """
     x32 = x.astype(jnp.float32)
     mean = x32.mean(-1, keepdims=True)
     var = jnp.square(x32 - mean).mean(-1, keepdims=True)
@@ -354,6 +451,12 @@ def gelu_exact(x: jax.Array) -> jax.Array:
     shares Φ with the activation and is one fused elementwise expression; under the
     encoder's save policy it is recomputed from the saved pre-activation in the backward
     pass, fused with the multiply by the incoming gradient.
+
+    Args:
+        x: an array of a floating dtype.
+
+    Returns:
+        GELU(x), of `x`'s shape and dtype.
     """
     return x * (0.5 + 0.5 * jax.lax.erf(x * jnp.asarray(_SQRT_HALF, x.dtype)))
 
@@ -371,8 +474,15 @@ _INV_SQRT_2PI = 0.3989422804014327   # 1/√(2π)
 
 
 def gelu(x: jax.Array, kind: str) -> jax.Array:
-    """GELU of `x`: 'tanh' is the tanh approximation (Flax's, big_vision's), anything else the
-    exact erf form (timm's `nn.GELU`).
+    """GELU of `x`, exact or the tanh approximation.
+
+    Args:
+        x: an array of a floating dtype.
+        kind: 'tanh' for the tanh approximation (Flax's, big_vision's); anything else gives the
+          exact erf form (timm's `nn.GELU`, `gelu_exact`).
+
+    Returns:
+        GELU(x), of `x`'s shape and dtype.
     """
     if kind == 'tanh':
         return jax.nn.gelu(x, approximate=True)
@@ -408,15 +518,29 @@ def _dropout(x, rate, key):
 def attention(p: Params, x: jax.Array, n_queries: int | None = None,
               precision: str = 'float32', need_probs: bool = False,
               scale: float | None = None):
-    """Multi-head self-attention with explicit heads; returns (output, probabilities).
+    """Multi-head self-attention with explicit heads.
 
     q, k, v = x·W_q, x·W_k, x·W_v (+ biases), per head (B, T, H, Dh); the core is
-    softmax(scale·q·kᵀ)·v (`ops.attention`; `scale` None is 1/√Dh), then the output projection over (H, Dh).
-    The probabilities (B, H, Tq, T) are returned when `need_probs`, else None.
-    `n_queries` computes the output only for the first `n_queries` tokens (all tokens still
-    serve as keys and values): what the last block needs when only the class token is read.
-    `precision` is that of the q/k/v and output projections (`ops.dense`); the core keeps
-    x.dtype.
+    softmax(scale·q·kᵀ)·v (`ops.attention`), then the output projection over (H, Dh).
+
+    Args:
+        p: the block's `attn` parameters: `q`, `k`, `v` (kernel (D, H, Dh), optional bias
+          (H, Dh)) and `out` (kernel (H, Dh, D), bias (D,)).
+        x: (B, T, D) tokens, already normalised.
+        n_queries: compute the output only for the first `n_queries` tokens (all tokens still
+          serve as keys and values): what the last block needs when only the class token is
+          read. None: every token.
+        precision: the operand precision of the q/k/v and output projections (`ops.dense`);
+          the core keeps `x.dtype`.
+        need_probs: return the attention probabilities.
+        scale: the factor of q·kᵀ; None means 1/√Dh.
+
+    Returns:
+        The pair `(output, probs)`, with output (B, Tq, D), Tq = `n_queries` or T, and probs
+        the attention probabilities (B, H, Tq, T) when `need_probs`, else None.
+
+    Raises:
+        ValueError: some but not all of q, k and v have biases.
     """
     head_dim = p['q']['kernel'].shape[-1]
     names = 'qkv' if n_queries is None else 'kv'
@@ -461,7 +585,17 @@ def mlp(p: Params, x: jax.Array, gelu_kind: str, precision: str = 'float32') -> 
 
 def check_rng(cfg: ViTConfig, what: str = 'apply') -> None:
     """ValueError when training under `cfg` draws random numbers (dropout or stochastic
-    depth) but no PRNG key was given: without one they would be skipped silently."""
+    depth) but no PRNG key was given: without one they would be skipped silently.
+
+    Callers call it for `train=True` without a key; it reads only the config.
+
+    Args:
+        cfg: the model's config (`dropout`, `drop_path`).
+        what: the caller's name, to start the error message.
+
+    Raises:
+        ValueError: `cfg.dropout` or `cfg.drop_path` is not zero.
+    """
     rates = [f'{f}={getattr(cfg, f)}' for f in ('dropout', 'drop_path') if getattr(cfg, f)]
     if rates:
         raise ValueError(f"{what}(train=True): the config has {' and '.join(rates)} but no rng "
@@ -483,10 +617,28 @@ def _branch(y, p, scale_name, cfg, drop_rate, keys, stochastic):
 def block_apply(p: Params, x: jax.Array, cfg: ViTConfig, *, drop_rate=0.0, key=None,
                 train: bool = False, n_out: int | None = None,
                 need_probs: bool = False) -> tuple[jax.Array, jax.Array | None]:
-    """One pre-norm encoder block; returns (new tokens, attention probabilities or None).
+    """One pre-norm encoder block: x + attn(LN(x)), then x + MLP(LN(x)).
 
-    `n_out` returns only the first `n_out` tokens, computing nothing for the others beyond
-    their keys and values. The probabilities are returned when `need_probs`.
+    Args:
+        p: one block's parameters (no layers axis).
+        x: (B, T, D) tokens.
+        cfg: the model's config, for numerics (`ln_eps`, `gelu`, `dense_precision`,
+          `attn_scale`, `dropout`, `drop_path`).
+        drop_rate: this block's stochastic-depth rate (used when `train` with a `key` and
+          `cfg.drop_path` is not zero).
+        key: the PRNG key of dropout and stochastic depth; None draws nothing.
+        train: training mode: dropout and stochastic depth where `key` is given.
+        n_out: return only the first `n_out` tokens, computing nothing for the others beyond
+          their keys and values; None: every token.
+        need_probs: also return the attention probabilities.
+
+    Returns:
+        The pair `(tokens, probs)`, with tokens (B, n_out or T, D) and probs
+        (B, H, n_out or T, T) when `need_probs`, else None.
+
+    Raises:
+        ValueError: `train` without `key` while the config has dropout or stochastic depth
+          (`check_rng`).
     """
     if train and key is None:
         check_rng(cfg, 'block_apply')
@@ -503,7 +655,20 @@ def block_apply(p: Params, x: jax.Array, cfg: ViTConfig, *, drop_rate=0.0, key=N
 
 def embed(params: Params, images: jax.Array, cfg: ViTConfig) -> jax.Array:
     """Patchify (a reshape + one matmul, equal to the strided conv), add prefix tokens and
-    position embeddings. Images are NHWC."""
+    position embeddings.
+
+    Args:
+        params: canonical parameters (the patch size is read from `patch_embed/kernel`).
+        images: (B, H, W, C) NHWC images.
+        cfg: the model's config (`dtype`).
+
+    Returns:
+        (B, T, D) tokens in `cfg.dtype`, the prefix tokens followed by the patches row by row.
+
+    Raises:
+        ValueError: H or W is not a multiple of the patch size, or `pos_embed` does not have
+          one position per token.
+    """
     b, hgt, wid, c = images.shape
     kernel = params['patch_embed']['kernel']
     p = kernel.shape[0]
@@ -513,6 +678,7 @@ def embed(params: Params, images: jax.Array, cfg: ViTConfig) -> jax.Array:
     x = images.astype(dtype).reshape(b, hgt // p, p, wid // p, p, c)
     x = x.transpose(0, 1, 3, 2, 4, 5).reshape(b, (hgt // p) * (wid // p), p * p * c)
     x = x @ kernel.reshape(p * p * c, -1).astype(dtype) + params['patch_embed']['bias'].astype(dtype)
+    n_patches = x.shape[1]
     prefix = [params[n] for n in ('cls_token', 'dist_token') if n in params]
     if prefix:
         prefix = jnp.concatenate(prefix, axis=1).astype(dtype)
@@ -520,7 +686,7 @@ def embed(params: Params, images: jax.Array, cfg: ViTConfig) -> jax.Array:
     pos = params['pos_embed']
     if pos.shape[1] != x.shape[1]:
         raise ValueError(f'pos_embed has {pos.shape[1]} positions but the input gives {x.shape[1]} '
-                         f'tokens ({x.shape[1] - len(prefix)} patches of {hgt}x{wid} images)')
+                         f'tokens ({n_patches} patches of {hgt}x{wid} images)')
     return x + pos.astype(dtype)
 
 
@@ -528,9 +694,27 @@ def encode(blocks, x: jax.Array, cfg: ViTConfig, *, train=False, rng=None,
            capture: Sequence[str] = (), n_out: int | None = None) -> tuple[jax.Array, dict[str, Any]]:
     """Run the encoder blocks in either layout; stacked blocks run under one `lax.scan`.
 
-    `n_out` computes the last block's output only for the first `n_out` tokens (the returned
-    tokens are (B, n_out, D)); the values equal those tokens of the full output. Not
-    combinable with `capture`, which reports every block in full.
+    Args:
+        blocks: `params['blocks']`, stacked (a dict) or a list of blocks.
+        x: (B, T, D) embedded tokens (`embed`).
+        cfg: the model's config: numerics, `drop_path` (the last block's rate, linear from 0
+          at the first) and `remat`.
+        train: training mode: dropout and stochastic depth, where `rng` is given.
+        rng: the PRNG key, split once per block; None draws nothing.
+        capture: what to report in `aux`: 'blocks' and/or 'attn' (other names are ignored;
+          `apply` checks them).
+        n_out: compute the last block's output only for the first `n_out` tokens, equal to those
+          tokens of the full output; None: all. Not combinable with `capture`, which reports
+          every block in full.
+
+    Returns:
+        The pair `(tokens, aux)`, with tokens (B, T or n_out, D). aux holds 'blocks' (every block's
+        output, (L, B, T, D)) and 'attn' (probabilities, (L, B, H, T, T)) where captured,
+        lists in the list layout when blocks differ in shape.
+
+    Raises:
+        ValueError: `n_out` with a `capture`; or `train` without `rng` while the config has
+          dropout or stochastic depth (`check_rng`).
     """
     if train and rng is None:
         check_rng(cfg, 'encode')
@@ -595,7 +779,17 @@ def _n_prefix(params: Params) -> int:
 
 def pool(params: Params, x: jax.Array, cfg: ViTConfig) -> jax.Array:
     """Final LayerNorm and pooling to one feature vector per image (the head's input, or the
-    pre-logits layer's when the model has one)."""
+    pre-logits layer's when the model has one).
+
+    Args:
+        params: canonical parameters (`norm`; the prefix tokens present are skipped for 'avg').
+        x: (B, T, D) tokens of the last block (for 'cls' pooling, the first token suffices).
+        cfg: the model's config: `pool` ('cls': the normalised class token; 'avg': the mean
+          of the patch tokens), `pool_norm` and `ln_eps`.
+
+    Returns:
+        (B, D) features, in `x`'s dtype.
+    """
     if cfg.pool == 'cls':
         return layer_norm(x[:, 0], params['norm'], cfg.ln_eps)
     patches = x[:, _n_prefix(params):]
@@ -627,8 +821,9 @@ def apply(params: Params, images: jax.Array, cfg: ViTConfig, *, train: bool = Fa
         The pair `(logits, aux)`. `aux['pre_logits']`, always present, is what the head
         reads (the pooled features, or with a `pre_logits` layer its output tanh(features·W +
         b)); without a head it is also the returned output. With a distillation token, `aux['logits_cls']`
-        and `aux['logits_dist']` hold both heads, and `logits` is their mean in evaluation and
-        the class head when `train=True` (DeiT semantics).
+        and `aux['logits_dist']` hold both heads (`head_dist` reads the normalised distillation token,
+        the token after the class token or the first one without a class token), and `logits` is
+        their mean in evaluation and the class head when `train=True` (DeiT semantics).
 
     Raises:
         ConfigError: `cfg` does not match the parameters' shapes (the first differing leaf
@@ -656,7 +851,8 @@ def apply(params: Params, images: jax.Array, cfg: ViTConfig, *, train: bool = Fa
         return feats, aux
     logits = _dense(feats, params['head'], precision=cfg.dense_precision)
     if 'dist_token' in params and 'head_dist' in params:
-        dist_feats = layer_norm(x[:, 1], params['norm'], cfg.ln_eps)
+        # The distillation token follows the class token where there is one, else comes first.
+        dist_feats = layer_norm(x[:, int('cls_token' in params)], params['norm'], cfg.ln_eps)
         logits_dist = _dense(dist_feats, params['head_dist'], precision=cfg.dense_precision)
         aux['logits_cls'], aux['logits_dist'] = logits, logits_dist
         if not train:

@@ -66,26 +66,58 @@ _state = threading.local()
 
 
 def register(backend: Backend) -> None:
-    """Add a backend (replacing one of the same name)."""
+    """Add a backend (replacing one of the same name).
+
+    Args:
+        backend: the backend; its `name` is its key in the registry.
+    """
     _registry[backend.name] = backend
 
 
 def unregister(name: str) -> None:
-    """Remove the backend registered as `name` (KeyError if there is none)."""
+    """Remove a registered backend.
+
+    Args:
+        name: the name the backend was registered as.
+
+    Raises:
+        KeyError: no backend is registered as `name`.
+    """
     if name not in _registry:
         raise KeyError(f'no backend registered as {name!r}; registered: {sorted(_registry)}')
     del _registry[name]
 
 
 def registered() -> dict[str, Backend]:
-    """Every registered backend by name, enabled or not."""
+    """Every registered backend, enabled or not.
+
+    Returns:
+        A new dict of name to `Backend`, in registration order.
+    """
     return dict(_registry)
 
 
 def env_switch_on(name: str, default: bool = True) -> bool:
-    """An on/off environment switch, `default` when unset: 0/1, false/true, no/yes, off/on."""
-    value = os.environ.get(name, '1' if default else '0').strip().lower()
-    if value not in ('0', '1', 'false', 'true', 'no', 'yes', 'off', 'on', ''):
+    """An on/off environment switch.
+
+    The value is read case-blind, spaces stripped: 0/1, false/true, no/yes, off/on. A variable
+    set to the empty string (or to spaces) counts as unset.
+
+    Args:
+        name: the environment variable.
+        default: the switch's state where the variable is unset or empty.
+
+    Returns:
+        `default` where the variable is unset or empty; False for 0, false, no or off; True for
+        1, true, yes or on.
+
+    Raises:
+        ValueError: the variable holds any other value.
+    """
+    value = os.environ.get(name, '').strip().lower()
+    if not value:
+        return default
+    if value not in ('0', '1', 'false', 'true', 'no', 'yes', 'off', 'on'):
         raise ValueError(f'{name}={value!r}: expected 0 or 1 (or false/true, no/yes, off/on)')
     return value not in ('0', 'false', 'no', 'off')
 
@@ -107,7 +139,13 @@ def _enabled_names() -> set[str] | None:
 
 @contextlib.contextmanager
 def use_reference() -> Iterator[None]:
-    """Inside the block every backend is off: functions traced there run the reference."""
+    """Inside the block every backend is off: functions traced there run the reference.
+
+    The switch is per thread; the state before the block is restored after it, so blocks nest.
+
+    Yields:
+        `None`.
+    """
     old = getattr(_state, 'reference', False)
     _state.reference = True
     try:
@@ -117,7 +155,21 @@ def use_reference() -> Iterator[None]:
 
 
 def active_backends(platform: str | None = None) -> list[Backend]:
-    """The enabled backends of `platform` (default: jax's default backend), in order."""
+    """The enabled backends of a platform, in registration order.
+
+    A backend is enabled outside `use_reference`, where JLEARNGENE_BACKENDS names it (or is
+    'all') and its own `enabled()` is true.
+
+    Args:
+        platform: a jax platform ('cpu', 'gpu', 'tpu'); `None` (default): `jax.default_backend()`.
+
+    Returns:
+        A list of `Backend`s; empty inside `use_reference` and with JLEARNGENE_BACKENDS=reference.
+
+    Raises:
+        ValueError: JLEARNGENE_BACKENDS names a backend that is not registered, or a backend's own
+          switch holds no on/off value (the GPU backend's JLEARNGENE_GPU_CUDNN_ATTENTION).
+    """
     if getattr(_state, 'reference', False):
         return []
     names = _enabled_names()
@@ -127,11 +179,24 @@ def active_backends(platform: str | None = None) -> list[Backend]:
 
 
 def dense(x: jax.Array, w: jax.Array, precision: str = 'float32') -> jax.Array:
-    """`x @ w` for x (N, K), w (K, M) at an operand precision of `DENSE_PRECISIONS`.
+    """`x @ w` at an operand precision of `DENSE_PRECISIONS`.
 
     'float32' is the exact product. 'bfloat16' rounds both operands to bfloat16 and
     accumulates in float32, in the forward pass and in both gradient products; the result
     has x's dtype (reverse mode only; see `reference.dense`).
+
+    Args:
+        x: the left operand, (N, K).
+        w: the right operand, (K, M).
+        precision: 'float32' (default) or 'bfloat16'.
+
+    Returns:
+        The product, (N, M), from the first active backend that takes the call, else from
+        `reference.dense`.
+
+    Raises:
+        ValueError: `precision` is not in `DENSE_PRECISIONS`; `x` or `w` is not 2-D or their
+          inner sizes differ; or `active_backends` rejects the switches.
     """
     if precision not in DENSE_PRECISIONS:
         raise ValueError(f'dense: unknown precision {precision!r}, '
@@ -148,12 +213,26 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, *,
               need_probs: bool = False, probs_name: str | None = None):
     """Softmax attention: probs = softmax((q·scale)·kᵀ) over the keys, o = probs·v.
 
-    Returns (o, probs); probs is None unless `need_probs` (a backend may return it anyway).
-    Tq may differ from T (e.g. only the class token as query). `probs_name` names the
-    probabilities with `checkpoint_name` wherever they are kept for the backward pass, so a
-    `jax.checkpoint` policy can save them.
+    Tq may differ from T (e.g. only the class token as query).
+
+    Args:
+        q: the queries, (B, Tq, H, Dh).
+        k: the keys, (B, T, H, Dh).
+        v: the values, of `k`'s shape.
+        scale: the factor of the queries, usually `Dh ** -0.5`.
+        need_probs: return the probabilities too.
+        probs_name: names the probabilities with `checkpoint_name` wherever they are kept for
+          the backward pass, so a `jax.checkpoint` policy can save them; `None`: no name.
+
+    Returns:
+        `(o, probs)`, with o (B, Tq, H, Dh) and probs (B, H, Tq, T); probs is `None` unless
+        `need_probs` (a backend may return it anyway).
+
+    Raises:
+        ValueError: `q`, `k` or `v` is not 4-D, `k` and `v` differ in shape, or `q` and `k` differ
+          in batch, head count or head dim; or `active_backends` rejects the switches.
     """
-    if q.ndim != 4 or k.shape != v.shape or q.shape[::2] != k.shape[::2] \
+    if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape or q.shape[::2] != k.shape[::2] \
             or q.shape[-1] != k.shape[-1]:
         raise ValueError(f'attention: expected q (B, Tq, H, Dh) and k, v (B, T, H, Dh), got '
                          f'{q.shape}, {k.shape}, {v.shape}')

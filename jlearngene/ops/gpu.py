@@ -32,8 +32,20 @@ MAX_HEAD_DIM = 128
 
 
 def decline_reason(q, k, v, need_probs: bool) -> str | None:
-    """Why the cuDNN kernel does not take this call (None: it does); q (B, Tq, H, Dh),
-    k and v (B, T, H, Dh), arrays or ShapeDtypeStructs."""
+    """Why the cuDNN kernel does not take an attention call.
+
+    It tests every condition of the module docstring but the last: jax's own checks run when the
+    call is traced.
+
+    Args:
+        q: the queries, (B, Tq, H, Dh): an array or a `jax.ShapeDtypeStruct`.
+        k: the keys, (B, T, H, Dh), likewise.
+        v: the values, of `k`'s shape, likewise.
+        need_probs: whether the call asks for the attention probabilities.
+
+    Returns:
+        The first reason found, in words; `None` where the kernel takes the call.
+    """
     if need_probs:
         return 'the attention probabilities are requested'
     if not all(t.dtype == q.dtype for t in (k, v)) or q.dtype not in DTYPES:
@@ -58,7 +70,12 @@ def _attention(q, k, v, scale, need_probs, probs_name):
 
 @functools.cache
 def cuda_available() -> bool:
-    """Whether jax has an NVIDIA (CUDA) GPU platform (False on CPU-only and ROCm builds)."""
+    """Whether jax has an NVIDIA (CUDA) GPU platform (False on CPU-only and ROCm builds).
+
+    Returns:
+        True where the first GPU device's platform version names CUDA or its kind names NVIDIA.
+        Cached: computed once per process.
+    """
     try:
         devices = jax.devices('gpu')
     except RuntimeError:
@@ -70,7 +87,14 @@ def cuda_available() -> bool:
 
 
 def enabled() -> bool:
-    """Whether the backend runs: its environment switch is on and a CUDA device is there."""
+    """Whether the backend runs: its environment switch is on and a CUDA device is there.
+
+    Returns:
+        True where JLEARNGENE_GPU_CUDNN_ATTENTION is unset or on and `cuda_available()`.
+
+    Raises:
+        ValueError: JLEARNGENE_GPU_CUDNN_ATTENTION holds no on/off value (`ops.env_switch_on`).
+    """
     return ops.env_switch_on(ENV_SWITCH) and cuda_available()
 
 

@@ -11,24 +11,52 @@ DENSE_PRECISIONS = ('float32', 'bfloat16')
 
 
 def dense(x: jax.Array, w: jax.Array, precision: str = 'float32') -> jax.Array:
-    """`x @ w`; with precision='bfloat16' the rounded-operand product `bf16_matmul`."""
+    """`x @ w`; with precision='bfloat16' the rounded-operand product `bf16_matmul`.
+
+    Unlike `jlearngene.ops.dense` it checks nothing: any other `precision` is the plain product.
+
+    Args:
+        x: the left operand, (N, K).
+        w: the right operand, (K, M).
+        precision: 'float32' (default) or 'bfloat16'.
+
+    Returns:
+        The product, (N, M); with 'bfloat16', cast to `x`'s dtype.
+    """
     if precision == 'bfloat16':
         return bf16_matmul(x, w).astype(x.dtype)
     return x @ w
 
 
 def bf16_product(a: jax.Array, b: jax.Array) -> jax.Array:
-    """a @ b from bfloat16-rounded operands, accumulated and returned in float32."""
+    """a @ b from bfloat16-rounded operands, accumulated and returned in float32.
+
+    Args:
+        a: the left operand.
+        b: the right operand, matmul-compatible with `a`.
+
+    Returns:
+        `a @ b` in float32.
+    """
     return jnp.matmul(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
                       preferred_element_type=jnp.float32)
 
 
 @jax.custom_vjp
 def bf16_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x @ w (float32 result) from bfloat16-rounded operands, forward and backward. The
-    gradients are the same kind of product, g·wᵀ and xᵀ·g with the cotangent g rounded too:
-    JAX's derived backward would multiply the float32 cotangent with a bfloat16 operand,
-    which XLA computes in float32."""
+    """x @ w (float32 result) from bfloat16-rounded operands, forward and backward.
+
+    The gradients are the same kind of product, g·wᵀ and xᵀ·g with the cotangent g rounded too
+    (and cast back to the dtypes of `x` and `w`): JAX's derived backward would multiply the
+    float32 cotangent with a bfloat16 operand, which XLA computes in float32.
+
+    Args:
+        x: the left operand, (N, K).
+        w: the right operand, (K, M).
+
+    Returns:
+        The product, (N, M), float32.
+    """
     return bf16_product(x, w)
 
 
@@ -51,7 +79,19 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, *,
 
     Without `need_probs` this is `jax.nn.dot_product_attention` (probs None); with it, the
     explicit product, softmax (in float32 whatever the inputs' dtype) and product, the
-    probabilities (B, H, Tq, T) written out.
+    probabilities written out.
+
+    Args:
+        q: the queries, (B, Tq, H, Dh).
+        k: the keys, (B, T, H, Dh).
+        v: the values, of `k`'s shape.
+        scale: the factor of the queries, usually `Dh ** -0.5`.
+        need_probs: compute and return the probabilities.
+        probs_name: with `need_probs`, the `checkpoint_name` of the probabilities; `None`: no name.
+
+    Returns:
+        `(o, probs)`, with o (B, Tq, H, Dh) and probs (B, H, Tq, T) in `q`'s dtype, or `None` without
+        `need_probs`.
     """
     if not need_probs:
         return jax.nn.dot_product_attention(q, k, v, scale=scale), None

@@ -41,7 +41,19 @@ SETTLE_SECONDS = 5.0   # how long a failed save waits for its other writes befor
 
 
 def to_json(obj: Any) -> Any:
-    """JSON-able copy: bytes become {'__bytes__': base64}, tuples lists, numpy scalars numbers."""
+    """JSON-able copy of checkpoint metadata.
+
+    Args:
+        obj: nested mappings, lists and tuples of None, bools, ints, floats, strings, bytes,
+          numpy scalars and 0-d arrays.
+
+    Returns:
+        The copy, in which bytes become a dict of the one key `'__bytes__'` that holds their
+        base64 text, mapping keys strings, tuples lists, and numpy scalars Python numbers.
+
+    Raises:
+        TypeError: a leaf is of another type (an array of one or more dimensions, an object).
+    """
     if isinstance(obj, bytes):
         return {'__bytes__': base64.b64encode(obj).decode('ascii')}
     if isinstance(obj, Mapping):
@@ -56,7 +68,15 @@ def to_json(obj: Any) -> Any:
 
 
 def from_json(obj: Any) -> Any:
-    """The inverse of `to_json`."""
+    """The inverse of `to_json`.
+
+    Args:
+        obj: what `to_json` made, as read back from JSON.
+
+    Returns:
+        The copy, in which each dict whose one key is `'__bytes__'` is decoded to bytes.
+        Tuples stay lists and mapping keys strings.
+    """
     if isinstance(obj, dict):
         if set(obj) == {'__bytes__'}:
             return base64.b64decode(obj['__bytes__'])
@@ -70,7 +90,14 @@ def from_json(obj: Any) -> Any:
 # The orbax wrapper.
 
 def orbax_context(*, partial_load: bool = False):
-    """The orbax context of every save and load here (`partial_load`: read part of a tree)."""
+    """The orbax context of every save and load here.
+
+    Args:
+        partial_load: whether a load may read part of the stored tree.
+
+    Returns:
+        An `ocp.Context` without replica-parallel saving (one replica writes).
+    """
     # Replica-parallel saving slices every replicated array on device first, which costs one
     # small compilation per array shape (seconds on CPU); one replica writes instead.
     ctx = ocp.Context()
@@ -80,11 +107,22 @@ def orbax_context(*, partial_load: bool = False):
 
 
 def call_orbax(call: Callable[[], Any], where: str, *, write: bool = False) -> Any:
-    """`call()`, an orbax read (or `write`) of the checkpoint `where` names, whose failure
-    becomes one line naming the innermost cause (orbax raises many kinds of exception): a
-    CorruptCheckpointError for a read (a CheckpointError passes as it is), a CheckpointError
-    for a write (a full disk, a file-size limit, a permission; orbax leaves no checkpoint
-    under the final name)."""
+    """Run an orbax call, whose failure becomes one line naming the innermost cause (orbax
+    raises many kinds of exception).
+
+    Args:
+        call: the orbax read or write, without arguments.
+        where: the checkpoint, in words (`"model checkpoint '<path>'"`), for the message.
+        write: whether `call` writes (else it reads).
+
+    Returns:
+        What `call()` returns.
+
+    Raises:
+        CorruptCheckpointError: a read failed (a `CheckpointError` it raised passes as it is).
+        CheckpointError: a write failed (a full disk, a file-size limit, a permission; orbax
+          leaves no checkpoint under the final name).
+    """
     try:
         return call()
     except Exception as e:  # noqa: BLE001 - orbax raises many kinds
@@ -107,12 +145,29 @@ def _root_cause(e: BaseException) -> BaseException:
 
 
 def no_metadata(where: str, what: str) -> CorruptCheckpointError:
-    """orbax could not read `what` (it logs why and returns None)."""
+    """The error for metadata orbax could not read (it logs why and returns None).
+
+    Args:
+        where: the checkpoint, in words, for the message.
+        what: what could not be read, in words.
+
+    Returns:
+        A `CorruptCheckpointError` (not raised) naming both.
+    """
     return CorruptCheckpointError(f'{where}: orbax could not read {what}; it is truncated or corrupted')
 
 
 def abstract_arrays(meta_tree, sharding=None):
-    """ShapeDtypeStructs from orbax array metadata, placed on `sharding` (a tree or one sharding)."""
+    """ShapeDtypeStructs from orbax array metadata, the targets of a load.
+
+    Args:
+        meta_tree: a tree of orbax array metadata (each with `shape` and `dtype`).
+        sharding: one sharding for every array, or a tree of them matching `meta_tree`;
+          `None` (default): the first local device.
+
+    Returns:
+        The tree of `jax.ShapeDtypeStruct`s, with their shardings.
+    """
     if sharding is None or isinstance(sharding, jax.sharding.Sharding):
         one = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), meta_tree)
@@ -120,7 +175,16 @@ def abstract_arrays(meta_tree, sharding=None):
 
 
 def config_mismatch(stored: ViTConfig, expected: ViTConfig, where: str) -> None:
-    """Raise CheckpointError naming the fields where two model configs differ."""
+    """Raise CheckpointError naming the fields where two model configs differ.
+
+    Args:
+        stored: the checkpoint's config.
+        expected: the requested one.
+        where: the checkpoint, in words, for the message.
+
+    Raises:
+        CheckpointError: the configs differ (`ViTConfig.diff` is not empty).
+    """
     diff = stored.diff(expected)
     if diff:
         fields = ', '.join(f'{k}: checkpoint {a!r} vs requested {b!r}' for k, (a, b) in diff.items())
@@ -132,7 +196,15 @@ def config_mismatch(stored: ViTConfig, expected: ViTConfig, where: str) -> None:
 
 def is_model(path: str | os.PathLike) -> bool:
     """Whether `path` is a model artefact: a folder whose orbax metadata names the model
-    format (only that small JSON file is read; `model_metadata` checks the rest)."""
+    format (only that small JSON file is read; `model_metadata` checks the rest).
+
+    Args:
+        path: the path to look at.
+
+    Returns:
+        True where `<path>/_CHECKPOINT_METADATA` parses and its custom metadata's format is
+        `MODEL_FORMAT`; False otherwise (unreadable or missing included).
+    """
     import json
     try:
         with open(os.path.join(os.fspath(path), '_CHECKPOINT_METADATA'), encoding='utf-8') as f:
@@ -145,19 +217,46 @@ def is_model(path: str | os.PathLike) -> bool:
 
 def check_model_output(path: str | os.PathLike, *, overwrite: bool, inputs=(),
                        how: str = 'overwrite=True') -> None:
-    """CheckpointError unless a model may be written at `path` (`files.check_replaceable`:
-    nothing there, or a model artefact and `overwrite`; never one of `inputs`)."""
+    """Check that a model may be written at `path` (`files.check_replaceable`).
+
+    Args:
+        path: where the model would go.
+        overwrite: whether an existing model artefact may be replaced.
+        inputs: paths the caller reads; `path` must neither be nor contain one.
+        how: the switch that sets `overwrite`, in words, for the message.
+
+    Raises:
+        CheckpointError: `path` is, or contains, one of `inputs`; holds something other than
+          a model artefact (an empty folder is fine); or holds one and not `overwrite`.
+    """
     files.check_replaceable(path, 'a model checkpoint', is_model, overwrite=overwrite, how=how,
                             inputs=inputs, error=CheckpointError)
 
 
 def save_model(path: str, params, cfg: ViTConfig | None, *, extra: dict | None = None,
                overwrite: bool = False, inputs=()) -> str:
-    """Save a parameter tree with its model config and JSON-able `extra` metadata. An
-    existing model is replaced only with `overwrite`, and only once the new one is
-    complete (a failed or killed write leaves it as it was); anything else at `path`, or
-    a path that is or contains one of `inputs` (what the caller read), is refused
-    (`check_model_output`)."""
+    """Save a parameter tree with its model config and JSON-able `extra` metadata.
+
+    An existing model is replaced only with `overwrite`, and only once the new one is
+    complete (a failed or killed write leaves it as it was). In a multi-process run every
+    process calls it; process 0 moves the result into place.
+
+    Args:
+        path: the model artefact's folder.
+        params: the parameter tree (stacked or list layout, or any other tree).
+        cfg: its `ViTConfig`, or None to store none.
+        extra: JSON-able metadata (`to_json`) stored beside it; None: `{}`.
+        overwrite: whether an existing model artefact at `path` may be replaced.
+        inputs: paths the caller read; `path` must neither be nor contain one.
+
+    Returns:
+        `path`, made absolute.
+
+    Raises:
+        CheckpointError: `path` may not be written (`check_model_output`), or the write
+          failed (`call_orbax`).
+        TypeError: `extra` is not JSON-able (`to_json`).
+    """
     path = os.path.abspath(os.fspath(path))
     check_model_output(path, overwrite=overwrite, inputs=inputs)
     meta = {
@@ -208,8 +307,22 @@ def _settle(before: set, seconds: float = SETTLE_SECONDS) -> None:
 
 
 def model_metadata(path: str) -> dict:
-    """The stored metadata of a model artefact ({'config', 'layout', 'extra', 'shapes', ...})
-    without reading any arrays."""
+    """The stored metadata of a model artefact, without reading any arrays.
+
+    Args:
+        path: the model artefact's folder.
+
+    Returns:
+        The custom metadata `save_model` stored ('format', 'config' (a dict or None),
+        'layout', 'extra' (as `to_json` made it), 'checksum', 'checksums') and 'arrays', the
+        orbax metadata tree of the parameters.
+
+    Raises:
+        CheckpointError: `path` does not exist, or is not a model artefact (e.g. a run
+          checkpoint).
+        CorruptCheckpointError: it is incomplete or its metadata is damaged (`check_exists`,
+          `check_array_store`, `call_orbax`, or the error `no_metadata` makes).
+    """
     path = os.path.abspath(os.fspath(path))
     check_exists(path, 'model checkpoint')
     where = f'model checkpoint {path!r}'
@@ -226,10 +339,24 @@ def model_metadata(path: str) -> dict:
 
 
 def load_model(path: str, *, expect_cfg: ViTConfig | None = None, sharding=None):
-    """Load a model artefact -> (params, cfg, extra).
+    """Load a model artefact that `save_model` wrote; its arrays are verified by checksum.
 
-    `expect_cfg` refuses a checkpoint whose config differs (the error names the fields).
-    `sharding` places the arrays (one sharding or a tree of them; default: first local device).
+    Args:
+        path: the model artefact's folder.
+        expect_cfg: the config the model must have; None: any.
+        sharding: places the arrays (one sharding or a tree of them); None (default): the
+          first local device.
+
+    Returns:
+        A tuple `(params, cfg, extra)` of the parameter tree, its `ViTConfig` (None where
+        none was stored) and the `extra` metadata (`from_json`).
+
+    Raises:
+        CheckpointError: `path` is missing or not a model artefact (`model_metadata`), or
+          `expect_cfg` is given and the checkpoint stores no config or a different one
+          (`config_mismatch`, which names the fields).
+        CorruptCheckpointError: the checkpoint is incomplete, damaged or fails its
+          checksums.
     """
     path = os.path.abspath(os.fspath(path))
     meta = model_metadata(path)

@@ -38,8 +38,13 @@ def evaluate(eval_fn: Callable, params, batches: Iterable[Mapping[str, Any]], *,
       jitted: the compiled form of `eval_fn` to call (e.g. one jitted with shardings);
         default `compiler.jit(eval_fn)`, cached per `eval_fn` object.
 
-    Returns floats; 'count' is the total number of valid examples (a split with none gives
-    0.0 means). Raises ValueError when `batches` is empty or `eval_fn` returns no 'count'.
+    Returns:
+      A dict of floats holding each of `eval_fn`'s sums divided by the total count (0.0 for a split
+      with no valid example), and 'count', the total number of valid examples.
+
+    Raises:
+      ValueError: `batches` yields no batch; `eval_fn` returns no 'count'; or, with `mesh`, a
+        batch does not split over its 'data' axis.
     """
     fn = jitted if jitted is not None else _jit(eval_fn)
     total = None

@@ -27,16 +27,31 @@ _OLD = '.old-'
 
 
 def partial_path(path: str, tag: str | None = None) -> str:
-    """The temporary sibling of `path` that a write fills before it is renamed into place;
-    `tag` names the writer (default this process's pid; a multi-process write, whose
-    processes must agree on the name, passes one)."""
+    """The temporary sibling of `path` that a write fills before it is renamed into place.
+
+    Args:
+        path: the final path (made absolute).
+        tag: names the writer; `None` (default): this process's pid. A multi-process write,
+          whose processes must agree on the name, passes one.
+
+    Returns:
+        The absolute path `<folder>/.partial-<tag>.<name>` beside `path`.
+    """
     path = os.path.abspath(os.fspath(path))
     folder, name = os.path.split(path)
     return os.path.join(folder, f'{PARTIAL}{tag or os.getpid()}.{name}')
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process `pid` runs on this host."""
+    """Whether process `pid` runs on this host.
+
+    Args:
+        pid: a process id.
+
+    Returns:
+        True where the process exists (also when it runs as another user); False where it
+        does not, or the check fails.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -60,7 +75,12 @@ def _remove(path: str) -> None:
 
 def remove_partial(tmp: str) -> None:
     """Remove a temporary that a write filled, with anything a library put beside it
-    (orbax's `<tmp>.orbax-checkpoint-tmp...`)."""
+    (orbax's `<tmp>.orbax-checkpoint-tmp...`).
+
+    Args:
+        tmp: the temporary's path (`partial_path`), a file or a directory; a missing one is
+          no error.
+    """
     for p in [tmp, *glob.glob(glob.escape(tmp) + '.*')]:
         _remove(p)
 
@@ -68,7 +88,14 @@ def remove_partial(tmp: str) -> None:
 def remove_stale(path: str) -> list[str]:
     """Remove the temporaries of `path` that a killed process left (their pid no longer
     runs on this host); an old copy set aside by an interrupted `replace_dir` goes back to
-    `path` when `path` is missing. Returns what was removed."""
+    `path` when `path` is missing.
+
+    Args:
+        path: the final path whose temporaries to look for.
+
+    Returns:
+        The paths removed (a restored old copy is not among them).
+    """
     path = os.path.abspath(os.fspath(path))
     folder, name = os.path.split(path)
     removed = []
@@ -89,15 +116,38 @@ def remove_stale(path: str) -> list[str]:
 
 def named_error(e: OSError, path: str) -> OSError:
     """`e` as an OSError of the same errno whose message names `path` (the library's message
-    names a temporary, or nothing: '[Errno 28] No space left on device')."""
+    names a temporary, or nothing: '[Errno 28] No space left on device').
+
+    Args:
+        e: the error a write raised.
+        path: the final path that the write was for.
+
+    Returns:
+        A new OSError with `e.errno`, whose message is 'cannot write' followed by `path` and
+        `e.strerror` (else the message of `e`, else its class name).
+    """
     why = e.strerror or str(e) or type(e).__name__
     return OSError(e.errno, f'cannot write {path!r}: {why}')
 
 
 def write_file(path: str, write: Callable[[str], Any]) -> str:
-    """`write(tmp)` writes the file's complete contents to `tmp` (a temporary sibling that
-    keeps `path`'s suffix), which then replaces `path`; returns `path`. A failed write
-    leaves `path` as it was and raises an OSError naming `path`."""
+    """Write a file through a temporary sibling that then replaces `path`.
+
+    A failed write removes the temporary and leaves `path` as it was; temporaries that
+    killed processes left beside `path` are removed first (`remove_stale`).
+
+    Args:
+        path: where the file goes.
+        write: `write(tmp)` writes the file's complete contents to `tmp` (a temporary sibling
+          that keeps `path`'s suffix); it is fsynced before the rename.
+
+    Returns:
+        `path`.
+
+    Raises:
+        OSError: writing, syncing or renaming failed; the error is remade by `named_error`
+          to name `path`. Any other exception from `write` propagates unchanged.
+    """
     path = os.fspath(path)
     tmp = partial_path(path)
     remove_stale(path)
@@ -115,7 +165,18 @@ def write_file(path: str, write: Callable[[str], Any]) -> str:
 
 
 def write_text(path: str, text: str) -> str:
-    """Write `text` (UTF-8) to `path` through `write_file`."""
+    """Write `text` (UTF-8) to `path` through `write_file`.
+
+    Args:
+        path: where the file goes.
+        text: its contents.
+
+    Returns:
+        `path`.
+
+    Raises:
+        OSError: the write failed (`write_file`); the message names `path`.
+    """
     def write(tmp):
         with open(tmp, 'w', encoding='utf-8') as f:
             f.write(text)
@@ -146,7 +207,23 @@ def check_replaceable(path: str | os.PathLike, what: str, is_kind: Callable[[str
     of the user's files, a training workdir, another kind of artefact), and never when it
     is, or contains, one of `inputs` (what the writer reads: a replaced input would be lost
     before, or while, it is read). `how` names the switch in the message: '--overwrite' on
-    the command line, 'overwrite=True' in Python. Raises `error` (one line naming `path`)."""
+    the command line, 'overwrite=True' in Python.
+
+    Args:
+        path: where the writer would write.
+        what: the kind of artefact it writes, in words ('a model'), for the message.
+        is_kind: whether what is at a path is `what`.
+        overwrite: whether an existing `what` may be replaced.
+        how: the switch that sets `overwrite`, in words, for the message.
+        inputs: the paths the writer reads; `None` entries are skipped.
+        error: the exception class raised, called with a one-line message naming `path`
+          (default FileExistsError).
+
+    Raises:
+        FileExistsError: (or the class given as `error`) `path` is, or contains, one of
+          `inputs`; it exists (not as an empty folder) and is not `what`; or it is `what` and
+          `overwrite` is False.
+    """
     path = os.path.abspath(os.fspath(path))
     if not os.path.lexists(path):
         return
@@ -190,7 +267,15 @@ def replace_dir(new: str, path: str) -> str:
     """Move the complete directory `new` to `path`, replacing what is there: swapped in one
     step where the system can, else set aside, renamed and deleted, so that `path` holds
     the old directory or the new one at every moment (an interruption between the two
-    renames is undone by the next `remove_stale`). Returns `path`."""
+    renames is undone by the next `remove_stale`).
+
+    Args:
+        new: the complete directory (typically `partial_path(path)`); it is moved.
+        path: where it goes.
+
+    Returns:
+        `path`.
+    """
     if not os.path.lexists(path):
         os.rename(new, path)
     elif _exchange(new, path):

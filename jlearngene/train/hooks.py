@@ -75,11 +75,26 @@ class Run:
     stop: str | None = None
 
     def begin_call(self, metrics) -> None:
-        """A new call's record: its device metrics, nothing synced, saved or evaluated."""
+        """A new call's record: its device metrics, nothing synced, saved or evaluated.
+
+        Args:
+            metrics: the call's device metrics, as the step program returns them (stacked on
+              a leading axis for a call of several steps).
+        """
         self.metrics, self.synced, self.saved, self.eval_record = metrics, False, None, None
 
     def flush(self, step: int) -> dict | None:
-        """Sync the train metrics (`TrainLog.flush`) when the run has a TrainLog."""
+        """Sync the train metrics (`TrainLog.flush`) when the run has a TrainLog.
+
+        Args:
+            step: the step the run is at.
+
+        Returns:
+            The written train record, or None without a TrainLog or pending metrics.
+
+        Raises:
+            NonFiniteLossError: a pending loss is not finite (`TrainLog.flush`).
+        """
         return None if self.log is None else self.log.flush(step)
 
 
@@ -91,12 +106,22 @@ class Hook(abc.ABC):
     every: int | None = None
 
     def start(self, run: Run) -> None:
-        """Bind the hook to `run`, once, before the first call (the default does nothing)."""
+        """Bind the hook to `run`, once, before the first call (the default does nothing).
+
+        Args:
+            run: what the run's hooks share.
+        """
         del run
 
     @abc.abstractmethod
     def after_call(self, run: Run, step: int, state: dict) -> None:
-        """Act on the call that ended at `step` (`run` holds its record)."""
+        """Act on the call that ended at `step`.
+
+        Args:
+            run: what the run's hooks share, with the call's record.
+            step: the steps done after the call.
+            state: the train state after the call.
+        """
 
 
 class TrainLog(Hook):
@@ -114,16 +139,37 @@ class TrainLog(Hook):
         self.first_loss: float | None = None   # the loss of step 1, when this run took it
 
     def start(self, run: Run) -> None:
-        """Bind to `run` (it becomes `run.log`) and start the steps/s clock."""
+        """Bind to `run` (it becomes `run.log`) and start the steps/s clock.
+
+        Args:
+            run: what the run's hooks share.
+        """
         self.run, run.log = run, self
         self._last = (run.start, time.perf_counter())
 
     def due(self, step: int) -> bool:
-        """Whether the metrics are synced and written after `step`: every `every` steps and at the last."""
+        """Whether the metrics are synced and written after `step`.
+
+        Args:
+            step: the steps done.
+
+        Returns:
+            True every `every` steps and at the run's last step.
+        """
         return step % self.every == 0 or step == self.run.steps
 
     def after_call(self, run: Run, step: int, state: dict) -> None:
-        """Keep the call's device metrics; at a due step sync and write them (`flush`)."""
+        """Keep the call's device metrics; at a due step sync and write them (`flush`).
+
+        Args:
+            run: what the run's hooks share; `run.metrics` is kept, and `run.synced` set at a
+              due step.
+            step: the steps done after the call.
+            state: unused.
+
+        Raises:
+            NonFiniteLossError: at a due step, a pending loss is not finite (`flush`).
+        """
         del state
         self._pending.append(run.metrics)
         if self.due(step):
@@ -133,7 +179,19 @@ class TrainLog(Hook):
                 run.bar.update(0, loss=rec['loss'])
 
     def flush(self, step: int) -> dict | None:
-        """Sync the pending metrics (None when there are none); raises NonFiniteLossError."""
+        """Sync the pending metrics and write their mean.
+
+        Args:
+            step: the step the last pending call ended at.
+
+        Returns:
+            The record written (each metric's mean over the pending steps, 'lr' the last
+            step's, plus 'steps_per_sec'), or None when nothing is pending.
+
+        Raises:
+            NonFiniteLossError: a pending step's loss is NaN or infinite; the message names
+              the step (the metrics stay pending).
+        """
         if not self._pending:
             return None
         run = self.run
@@ -210,7 +268,12 @@ class Evaluation(Hook):
         self.jitted = None
 
     def start(self, run: Run) -> None:
-        """Bind to `run`; on a mesh, compile the evaluation with the run's shardings (shared by equal keys)."""
+        """Bind to `run`; on a mesh, compile the evaluation with the run's shardings.
+
+        Args:
+            run: what the run's hooks share; where it has a mesh, its `state_shardings`
+              place the params (programs of equal keys are shared through `PROGRAMS`).
+        """
         self.run = run
         if run.mesh is None:
             return
@@ -222,11 +285,29 @@ class Evaluation(Hook):
                                  out_shardings=repl))
 
     def due(self, step: int) -> bool:
-        """Whether `step` is evaluated: every `every` steps and at the last."""
+        """Whether `step` is evaluated.
+
+        Args:
+            step: the steps done.
+
+        Returns:
+            True every `every` steps (when set) and at the run's last step.
+        """
         return bool(self.every and step % self.every == 0) or step == self.run.steps
 
     def after_call(self, run: Run, step: int, state: dict) -> None:
-        """At a due step: sync the train metrics, evaluate the state's params and set `run.eval_record`."""
+        """At a due step, sync the train metrics, evaluate the state's params and set
+        `run.eval_record`.
+
+        Args:
+            run: what the run's hooks share.
+            step: the steps done after the call.
+            state: the train state; its 'params' are evaluated.
+
+        Raises:
+            NonFiniteLossError: at a due step, a pending loss is not finite (`Run.flush`).
+            ValueError: a one-shot eval iterator yields no batches.
+        """
         if self.due(step):
             run.synced = True
             run.flush(step)
@@ -268,7 +349,15 @@ class StopWhen(Hook):
         self.predicate, self.reason = predicate, reason
 
     def after_call(self, run: Run, step: int, state: dict) -> None:
-        """Stop the run (`run.stop`) after an evaluation whose record satisfies the predicate."""
+        """Stop the run (`run.stop`) after an evaluation whose record satisfies the predicate.
+
+        The last step is never a stop: the run ends there anyway.
+
+        Args:
+            run: what the run's hooks share; `run.eval_record` is read.
+            step: the steps done after the call.
+            state: unused.
+        """
         del state
         if run.eval_record is not None and step < run.steps and self.predicate(run.eval_record):
             run.stop = self.reason
@@ -288,17 +377,35 @@ class Checkpoints(Hook):
         self.run: Run | None = None
 
     def start(self, run: Run) -> None:
-        """Bind to `run` (it becomes `run.checkpoints`, which a preemption saves through)."""
+        """Bind to `run` (it becomes `run.checkpoints`, which a preemption saves through).
+
+        Args:
+            run: what the run's hooks share.
+        """
         self.run, run.checkpoints = run, self
 
     def due(self, step: int, evaluated: bool) -> bool:
-        """Whether to save after `step`: at the last step, every `every` steps, and after an
-        evaluation when a `best_metric` ranks the checkpoints."""
+        """Whether to save after `step`.
+
+        Args:
+            step: the steps done.
+            evaluated: whether this call was evaluated.
+
+        Returns:
+            True at the last step, every `every` steps (when set), and after an evaluation
+            when a `best_metric` ranks the checkpoints.
+        """
         return step == self.run.steps or bool(self.every and step % self.every == 0) or \
             (evaluated and bool(self.ckpt.best_metric))
 
     def after_call(self, run: Run, step: int, state: dict) -> None:
-        """Save the state at a due step (`save`); `run.saved` is its path."""
+        """Save the state at a due step (`save`); `run.saved` is its path.
+
+        Args:
+            run: what the run's hooks share; its `eval_record` is the checkpoint's metrics.
+            step: the steps done after the call.
+            state: the train state to save.
+        """
         if self.due(step, run.eval_record is not None):
             run.synced = True
             run.saved = self.save(step, state, run.eval_record)
@@ -324,8 +431,15 @@ class Checkpoints(Hook):
 # Preemption.
 
 def agree_to_stop(flags) -> bool:
-    """The processes' joint decision from their gathered stop flags (one per process):
-    every process stops, at the same step, when any one of them was asked to."""
+    """The processes' joint decision from their gathered stop flags: every process stops,
+    at the same step, when any one of them was asked to.
+
+    Args:
+        flags: the flags, one per process (any array-like of bools or ints).
+
+    Returns:
+        Whether any flag is set.
+    """
     return bool(np.any(np.asarray(flags)))
 
 
@@ -433,7 +547,19 @@ class Preemption(Hook):
 
     def after_call(self, run: Run, step: int, state: dict) -> None:
         """After an agreed stop request: save (unless this call saved), print it and raise
-        `Preempted`."""
+        `Preempted`.
+
+        Args:
+            run: what the run's hooks share; `run.synced` says whether this step is a sync
+              point, and `run.checkpoints` (where set) saves.
+            step: the steps done after the call.
+            state: the train state to save.
+
+        Raises:
+            Preempted: a stop was requested (`requested`); `err` is raised after the
+              checkpoint is saved (its path is None when the run keeps none) and the event
+              is logged.
+        """
         if self.requested(step, sync_point=run.synced):
             saved = run.saved
             if saved is None and run.checkpoints is not None:

@@ -57,8 +57,20 @@ class CorruptCheckpointError(CheckpointError):
 # The files, read before orbax reads them.
 
 def check_exists(path: str, what: str) -> None:
-    """`path` is a complete orbax checkpoint whose `_CHECKPOINT_METADATA` parses (orbax
-    logs an error for a damaged one and reads it as empty)."""
+    """Check that `path` is a complete orbax checkpoint whose `_CHECKPOINT_METADATA` parses.
+
+    Orbax itself logs an error for a damaged `_CHECKPOINT_METADATA` and reads it as empty.
+
+    Args:
+        path: the checkpoint's directory.
+        what: what the checkpoint is, for the messages (e.g. 'run checkpoint').
+
+    Raises:
+        CheckpointError: `path` is not a directory.
+        CorruptCheckpointError: it lacks `commit_success.txt` or is not an orbax checkpoint
+          (an interrupted write or the wrong directory), or its `_CHECKPOINT_METADATA` is not
+          valid JSON.
+    """
     if not os.path.isdir(path):
         raise CheckpointError(f'{what} {path!r} does not exist')
     if not os.path.exists(os.path.join(path, 'commit_success.txt')) or not ocp.is_orbax_checkpoint(path):
@@ -82,13 +94,24 @@ def _check_json(files: list[str], root: str, where: str) -> None:
 
 
 def check_array_store(item_dir: str, where: str, arrays: set[str] | None = None) -> None:
-    """Read what orbax reads of one checkpointable (`<checkpoint>/state`, `<model>/params`),
-    synchronously, through tensorstore: its JSON metadata (`_METADATA`, `_sharding`,
-    `array_metadatas/*`), its OCDBT index and the arrays named in `arrays` (stored names:
-    the tree path joined by '.'; default every array). Raise CorruptCheckpointError naming
-    the first damaged file or array. Damage found here never reaches orbax's asynchronous
+    """Read what orbax reads of one checkpointable, synchronously, through tensorstore.
+
+    That is its JSON metadata (`_METADATA`, `_sharding`, `array_metadatas/*`), its OCDBT
+    index and the arrays asked for. Damage found here never reaches orbax's asynchronous
     readers, whose abandoned tasks would raise again on their closed event loop, from other
-    threads, after the error."""
+    threads, after the error. A missing `item_dir`, or one without an OCDBT manifest after
+    its metadata, is not checked further.
+
+    Args:
+        item_dir: the checkpointable's directory (`<checkpoint>/state`, `<model>/params`).
+        where: what is read, for the messages.
+        arrays: stored names of the arrays to read (the tree path joined by '.'); `None`
+          reads every array.
+
+    Raises:
+        CorruptCheckpointError: a metadata file is not valid JSON, the array index cannot be
+          read, or an array cannot be read (the message names the first such file or array).
+    """
     if not os.path.isdir(item_dir):
         return
     metadata_files = [os.path.join(item_dir, n) for n in ('_METADATA', '_sharding')]
@@ -113,9 +136,19 @@ def check_array_store(item_dir: str, where: str, arrays: set[str] | None = None)
 
 
 def short_message(text: str, limit: int = 200) -> str:
-    """The first line of `text` without orbax's object reprs and tensorstore specs, at most
-    `limit` characters. tensorstore nests its causes as 'outer: inner: root cause', so a
-    long text keeps its last ': '-separated parts (the cause), never a word cut in two."""
+    """The first line of `text` without orbax's object reprs and tensorstore specs, shortened.
+
+    tensorstore nests its causes as 'outer: inner: root cause', so a long text keeps its last
+    ': '-separated parts (the cause), never a word cut in two.
+
+    Args:
+        text: an error message.
+        limit: the longest result, in characters.
+
+    Returns:
+        The short message; '' for a blank `text`. A shortened one starts with '... ' (kept
+        causes) or ends with ' ...' (cut at a word).
+    """
     text = text.strip().splitlines()[0] if text.strip() else ''
     text = text.split('[tensorstore_spec')[0]
     text = re.sub(r'<[^<>]*(object at 0x|class )[^<>]*>', '...', text).strip(' "\'')
@@ -169,9 +202,22 @@ def _checksums(leaves: list) -> jax.Array:
 
 
 def tree_checksums(tree) -> dict[str, int]:
-    """{path: checksum} of every array leaf (see the module docstring): one jitted call on
-    the arrays' devices (one per set of devices the leaves live on), exact for any sharding
-    (integer sums modulo 2**32); one uint32 per leaf moves to the host."""
+    """Checksums of every array leaf (see the module docstring).
+
+    One jitted call on the arrays' devices (one per set of devices the leaves live on),
+    exact for any sharding (integer sums modulo 2**32); one uint32 per leaf moves to the
+    host.
+
+    Args:
+        tree: a pytree of arrays (jax, numpy or scalars); typed PRNG keys are checksummed by
+          their key data.
+
+    Returns:
+        A dict from every leaf's '/'-joined path to its checksum, a Python int in [0, 2**32).
+
+    Raises:
+        ValueError: a leaf has a complex dtype or elements of other than 1, 2, 4 or 8 bytes.
+    """
     groups: dict[tuple, dict[str, jax.Array]] = {}   # one call per set of devices
     for p, x in pytree.flatten(tree).items():
         x = x if isinstance(x, jax.Array) else jnp.asarray(x)
@@ -185,9 +231,18 @@ def tree_checksums(tree) -> dict[str, int]:
 
 
 def verify_checksums(flat: Mapping[str, Any], stored: Mapping[str, int] | None, where: str) -> None:
-    """The loaded arrays ({path: array}) match their stored checksums, else
-    CorruptCheckpointError naming them; `stored` None (a checkpoint saved without
-    checksums) verifies nothing."""
+    """Check that the loaded arrays match their stored checksums.
+
+    Args:
+        flat: {path: array} of the loaded arrays.
+        stored: {path: checksum} from the checkpoint's metadata; `None` (a checkpoint saved
+          without checksums) verifies nothing. Extra entries are ignored.
+        where: what was loaded, for the messages.
+
+    Raises:
+        CorruptCheckpointError: `stored` lacks the checksum of a loaded array, or an array's
+          checksum differs from the stored one (the message names up to 6 arrays).
+    """
     if stored is None:
         return
     got = tree_checksums(dict(flat))

@@ -39,7 +39,17 @@ def _fmt(v) -> str:
 
 
 def format_line(step: int, kind: str, metrics: Mapping[str, float]) -> str:
-    """A console line: `[ kind] step N  name=value ...`."""
+    """A console line: `[ kind] step N  name=value ...`.
+
+    Args:
+        step: the step number, right-aligned in 7 characters.
+        kind: the record's kind ('train', 'eval', ...), right-aligned in 5 characters.
+        metrics: {name: value}, in the order shown; floats get 4 decimals, or 3 significant
+          digits in exponent notation when very small or large.
+
+    Returns:
+        The line, without a newline.
+    """
     body = '  '.join(f'{k}={_fmt(v)}' for k, v in metrics.items())
     return f'[{kind:>5}] step {step:>7}  {body}'
 
@@ -71,8 +81,16 @@ class MetricWriter:
                 self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
 
     def write(self, step: int, metrics: Mapping[str, float], kind: str = 'train') -> None:
-        """Write one record of `metrics` at `step` (on the primary process only): a JSONL row with
-        its `kind` ('train', 'eval') and time, a console line, and TensorBoard scalars.
+        """Write one record of `metrics` at `step` (on the primary process only).
+
+        The record goes to a JSONL row with its `kind` and time (non-finite values as strings
+        such as 'nan'), a console line when `console`, and TensorBoard scalars (tagged
+        `kind/name` unless the name holds a '/').
+
+        Args:
+            step: the training step of the record.
+            metrics: {name: value}; each value is converted with `float`.
+            kind: the record's kind, 'train' or 'eval'.
         """
         if not self.primary:
             return
@@ -90,14 +108,26 @@ class MetricWriter:
 
     def event(self, step: int, text: str) -> None:
         """A run event (resumed, preempted): a console line `[  run] step N  text` when
-        `console`, and an INFO log record."""
+        `console`, and an INFO log record (on every process).
+
+        Args:
+            step: the step at which the event happens.
+            text: what happened.
+        """
         log.info('step %d: %s', step, text)
         if self.console:
             _console(f'[{"run":>5}] step {step:>7}  {text}')
 
     def warning(self, step: int, text: str) -> None:
-        """A warning about the run (it diverged): a 'warning' record {'step', 'text'} in the
-        JSONL, which `jlearngene info` shows, and a WARNING log record."""
+        """A warning about the run (it diverged), on the primary process only.
+
+        It goes to a 'warning' record {'step', 'text'} in the JSONL, which `jlearngene info`
+        shows, and a WARNING log record.
+
+        Args:
+            step: the step the warning is about.
+            text: the warning.
+        """
         if not self.primary:
             return
         log.warning('step %d: %s', step, text)
@@ -122,13 +152,26 @@ def _console(line: str) -> None:
 
 
 def read_metrics(workdir: str, kind: str | None = None) -> list[dict]:
-    """Records of `workdir/metrics.jsonl` (or of that file given itself; optionally one
-    kind); a resumed run appends, so for repeated steps the last record wins.
+    """Records of `workdir/metrics.jsonl`; for repeated steps the last record wins.
 
-    Only a regular file is opened (a FIFO or device would block or never end: one-line
-    ValueError). A last line without its newline that is not JSON, as a crash or a full
-    disk leaves it mid-write, is skipped with a warning naming it; any other line that is
-    not a JSON record with a step is a one-line ValueError naming it."""
+    A resumed run appends, so a (kind, step) may occur more than once. Only a regular file
+    is opened (a FIFO or device would block or never end). A last line without its newline
+    that is not JSON, as a crash or a full disk leaves it mid-write, is skipped with a
+    warning naming it.
+
+    Args:
+        workdir: a training workdir, or the metrics file itself.
+        kind: keep only records of this kind ('train', 'eval', 'warning'); `None` keeps all.
+
+    Returns:
+        The records (dicts), one per (kind, step), sorted by step and then kind.
+
+    Raises:
+        FileNotFoundError: there is no metrics file at `workdir`.
+        ValueError: the path is not a regular file, a line other than a cut-off last one is
+          not a JSON record with a step, or a record's step is not an integer or its kind
+          not a string (the message names the file and line).
+    """
     import stat
     path = os.path.join(workdir, METRICS_FILE) if os.path.isdir(workdir) else workdir
     if not os.path.exists(path):
@@ -154,18 +197,39 @@ def read_metrics(workdir: str, kind: str | None = None) -> list[dict]:
                 break
             why = f'{e}' if isinstance(e, json.JSONDecodeError) else 'no step'
             raise ValueError(f'{path}:{n}: not a JSON record with a step ({why})') from None
+        _check_record(rec, path, n)
         if kind is None or rec.get('kind') == kind:
             by_key[(rec.get('kind'), step)] = rec
     return sorted(by_key.values(), key=lambda r: (r['step'], r.get('kind', '')))
 
 
+def _check_record(rec: dict, path: str, n: int) -> None:
+    """ValueError naming line `n` of `path` where the record's step is not an integer or its
+    kind (where given) not a string: such records cannot be ordered with the others."""
+    step, kind = rec['step'], rec.get('kind', '')
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ValueError(f'{path}:{n}: the step must be an integer, got {step!r}')
+    if not isinstance(kind, str):
+        raise ValueError(f'{path}:{n}: the kind must be a string, got {kind!r}')
+
+
 def truncate_after(workdir: str, step: int) -> int:
-    """Drops the rows of `workdir/metrics.jsonl` with a step after `step` (an earlier attempt's,
-    which a run starting or resuming at `step` logs again) -> how many were dropped. Rows at
-    or before `step` are kept. A line that is not a JSON record with a step (the cut-off last
-    line a full disk or a kill leaves) is dropped too, with a warning, so that `read_metrics`
-    (`jlearngene plot`, `info`) reads the file again; the file is replaced atomically. No
-    file: 0."""
+    """Drops the rows of `workdir/metrics.jsonl` with a step after `step`.
+
+    Those are an earlier attempt's, which a run starting or resuming at `step` logs again;
+    rows at or before `step` are kept. A line that is not a JSON record with a step (the
+    cut-off last line a full disk or a kill leaves) is dropped too, with a warning, so that
+    `read_metrics` (`jlearngene plot`, `info`) reads the file again; the file is replaced
+    atomically.
+
+    Args:
+        workdir: the training workdir.
+        step: the step the run starts or resumes at.
+
+    Returns:
+        How many rows with a later step were dropped (broken lines not counted); 0 when there
+        is no metrics file.
+    """
     path = os.path.join(workdir, METRICS_FILE)
     if not os.path.exists(path):
         return 0
@@ -208,7 +272,13 @@ class Progress:
                              smoothing=0.1, file=sys.stderr)
 
     def update(self, n: int = 1, **postfix) -> None:
-        """Advance the bar `n` steps, showing `postfix` values beside it."""
+        """Advance the bar `n` steps, showing `postfix` values beside it (no-op when disabled).
+
+        Args:
+            n: how many steps to advance.
+            **postfix: {name: value} to show beside the bar; floats are formatted as in
+              `format_line`.
+        """
         if self._bar is not None:
             self._bar.update(n)
             if postfix:

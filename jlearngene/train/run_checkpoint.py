@@ -24,7 +24,7 @@ from orbax.checkpoint import v1 as ocp
 
 from jlearngene import distributed, pytree
 from jlearngene.models.config import ViTConfig
-from jlearngene.train import workdir_lock
+from jlearngene.train import files, workdir_lock
 from jlearngene.train.checkpoint import (abstract_arrays, call_orbax, config_mismatch, from_json,
                                          no_metadata, orbax_context, to_json)
 from jlearngene.train.integrity import (CHECKSUM, CheckpointError, CorruptCheckpointError,
@@ -64,6 +64,18 @@ def _check_fits(stored: Mapping[str, Any], target: Mapping[str, Any], where: str
                               + '; '.join(bad[:6]) + (f' ... and {len(bad) - 6} more' if len(bad) > 6 else ''))
 
 
+def _newest_aside(aside: str, step: int) -> str | None:
+    """The highest-numbered copy of `step` in the folder `aside` (`<step>`, `<step>-2`, ...),
+    or None where it holds none."""
+    numbers = {str(step): 1}
+    for name in os.listdir(aside):
+        head, dash, n = name.partition('-')
+        if head == str(step) and dash and n.isdigit():
+            numbers[name] = int(n)
+    found = [(k, name) for name, k in numbers.items() if os.path.exists(os.path.join(aside, name))]
+    return os.path.join(aside, max(found)[1]) if found else None
+
+
 class RunCheckpointer:
     """Train-state checkpoints of one run: `directory/<step>/`.
 
@@ -95,16 +107,29 @@ class RunCheckpointer:
 
     # -- queries ----------------------------------------------------------------------
     def steps(self) -> list[int]:
-        """The steps of the kept checkpoints, ascending."""
+        """The steps of the kept checkpoints.
+
+        Returns:
+            The steps, ascending (empty without a checkpoint).
+        """
         return sorted(c.step for c in self._ckpt.checkpoints)
 
     def latest_step(self) -> int | None:
-        """The newest checkpoint's step, None without one."""
+        """The newest checkpoint's step.
+
+        Returns:
+            The step, or None without a checkpoint.
+        """
         latest = self._ckpt.latest
         return None if latest is None else int(latest.step)
 
     def best_step(self) -> int | None:
-        """Step of the best kept checkpoint by `best_metric`, if any has the metric."""
+        """Step of the best kept checkpoint by `best_metric`.
+
+        Returns:
+            The step of the highest (`best_mode` 'max') or lowest ('min') `best_metric` among
+            the kept checkpoints saved with it; None without `best_metric` or such a checkpoint.
+        """
         if not self.best_metric:
             return None
         scored = [(c.metrics[self.best_metric], c.step) for c in self._ckpt.checkpoints
@@ -114,7 +139,21 @@ class RunCheckpointer:
         return (min if self.best_mode == 'min' else max)(scored)[1]
 
     def metadata(self, step: int | None = None) -> dict:
-        """The JSON metadata of a checkpoint (config, model_config, data_state, ...)."""
+        """The JSON metadata of a checkpoint, after checking its files.
+
+        Args:
+            step: the checkpoint's step; None (default): the latest.
+
+        Returns:
+            The metadata dict `save` stored, with 'format', 'step', 'data_state' (as `to_json`
+            made it), 'config', 'model_config' (a dict or None), 'checksum' and 'checksums'.
+
+        Raises:
+            CheckpointError: there is no checkpoint (`step` None), the checkpoint of `step`
+              does not exist, or it has another format ('jlearngene.run/1' included).
+            CorruptCheckpointError: it is incomplete, its metadata files are damaged, or they
+              hold no jlearngene metadata.
+        """
         step = self._resolve(step)
         path = self._path(step)
         check_exists(path, 'run checkpoint')
@@ -135,8 +174,20 @@ class RunCheckpointer:
         return custom
 
     def array_shapes(self, step: int | None = None) -> dict:
-        """The stored state as a nested dict of ShapeDtypeStructs, read from the metadata
-        alone (no arrays are loaded)."""
+        """The stored state's shapes, read from the metadata alone (no arrays are loaded).
+
+        Args:
+            step: the checkpoint's step; None (default): the latest.
+
+        Returns:
+            The stored state as a nested dict (keyed by path part) of `jax.ShapeDtypeStruct`s
+            without shardings.
+
+        Raises:
+            CheckpointError: as `metadata` does.
+            CorruptCheckpointError: as `metadata` does, or orbax cannot read the arrays'
+              metadata.
+        """
         step = self._resolve(step)
         self.metadata(step)
         return pytree.unflatten({p: jax.ShapeDtypeStruct(m.shape, m.dtype)
@@ -166,7 +217,32 @@ class RunCheckpointer:
     def save(self, step: int, state, *, data_state: Any = None, config: Mapping | None = None,
              model_config: ViTConfig | None = None, metrics: Mapping[str, float] | None = None) -> str:
         """Write a checkpoint for `step` and wait until it is complete. The state's arrays
-        stay where they are; only their checksums (one uint32 each) come to the host."""
+        stay where they are; only their checksums (one uint32 each) come to the host.
+
+        A checkpoint already kept for `step` is replaced only once the new one is complete
+        (written beside it and swapped in; a failed or killed write leaves the old one); the
+        retention of the other checkpoints then follows at the next save. The main process's
+        first save takes the directory's lock.
+
+        Args:
+            step: the train step it is the state of.
+            state: the train state tree (`params`, `opt_state`, `step`, `rng`).
+            data_state: the data iterator's state, JSON-able (`to_json`).
+            config: the resolved experiment config, JSON-able; None: none.
+            model_config: the model's config, stored to check a restore against; None: none.
+            metrics: metrics of this step; kept (as floats) for retention only when they hold
+              `best_metric`.
+
+        Returns:
+            The checkpoint's path, `<directory>/<step>`.
+
+        Raises:
+            WorkdirInUseError: another live process holds the directory's lock.
+            ValueError: two leaves of `state` have the same path.
+            TypeError: `data_state` or `config` is not JSON-able.
+            CheckpointError: the write failed (a full disk, a permission, ...); a checkpoint
+              already kept for `step` is then left as it was.
+        """
         step = int(step)
         if self._lock is None and distributed.is_main_process():   # one writer per run
             self._lock = workdir_lock.acquire(self.directory, 'the run checkpoint directory')
@@ -177,10 +253,11 @@ class RunCheckpointer:
                 'checksum': CHECKSUM, 'checksums': tree_checksums(flat)}
         ranked = metrics and self.best_metric and self.best_metric in metrics
         use_metrics = {k: float(v) for k, v in metrics.items()} if ranked else None
+        checkpointables = {'state': pytree.unflatten(flat)}
         if step in self.steps():
-            self._ckpt.delete(step)
+            return self._replace(step, checkpointables, use_metrics, meta)
         def write():
-            self._ckpt.save_checkpointables(step, {'state': pytree.unflatten(flat)}, force=True,
+            self._ckpt.save_checkpointables(step, checkpointables, force=True,
                                             metrics=use_metrics, custom_metadata=meta)
             self._ckpt.wait()
         try:
@@ -189,6 +266,40 @@ class RunCheckpointer:
             self._save_failed = True
             raise
         return self._path(step)
+
+    def _replace(self, step: int, checkpointables: dict, metrics, meta: dict) -> str:
+        """Write the kept step `step` anew under a temporary root beside it and swap it into
+        place when complete (`train.files`), so that a failed or killed write leaves the old
+        one; the processes of a run share the temporary's name."""
+        path = self._path(step)
+        multi, primary = jax.process_count() > 1, distributed.is_main_process()
+        tmp = files.partial_path(path, 'run' if multi else None)
+        if primary:
+            files.remove_stale(path)
+            files.remove_partial(tmp)   # what an earlier failed write of this name left
+        distributed.barrier(f'jlearngene run checkpoint {path} start')
+
+        def write():
+            ckpt = ocp.training.Checkpointer(tmp, context=orbax_context())
+            try:
+                ckpt.save_checkpointables(step, checkpointables, force=True, metrics=metrics,
+                                          custom_metadata=meta)
+                ckpt.wait()
+            except BaseException:
+                with contextlib.suppress(Exception):   # waits for its writers; raises the same error
+                    ckpt.close()
+                raise
+            ckpt.close()
+        try:
+            call_orbax(write, f'run checkpoint {path!r}', write=True)
+            if primary:
+                files.replace_dir(os.path.join(tmp, str(step)), path)
+        finally:
+            if primary:
+                files.remove_partial(tmp)
+        distributed.barrier(f'jlearngene run checkpoint {path} done')
+        self._ckpt.reload()
+        return path
 
     def _load(self, tree, step, model_config, *, exact: bool):
         """Read the arrays of `tree` (arrays or ShapeDtypeStructs, placed on their shardings,
@@ -217,25 +328,74 @@ class RunCheckpointer:
         return jax.tree.unflatten(jax.tree.structure(tree), [flat[p] for p in target]), meta
 
     def restore(self, target, step: int | None = None, *, model_config: ViTConfig | None = None):
-        """Load the state saved at `step` (default latest) into the structure, shapes and
-        shardings of `target` (arrays or ShapeDtypeStructs), which must match the stored
-        state array for array. Returns (state, metadata)."""
+        """Load the state saved at `step` into the structure, shapes and shardings of
+        `target`, which must match the stored state array for array.
+
+        Args:
+            target: a train state tree of arrays or `jax.ShapeDtypeStruct`s; leaves without a
+              sharding go to the first local device.
+            step: the checkpoint's step; None (default): the latest.
+            model_config: where given and the checkpoint stores a model config, the two must
+              be equal.
+
+        Returns:
+            A tuple `(state, metadata)` of the loaded tree, structured as `target`, and the
+            checkpoint's `metadata` with 'data_state' decoded (`from_json`).
+
+        Raises:
+            CheckpointError: no such checkpoint, another format or model config, or stored
+              arrays that differ from `target`'s (paths, shapes or dtypes).
+            CorruptCheckpointError: the checkpoint is incomplete, damaged or fails its
+              checksums.
+            ValueError: two leaves of `target` have the same path.
+        """
         return self._load(target, step, model_config, exact=True)
 
     def restore_subset(self, target: Mapping[str, Any], step: int | None = None, *,
                        model_config: ViTConfig | None = None):
-        """Load only the parts of the state that `target` names, e.g. `{'params': abstract}`
-        or `{'params': ..., 'step': ...}` (each part in the structure, shapes and shardings
-        given); nothing else is read. Returns (dict of the parts, metadata)."""
+        """Load only the parts of the state that `target` names; nothing else is read.
+
+        Args:
+            target: the parts by name, e.g. `{'params': abstract}` or `{'params': ...,
+              'step': ...}`, each in the structure, shapes and shardings to load into (arrays
+              or `jax.ShapeDtypeStruct`s).
+            step: the checkpoint's step; None (default): the latest.
+            model_config: where given and the checkpoint stores a model config, the two must
+              be equal.
+
+        Returns:
+            A tuple `(parts, metadata)` of a dict of the loaded parts and the checkpoint's
+            `metadata` with 'data_state' decoded.
+
+        Raises:
+            CheckpointError: as `restore` does, where a leaf of `target` is not stored or
+              has another shape or dtype (other stored arrays are allowed).
+            CorruptCheckpointError: as `restore` does.
+        """
         return self._load(dict(target), step, model_config, exact=False)
 
     def restore_params(self, target=None, step: int | None = None, *,
                        model_config: ViTConfig | None = None, sharding=None):
-        """Only the parameters of the checkpoint at `step` (default latest); the optimiser
-        state is not read. `target` (a params tree of arrays or ShapeDtypeStructs) gives the
-        structure and shardings; without it the stored shapes are used, as nested dicts
-        (a list layout's blocks then come back keyed '0', '1', ...), placed on `sharding`
-        (one sharding; default the first local device). Returns (params, metadata)."""
+        """Only the parameters of a checkpoint; the optimiser state is not read.
+
+        Args:
+            target: a params tree of arrays or `jax.ShapeDtypeStruct`s giving the structure
+              and shardings; None (default): the stored shapes, as nested dicts (a list
+              layout's blocks then come back keyed '0', '1', ...).
+            step: the checkpoint's step; None (default): the latest.
+            model_config: where given and the checkpoint stores a model config, the two must
+              be equal.
+            sharding: where `target` is None, one sharding (or a tree of them) for the
+              arrays; None (default): the first local device.
+
+        Returns:
+            A tuple `(params, metadata)` of the parameter tree and the checkpoint's
+            `metadata` with 'data_state' decoded.
+
+        Raises:
+            CheckpointError: the checkpoint stores no 'params', or as `restore_subset`.
+            CorruptCheckpointError: as `restore_subset`.
+        """
         if target is None:
             shapes = self.array_shapes(step).get('params')
             if shapes is None:
@@ -246,14 +406,26 @@ class RunCheckpointer:
         return parts['params'], meta
 
     def delete(self, step: int) -> None:
-        """Delete the checkpoint of `step`."""
+        """Delete the checkpoint of `step`.
+
+        Args:
+            step: the checkpoint's step.
+        """
         self._ckpt.delete(int(step))
 
     def set_aside(self, step: int) -> str:
         """Move the checkpoint of `step` out of the run, to `<directory>.unreadable/<step>`
         (numbered `<step>-2`, ... if that exists), where neither retention nor a later save
-        of the same step deletes it; returns its new path. For a checkpoint that cannot be
-        read: it stays on disk for inspection, and the run goes on from an older one."""
+        of the same step deletes it. For a checkpoint that cannot be read: it stays on disk
+        for inspection, and the run goes on from an older one.
+
+        Args:
+            step: the checkpoint's step.
+
+        Returns:
+            Its new path; where another process of the run moved it first, the newest copy
+            of `step` set aside (the highest-numbered).
+        """
         step = int(step)
         aside = self.directory + '.unreadable'
         os.makedirs(aside, exist_ok=True)
@@ -264,7 +436,7 @@ class RunCheckpointer:
         try:
             shutil.move(self._path(step), dest)
         except FileNotFoundError:   # another process of the run moved it first
-            dest = os.path.join(aside, str(step))
+            dest = _newest_aside(aside, step) or dest
         self._ckpt.reload()
         return dest
 

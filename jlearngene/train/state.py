@@ -33,8 +33,18 @@ log = logging.getLogger(__name__)
 
 
 def init_state(trainable, optimizer: optax.GradientTransformation, seed: int = 0) -> dict:
-    """{'params', 'opt_state', 'step', 'rng'}; params are copied, so donating the state
-    never deletes the caller's arrays."""
+    """A fresh train state; params are copied, so donating the state never deletes the
+    caller's arrays.
+
+    Args:
+        trainable: the tree of trained parameters.
+        optimizer: the optax transformation whose state is initialised on `trainable`.
+        seed: seed of the state's random key.
+
+    Returns:
+        A dict with 'params', a copy of `trainable`; 'opt_state'; 'step', int32 zero; and 'rng',
+        the uint32 key data of `jax.random.key(seed)`.
+    """
     return {'params': jax.tree.map(jnp.copy, trainable), 'opt_state': optimizer.init(trainable),
             'step': jnp.zeros((), jnp.int32),
             'rng': jax.random.key_data(jax.random.key(seed))}
@@ -43,12 +53,32 @@ def init_state(trainable, optimizer: optax.GradientTransformation, seed: int = 0
 def create_state(trainable, optimizer: optax.GradientTransformation, mesh, *,
                  sharding: str = 'replicate', axes=None, fsdp_min_size: int = 2 ** 12,
                  seed: int = 0, key: CacheKey | None = None) -> tuple[dict, Any]:
-    """The initial train state (`init_state`) placed on `mesh` -> (state, state_shardings).
+    """The initial train state (`init_state`) placed on `mesh`.
 
     Parameters are replicated or FSDP-split by logical axis (`parallel.param_shardings`);
     optimiser moments share their parameter's sharding, everything else is replicated
-    (`parallel.state_shardings`). `key` names the optimiser (with the same meaning as
-    `FitConfig.compile_key`): states of equal keys share one compiled initialisation."""
+    (`parallel.state_shardings`).
+
+    Args:
+        trainable: the tree of trained parameters.
+        optimizer: the optax transformation.
+        mesh: the mesh to place the state on.
+        sharding: 'replicate' or 'fsdp', the parameters' layout over 'data'.
+        axes: a tree of logical-axis tuples matching `trainable`, or `None` for the ViT
+          table (see `parallel.param_shardings`).
+        fsdp_min_size: leaves with fewer elements stay replicated.
+        seed: seed of the state's random key.
+        key: names the optimiser (with the same meaning as `FitConfig.compile_key`): states
+          of equal keys share one compiled initialisation; `None` compiles it anew.
+
+    Returns:
+        The pair `(state, state_shardings)`, the placed train state and the tree of its
+        `NamedSharding`s.
+
+    Raises:
+        ValueError: from `parallel.param_shardings`: an unknown `sharding`, or an `axes`
+          tree that does not match `trainable`.
+    """
     trainable_sh = parallel.param_shardings(trainable, mesh, sharding, axes=axes, min_size=fsdp_min_size)
     trainable = jax.device_put(jax.tree.map(_via_host, trainable, trainable_sh), trainable_sh)
     init = PROGRAMS.get(keyed('init', key, seed), lambda: jax.jit(
@@ -73,14 +103,37 @@ def _via_host(x, sharding):
 def restore_or_start(ckpt: RunCheckpointer, state: dict, batches: Batches, workdir: str,
                      *, resume: bool, model_config=None, config=None,
                      say: Callable[[str], None] | None = None) -> tuple[dict, int]:
-    """-> (state, first step). With `resume` and a checkpoint in `ckpt`, the newest readable
-    one is loaded into `state`'s shapes and shardings and `batches` is moved to its
-    position (refused when it does not fit: another model or optimiser). A newer checkpoint
-    that cannot be read (`CorruptCheckpointError`) is moved aside, never deleted
-    (`RunCheckpointer.set_aside`), and `say` (default: a log warning) is told which one
-    was skipped and why; so is every field of `config` that differs from the checkpoint's
-    (e.g. `steps`, which changes the learning-rate schedule). Without `resume`, old
-    checkpoints and metrics in `workdir` are deleted (`_start_fresh`)."""
+    """Resume the run from its newest readable checkpoint, or start it afresh.
+
+    With `resume` and a checkpoint in `ckpt`, the newest readable one is loaded into
+    `state`'s shapes and shardings and `batches` is moved to its position. A newer
+    checkpoint that cannot be read is moved aside, never deleted
+    (`RunCheckpointer.set_aside`), and `say` is told which one was skipped and why; so is
+    every field of `config` that differs from the checkpoint's (e.g. `steps`, which changes
+    the learning-rate schedule). Without `resume`, old checkpoints and metrics in `workdir`
+    are deleted (`_start_fresh`). With `resume` and no checkpoint, the run starts at 0.
+
+    Args:
+        ckpt: the run's checkpointer.
+        state: the initial train state; its shapes and shardings are the restore target.
+        batches: the training data, moved to the restored position.
+        workdir: the run's directory, whose metrics file a fresh start removes.
+        resume: resume from a checkpoint; `False` deletes the old ones.
+        model_config: the model's config, passed to `RunCheckpointer.restore` to check the
+          checkpoint fits.
+        config: the run's experiment config (`ConfigDict` or mapping), compared with the
+          checkpoint's; `None` compares nothing.
+        say: where warnings go; `None` logs them (`log.warning`).
+
+    Returns:
+        The pair `(state, first step)`, the restored state and its step, or `state` and 0.
+
+    Raises:
+        CorruptCheckpointError: with `resume`, no checkpoint in `ckpt` can be read.
+        CheckpointError: a readable checkpoint does not fit (another model or optimiser), or
+          it holds the data positions of another number of processes (`local_data_state`).
+        ValueError: the checkpoint holds an iterator's position and `batches` cannot set one.
+    """
     say = say or log.warning
     if resume and ckpt.latest_step() is not None:
         unreadable = []
@@ -138,7 +191,14 @@ def _start_fresh(ckpt: RunCheckpointer, workdir: str) -> None:
 
 
 def config_json(config):
-    """An experiment config (ConfigDict or mapping) as a plain dict; None stays None."""
+    """An experiment config as a plain dict.
+
+    Args:
+        config: a `ConfigDict`, a mapping or `None`.
+
+    Returns:
+        `config.to_dict()` for a `ConfigDict`, a shallow `dict` copy of a mapping, or `None`.
+    """
     if config is None:
         return None
     return config.to_dict() if hasattr(config, 'to_dict') else dict(config)
@@ -167,18 +227,27 @@ class Batches:
         return batch
 
     def get_state(self):
-        """The data position to store with a checkpoint: the iterator's own state where it has one,
-        else the count of batches consumed.
+        """The data position to store with a checkpoint.
+
+        Returns:
+            A dict with 'kind', 'consumed' and, where the iterator has `get_state`/`set_state`,
+            'state', namely `{'kind': 'iterator', 'state': state, 'consumed': n}` with the
+            iterator's own state and the number n of batches read; else
+            `{'kind': 'count', 'consumed': n}`.
         """
         if self.stateful:
             return {'kind': 'iterator', 'state': self.it.get_state(), 'consumed': self.consumed}
         return {'kind': 'count', 'consumed': self.consumed}
 
     def set_state(self, state):
-        """Resume at a stored position (`get_state`'s; nothing for an empty one).
+        """Resume at a stored position; a count is replayed by reading that many batches.
+
+        Args:
+            state: a position as `get_state` returns it; empty or `None` does nothing.
 
         Raises:
             ValueError: the state is an iterator's but this data cannot set one.
+            RuntimeError: the data runs out while a count is replayed.
         """
         if not state:
             return
@@ -206,9 +275,18 @@ def _allgather_json(obj) -> list:
 
 
 def gather_data_state(state):
-    """The data position to store in a checkpoint: this process's iterator state when every
-    process's is the same (grain's `{'next_index': step}`; the run can then resume with any
-    process count), else `{'kind': 'per_process', 'states': [one per process]}`."""
+    """The data position to store in a checkpoint, from every process's.
+
+    A collective: every process calls it, with its own position.
+
+    Args:
+        state: this process's data position (`Batches.get_state`), JSON-able.
+
+    Returns:
+        `state` itself when every process's is the same, so that the run can resume with
+        any process count (grain's `{'next_index': step}`); else
+        `{'kind': 'per_process', 'states': [one per process, in process order]}`.
+    """
     states = _allgather_json(state)
     if all(st == states[0] for st in states[1:]):
         return state
@@ -216,7 +294,18 @@ def gather_data_state(state):
 
 
 def local_data_state(stored):
-    """This process's part of a stored data position (see `gather_data_state`)."""
+    """This process's part of a stored data position (see `gather_data_state`).
+
+    Args:
+        stored: the position stored in a checkpoint.
+
+    Returns:
+        This process's entry of a per-process position, else `stored` as it is.
+
+    Raises:
+        CheckpointError: `stored` holds per-process positions of another number of processes
+          than this run has.
+    """
     if isinstance(stored, Mapping) and stored.get('kind') == 'per_process':
         states = stored['states']
         if len(states) != jax.process_count():

@@ -51,6 +51,24 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
     i) and so do its metrics. The steps are the one-step function's, in order, with the
     same keys. One call of several steps pays the per-call costs once: dispatch, and on
     CPU the fresh, page-faulted temporary buffer that XLA:CPU allocates for every call.
+
+    Args:
+        loss_fn: `loss_fn(params, batch, key) -> (loss, metrics)`, a scalar loss and a dict of
+          scalar metrics.
+        optimizer: the optax transformation that updates `state['params']`.
+        microbatches: parts the batch is split into for gradient accumulation; 1 (default):
+          one pass. Each batch entry's leading size must be a multiple of it.
+        steps_per_call: steps the returned function runs per call; 1 (default): one.
+
+    Returns:
+        The step function. With `steps_per_call` > 1 its batch entries and metrics have a
+        leading axis of size `steps_per_call`; metrics are float32.
+
+    Raises:
+        ValueError: `microbatches` or `steps_per_call` is not a positive integer
+          (`check_microbatches`, `check_steps_per_call`). When traced, the step raises one
+          where a batch entry's leading size is not a multiple of `microbatches` (or not
+          `steps_per_call`), or an entry is a scalar.
     """
     check_microbatches(microbatches)
     check_steps_per_call(steps_per_call)
@@ -112,7 +130,17 @@ def _accumulated(grad_fn: Callable, n: int) -> Callable:
 
 
 def check_int(name: str, n, minimum: int, *, optional: bool = False) -> None:
-    """ValueError unless `n` is an integer >= `minimum` (or, when `optional`, None)."""
+    """Check that `n` is an integer >= `minimum` (or, when `optional`, None).
+
+    Args:
+        name: the value's name, for the message.
+        n: the value; a bool is not an integer here.
+        minimum: the least value allowed (1: positive, 0: non-negative).
+        optional: whether `None` is allowed.
+
+    Raises:
+        ValueError: `n` is not such an integer.
+    """
     if (n is not None or not optional) and (
             not isinstance(n, int) or isinstance(n, bool) or n < minimum):
         kind = 'a positive' if minimum else 'a non-negative'
@@ -120,12 +148,26 @@ def check_int(name: str, n, minimum: int, *, optional: bool = False) -> None:
 
 
 def check_microbatches(n) -> None:
-    """Raise a ValueError unless `n` is a positive integer (a `microbatches` value)."""
+    """Raise a ValueError unless `n` is a positive integer (a `microbatches` value).
+
+    Args:
+        n: the value to check.
+
+    Raises:
+        ValueError: `n` is not a positive integer (`check_int`).
+    """
     check_int('microbatches', n, 1)
 
 
 def check_steps_per_call(n) -> None:
-    """Raise a ValueError unless `n` is a positive integer (a `steps_per_call` value)."""
+    """Raise a ValueError unless `n` is a positive integer (a `steps_per_call` value).
+
+    Args:
+        n: the value to check.
+
+    Raises:
+        ValueError: `n` is not a positive integer (`check_int`).
+    """
     check_int('steps_per_call', n, 1)
 
 
@@ -136,10 +178,20 @@ AUTO_STEPS_PER_CALL_MAX = 8
 
 
 def auto_steps_per_call(platform: str, intervals: Iterable[int] = ()) -> int:
-    """`fit(steps_per_call='auto')`: on CPU, the largest K <= AUTO_STEPS_PER_CALL_MAX that
-    divides every interval given (fit passes its log, eval and checkpoint intervals and its
-    total steps), so one compiled program serves the whole run and its resumes; 1
-    elsewhere, where it has not been measured."""
+    """`fit(steps_per_call='auto')`: the steps per call on `platform`.
+
+    On CPU, the largest K <= `AUTO_STEPS_PER_CALL_MAX` that divides every interval given, so
+    one compiled program serves the whole run and its resumes; 1 elsewhere, where it has not
+    been measured.
+
+    Args:
+        platform: the jax platform name ('cpu', 'gpu', 'tpu').
+        intervals: step counts K must divide (fit passes its log, eval and checkpoint
+          intervals and its total steps); zeros and none at all restrict nothing.
+
+    Returns:
+        K, at least 1.
+    """
     if platform != 'cpu':
         return 1
     common = math.gcd(*(int(every) for every in intervals))   # 0 (no interval): any K divides
@@ -147,9 +199,19 @@ def auto_steps_per_call(platform: str, intervals: Iterable[int] = ()) -> int:
 
 
 def steps_in_call(step: int, steps: int, steps_per_call: int, events: Iterable[int]) -> int:
-    """How many steps the call starting after `step` runs: `steps_per_call`, unless a step
-    that is a multiple of an interval in `events` (log, eval, checkpoint) or the end
-    (`steps`) would fall inside the call, then 1 (so those steps see the state)."""
+    """How many steps the call starting after `step` runs.
+
+    Args:
+        step: the steps done so far.
+        steps: the run's total steps.
+        steps_per_call: the steps a call runs where nothing is in the way.
+        events: the positive intervals (log, eval, checkpoint) whose multiples must end a call.
+
+    Returns:
+        `steps_per_call`, unless a multiple of an interval in `events` would fall inside the
+        call (before its last step) or the call would pass `steps`; then 1, so those steps
+        see the state.
+    """
     n = steps_per_call
     fits = step + n <= steps and not any((step // e + 1) * e < step + n for e in events)
     return n if fits else 1
@@ -174,7 +236,16 @@ class ProgramCache:
         self._programs: collections.OrderedDict = collections.OrderedDict()
 
     def get(self, key: CacheKey | None, build: Callable[[], Callable]) -> Callable:
-        """The program cached under `key`, else `build()` (cached unless `key` is None)."""
+        """The program cached under `key`, else a new one.
+
+        Args:
+            key: the program's key (`keyed`); `None`: build without caching.
+            build: makes the program; called only on a miss.
+
+        Returns:
+            The cached program, else `build()` (then cached, the oldest dropped beyond `size`,
+            unless `key` is None).
+        """
         if key is None:
             return build()
         if key in self._programs:
@@ -190,13 +261,28 @@ PROGRAMS = ProgramCache()
 
 
 def keyed(kind: str, key: CacheKey | None, *layout) -> tuple | None:
-    """The `PROGRAMS` key of a `kind` of program ('init', 'step', 'eval') named `key` with
-    its `layout` (shardings, sizes); None, which caches nothing, when `key` is None."""
+    """The `PROGRAMS` key of a kind of program named `key` with its layout.
+
+    Args:
+        kind: the program's kind: 'init', 'step' or 'eval'.
+        key: what it computes (e.g. `FitConfig.compile_key`), or None.
+        *layout: hashable parts of how it is laid out (shardings, sizes).
+
+    Returns:
+        `(kind, key, *layout)`; None, which caches nothing, when `key` is None.
+    """
     return None if key is None else (kind, key, *layout)
 
 
 def sharding_key(tree):
-    """A tree of shardings as a hashable part of a `PROGRAMS` key."""
+    """A tree of shardings as a hashable part of a `PROGRAMS` key.
+
+    Args:
+        tree: a pytree of shardings.
+
+    Returns:
+        A tuple `(treedef, leaves)` of its structure and a tuple of its leaves.
+    """
     return jax.tree.structure(tree), tuple(jax.tree.leaves(tree))
 
 
@@ -219,7 +305,17 @@ class StepProgram:
         self._fns: dict[int, Callable] = {}
 
     def compiled(self, n: int) -> Callable:
-        """The jitted `(state, batch, rng) -> (state, metrics)` of `n` steps."""
+        """The jitted `(state, batch, rng) -> (state, metrics)` of `n` steps.
+
+        Built once per `n` for this object, and taken from `PROGRAMS` where this run has a key.
+
+        Args:
+            n: steps per call (`make_train_step(steps_per_call=n)`); batches are stacked on a
+              leading axis when n > 1.
+
+        Returns:
+            The jitted function, with the state donated.
+        """
         if n not in self._fns:
             batch_sh = parallel.batch_sharding(self.mesh, stacked=n > 1)
             repl = parallel.replicated(self.mesh)

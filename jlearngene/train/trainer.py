@@ -52,12 +52,24 @@ log = logging.getLogger(__name__)
 
 def train_loop(state: dict, program: Callable[[dict, list], tuple[dict, Any]], batches,
                hooks: Sequence[Hook], run: Run, *, steps_per_call: int = 1) -> dict:
-    """Run steps `run.start`..`run.steps` in calls of `steps_in_call` steps (`program(state,
-    host batches) -> (state, device metrics)`, e.g. a `StepProgram`; `batches` an iterator
-    of host batches, e.g. `Batches`), each call followed by every hook in order
-    (`Hook.after_call`; they are started first). When a hook sets `run.stop`, the run ends
-    there, with a checkpoint when it has `Checkpoints` (unless that call saved one).
-    Returns the final state."""
+    """Run steps `run.start`..`run.steps` in calls of `steps_in_call` steps.
+
+    Each call is followed by every hook in order (`Hook.after_call`; they are started
+    first). No call runs past a hook's interval (`every`). When a hook sets `run.stop`, the
+    run ends there, with a checkpoint when it has `Checkpoints` (unless that call saved one).
+
+    Args:
+        state: the train state (`create_state`, `restore_or_start`).
+        program: `program(state, host batches) -> (state, device metrics)`, e.g. a
+          `StepProgram`; it takes a list of as many batches as the call's steps.
+        batches: an iterator of host batches, e.g. `Batches`.
+        hooks: the hooks, started first and called after each call, in order.
+        run: what the hooks share; its `start` and `steps` bound the loop.
+        steps_per_call: the most steps of one call.
+
+    Returns:
+        The final train state.
+    """
     for hook in hooks:
         hook.start(run)
     events = [h.every for h in hooks if getattr(h, 'every', None)]
@@ -159,8 +171,19 @@ class FitConfig:
 
     @classmethod
     def of(cls, config: FitConfig | Mapping[str, Any]) -> FitConfig:
-        """`config` itself, or the FitConfig of a mapping of its fields (ValueError naming
-        unknown ones)."""
+        """`config` itself, or the FitConfig of a mapping of its fields.
+
+        Args:
+            config: a `FitConfig`, or a mapping of its field names to values.
+
+        Returns:
+            The `FitConfig`.
+
+        Raises:
+            TypeError: `config` is neither a `FitConfig` nor a mapping.
+            ValueError: the mapping has unknown fields (the message names them), or a value
+              fails the checks of `__post_init__` (e.g. `steps` negative, `log_every` < 1).
+        """
         if isinstance(config, cls):
             return config
         if not isinstance(config, Mapping):
@@ -175,25 +198,39 @@ class FitConfig:
 def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
         optimizer: optax.GradientTransformation, config: FitConfig | Mapping[str, Any],
         hooks: Sequence[Hook] = ()):
-    """Train `trainable` for `config.steps` optimiser steps; returns `(trainable, history)`.
+    """Train `trainable` for `config.steps` optimiser steps.
 
     The pieces, in order: `create_state` (placement, init), `restore_or_start` (resume),
     `StepProgram` (the jitted calls), `train_loop` with the hooks `TrainLog`, then
     `hooks` in order (e.g. `Evaluation`, `StopWhen`), then `Checkpoints` and `Preemption`.
 
-    Args:
-      loss_fn: `(trainable, batch, rng) -> (loss, metrics)`; metrics are scalars.
-      trainable: the pytree the optimiser updates (a ViT's params, a gene, an operator).
-      data: endless iterable of host batches (dicts of numpy arrays, leading batch axis,
-        this process's share); a grain iterator's `get_state` makes resume exact.
-      optimizer: an optax transformation (e.g. `optim.make_optimizer`).
-      config: a `FitConfig` (or a mapping of its fields): where and how long it runs,
-        intervals, placement, switches.
-      hooks: what else runs after each call (`Hook`s), e.g. `Evaluation(eval_fn,
-        eval_data, every=...)` (recorded in history['eval']) and `StopWhen(predicate)`.
-
     A run whose loss ends far above where it started (`diverged`) ends with a warning,
     logged and kept in metrics.jsonl (`jlearngene info` shows it).
+
+    Args:
+        loss_fn: `(trainable, batch, rng) -> (loss, metrics)`; metrics are scalars.
+        trainable: the pytree the optimiser updates (a ViT's params, a gene, an operator).
+        data: endless iterable of host batches (dicts of numpy arrays, leading batch axis,
+          this process's share); a grain iterator's `get_state` makes resume exact.
+        optimizer: an optax transformation (e.g. `optim.make_optimizer`).
+        config: a `FitConfig` (or a mapping of its fields): where and how long it runs,
+          intervals, placement, switches.
+        hooks: what else runs after each call (`Hook`s), e.g. `Evaluation(eval_fn,
+          eval_data, every=...)` (recorded in history['eval']) and `StopWhen(predicate)`.
+
+    Returns:
+        The pair `(trainable, history)`, the trained tree (the structure of `trainable`, as placed on
+        the mesh) and the history `{'train': [records], 'eval': [records]}` of this attempt's
+        logged records, each with its 'step'.
+
+    Raises:
+        TypeError: `config` is neither a `FitConfig` nor a mapping.
+        ValueError: `config` has unknown fields or invalid values (`FitConfig.of`).
+        CheckpointError: a checkpoint to resume from does not fit; its subclass
+          `CorruptCheckpointError` when none of the checkpoints can be read.
+        NonFiniteLossError: the loss became NaN or infinite (from `TrainLog`).
+        Preempted: a SIGTERM or Ctrl-C stopped the run, after its checkpoint (with
+          `handle_sigterm`).
     """
     c = FitConfig.of(config)
     os.makedirs(c.workdir, exist_ok=True)
@@ -250,9 +287,18 @@ DIVERGED_FACTOR, DIVERGED_MARGIN = 2.0, 1.0
 
 
 def diverged(initial: float, final: float) -> bool:
-    """Whether a loss ended far above where it started: more than `DIVERGED_FACTOR` times
-    the initial loss and more than `DIVERGED_MARGIN` above it (the margin keeps a small
-    initial loss's noise from counting)."""
+    """Whether a loss ended far above where it started.
+
+    That is, more than `DIVERGED_FACTOR` times the initial loss and more than
+    `DIVERGED_MARGIN` above it (the margin keeps a small initial loss's noise from counting).
+
+    Args:
+        initial: the loss at the start of the run.
+        final: the loss at its end.
+
+    Returns:
+        `True` when `final` is above both bounds.
+    """
     return final > DIVERGED_FACTOR * initial and final > initial + DIVERGED_MARGIN
 
 

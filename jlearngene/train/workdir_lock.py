@@ -40,7 +40,11 @@ class WorkdirInUseError(OSError):
 
 
 def host() -> str:
-    """This machine's name, as lock files record it."""
+    """This machine's name, as lock files record it.
+
+    Returns:
+        `socket.gethostname()`.
+    """
     return socket.gethostname()
 
 
@@ -76,17 +80,38 @@ def _create(path: str) -> bool:
 
 
 def acquire(workdir: str, what: str = 'workdir') -> str:
-    """Take `workdir`'s lock (creating the folder, which `release` removes again if it is
-    then empty) -> the lock file's path; a WorkdirInUseError naming the holder (and the
-    folder as `what`) when a live process holds it."""
+    """Take `workdir`'s lock, creating the folder where it does not exist.
+
+    A folder made here is removed again by `release` if it is then empty (one that another
+    process made at the same moment is only used, never removed). A lock this
+    process already holds is taken once more (counted); a stale lock (its process no longer
+    runs on this host) is taken over, with a warning.
+
+    Args:
+        workdir: the folder to lock.
+        what: what the folder is, for the messages (e.g. 'workdir', 'checkpoint directory').
+
+    Returns:
+        The lock file's absolute path, to pass to `release`.
+
+    Raises:
+        WorkdirInUseError: a live process (or one on another host) holds the lock, the lock
+          file names no process, or another process took over a stale lock first.
+        FileExistsError: `workdir` exists and is not a folder.
+    """
     workdir = os.path.abspath(workdir)
     path = os.path.join(workdir, LOCK_FILE)
     if path in _HELD:
         _HELD[path] += 1
         return path
     if not os.path.isdir(workdir):
-        os.makedirs(workdir)
-        _MADE.add(workdir)
+        try:
+            os.makedirs(workdir)
+        except FileExistsError:   # another process made it first: not ours to remove
+            if not os.path.isdir(workdir):
+                raise
+        else:
+            _MADE.add(workdir)
     for _ in range(3):   # a stale lock is removed and the create tried again
         if _create(path):
             _HELD[path] = 1
@@ -110,7 +135,14 @@ def acquire(workdir: str, what: str = 'workdir') -> str:
 
 
 def release(path: str) -> None:
-    """Give back a lock `acquire` returned (the file goes when the last hold ends)."""
+    """Give back a lock `acquire` returned (the file goes when the last hold ends).
+
+    When the last hold ends, a folder that `acquire` made is removed too if it is empty.
+
+    Args:
+        path: the lock file's path, as `acquire` returned it; this process must hold it
+          (else `KeyError`).
+    """
     _HELD[path] -= 1
     if _HELD[path] == 0:
         del _HELD[path]
@@ -132,8 +164,17 @@ def release_all() -> None:
 
 @contextlib.contextmanager
 def hold_workdir(workdir: str) -> Iterator[str | None]:
-    """Hold `workdir` for the block (see the module docstring); yields the lock file's path
-    (None on processes other than 0, which take no lock)."""
+    """Hold `workdir` for the block (see the module docstring); the lock goes however it ends.
+
+    Args:
+        workdir: the folder to lock.
+
+    Yields:
+        The lock file's path; `None` on processes other than 0, which take no lock.
+
+    Raises:
+        WorkdirInUseError: another process holds the workdir (from `acquire`).
+    """
     if not distributed.is_main_process():
         yield None
         return

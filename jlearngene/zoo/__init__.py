@@ -3,9 +3,11 @@
 checkout. `jlearngene descend NAME`, `jlearngene info NAME` and `jlearngene demo` take them
 by name; `jlearngene info` with no argument lists them.
 
-Each was trained by this project's own command (`python -m jlearngene.zoo.make NAME`), and
-its `gene.json` records that command, the commit, the data, the seed, its Aux-Net's test
-accuracy and the recorded study it comes from (`provenance`).
+Each was made by this project's own command (`python -m jlearngene.zoo.make NAME`): trained
+again from its recorded study, or (a transfer study's gene) taken from that finished study.
+Its `gene.json` records that command, the commit, the data, the seed, its Aux-Net's test
+accuracy, the recorded study it comes from and, for a transfer study's gene, the source
+model it learned from (`provenance`).
 """
 from __future__ import annotations
 
@@ -41,7 +43,8 @@ def find(spec: str) -> str:
 
 
 def listing() -> str:
-    """One line per shipped gene: name, method, stored parameters, Aux-Net, its accuracy."""
+    """One line per shipped gene: name, method, stored parameters, Aux-Net, its accuracy (and a
+    transfer study's gene's source model)."""
     lines = []
     for name in names():
         meta = artefacts.read_meta(path(name))
@@ -49,7 +52,10 @@ def listing() -> str:
         prov = meta['provenance']
         aux = f"Aux-Net width {src.width}, depth {src.depth}" if src else 'no Aux-Net'
         acc = prov.get('aux_test_accuracy')
+        model = prov.get('source_model')     # a transfer study's gene: the model it learned from
+        teacher = (f"; source model w{model['shape'][0]} L{model['shape'][1]}, test accuracy "
+                   f"{model['test_accuracy']:.4f}" if model else '')
         lines.append(f"  {name:<14} {meta['label']} gene, {meta['params']['stored']:,} parameters; "
-                     f"{aux}" + (f", test accuracy {acc:.4f}" if acc is not None else '')
+                     f"{aux}" + (f", test accuracy {acc:.4f}" if acc is not None else '') + teacher
                      + f"; data {prov.get('data', {}).get('name', '?')}")
     return '\n'.join(lines)

@@ -15,6 +15,7 @@ file. The gene directory is written to jlearngene/zoo/NAME unless `--out` says o
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -28,17 +29,25 @@ from jlearngene import artefacts, genes
 from jlearngene.experiments import configs, harness
 from jlearngene.experiments.results import shape_key
 from jlearngene.models import init
-from jlearngene.train import tasks
+from jlearngene.train import checkpoint, tasks
 from jlearngene.zoo import ROOT
 
 CHECKOUT = os.path.dirname(os.path.dirname(ROOT))
 
-# name -> the recorded study (its bundled config and results.json), its method and seed
+# name -> the recorded study (its bundled config and results.json), its method and seed. A
+# gene of a transfer study ('from': 'study') is taken from that study's finished workdir
+# (`from_study`); the others are trained again from their record (`make`).
 GENES = {
     'letra_digits': dict(config='letra:digits', method='letra', seed=0,
                          results='experiments/letra/results.json',
                          readme='experiments/letra/README.md'),
+    'tleg_fashion': {'from': 'study', 'config': 'tleg:fashion', 'method': 'tleg', 'seed': 0,
+                     'results': 'experiments/tleg/fashion/results.json'},
+    'letra_fashion': {'from': 'study', 'config': 'letra:fashion', 'method': 'letra', 'seed': 0,
+                      'results': 'experiments/letra/fashion/results.json'},
 }
+# what a shipped gene may weigh on disk (gene.json and its arrays)
+MAX_BYTES = 1_000_000
 
 # config fields the recorded run and the bundled config must agree on
 _SAME = ('model', 'data', 'optim', 'batch_size', 'depth', 'mlp_ratio')
@@ -115,6 +124,8 @@ def make(name: str, workdir: str, out: str | None = None, *, command: str | None
     if name not in GENES:
         raise ValueError(f'zoo.make: no recipe for {name!r}; known: {", ".join(GENES)}')
     spec = GENES[name]
+    if spec.get('from') == 'study':
+        raise ValueError(f'zoo.make: {name!r} is taken from its finished study (from_study), not trained here')
     t0 = time.perf_counter()
     source = commit()
     results_file = os.path.join(CHECKOUT, spec['results'])
@@ -171,6 +182,112 @@ def make(name: str, workdir: str, out: str | None = None, *, command: str | None
                                provenance=provenance, overwrite=True)
 
 
+def _sha256(path: str) -> str:
+    with open(path, 'rb') as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def transfer_record(results: dict, seed: int) -> dict:
+    """What a gene of a transfer study keeps of its record: the source model of `seed` (its
+    shape, classes, lr, steps, test accuracy and doubling chain), and per label budget
+    Scratch's converged accuracy (mean ± std over the seeds), lr and steps at every shape.
+
+    Args:
+        results: a transfer study's record (`results.json`, with `budgets`).
+        seed: the source seed the gene comes from.
+
+    Returns:
+        A dict with 'source_model', 'descendant_classes' and 'label_budgets'.
+
+    Raises:
+        ValueError: the record predates convergence by doubling.
+    """
+    first = next(iter(results['budgets'].values()))
+    a = first['ancestor']
+    if 'doubling' not in a:
+        raise ValueError('zoo.make: the record predates convergence by doubling (its source model has '
+                         'no doubling chain): run the study again')
+    ref = first['reference']
+    return {
+        'source_model': {'shape': [ref['width'], ref['depth']], 'classes': a['classes'], 'lr': a['lr'],
+                         'steps': a['steps'], 'test_accuracy': a['accs'][str(seed)],
+                         'converged': a['converged'], 'doubling': (a.get('doubling') or {}).get(str(seed))},
+        'descendant_classes': a['descendant_classes'],
+        'label_budgets': {key: {'labelled': sub['labelled'], 'seeds': sub['seeds'],
+                                'scratch': {k: {f: v[f] for f in ('lr', 'acc', 'std', 'steps', 'converged')}
+                                            for k, v in sub['scratch'].items()}}
+                          for key, sub in results['budgets'].items()},
+    }
+
+
+def from_study(name: str, workdir: str, out: str | None = None, *, spec: dict | None = None,
+               command: str | None = None) -> str:
+    """Write the shipped gene `name` from the finished transfer study in `workdir`: the gene
+    the study trained for seed `spec['seed']` (`workdir/genes/<method>/seed_<seed>`, its
+    Aux-Net's config and test accuracy), with its provenance and source model from the
+    study's record. Nothing trains.
+
+    Args:
+        name: a `GENES` entry with `'from': 'study'`.
+        workdir: the study's workdir, finished (its `results.json` written).
+        out: the gene directory to write; None: jlearngene/zoo/NAME.
+        spec: the entry to use instead of `GENES[name]` (its 'results' may be an absolute
+            path).
+        command: the command to record; None: the module's own.
+
+    Returns:
+        The gene directory.
+
+    Raises:
+        ValueError: `name` has no such entry, or the written gene weighs more than
+            `MAX_BYTES`.
+        FileNotFoundError: the study is not finished, or the record or the gene is missing.
+        RuntimeError: the study's record is not the committed one (`spec['results']`).
+    """
+    spec = spec or GENES.get(name)
+    if not spec or spec.get('from') != 'study':
+        known = ', '.join(k for k, v in GENES.items() if v.get('from') == 'study')
+        raise ValueError(f'zoo.make: {name!r} is not a gene of a transfer study; those are: {known}')
+    t0, source = time.perf_counter(), commit()
+    finished = os.path.join(workdir, 'results.json')
+    committed = os.path.join(CHECKOUT, spec['results'])
+    for path, what in ((finished, 'the study is not finished (no results.json)'),
+                       (committed, 'the committed record is missing')):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f'zoo.make: {path}: {what}')
+    if _sha256(finished) != _sha256(committed):
+        raise RuntimeError(f"zoo.make: {finished} is not the committed record {spec['results']}: "
+                           'commit the finished study\'s record first')
+    with open(finished, encoding='utf-8') as f:
+        results = json.load(f)
+    seed, method = int(spec['seed']), genes.get(spec['method'])
+    gene_dir = os.path.join(workdir, 'genes', method.name, f'seed_{seed}')
+    if not os.path.isdir(gene_dir):
+        raise FileNotFoundError(f'zoo.make: {gene_dir}: the study saved no {method.name} gene of seed {seed}')
+    gene, aux_cfg, extra = checkpoint.load_model(gene_dir)
+    cfg = next(iter(results['budgets'].values()))['config']
+    rel = os.path.relpath(os.path.abspath(committed), CHECKOUT)
+    provenance = {
+        'command': command or f'python -m jlearngene.zoo.make {name} --workdir {workdir}',
+        **source, 'seed': seed, 'aux_test_accuracy': extra['aux_test_accuracy'],
+        'data': {'name': cfg['data']['name'], 'augment': cfg['data'].get('augment'),
+                 'about': 'Fashion-MNIST (Debian dataset-fashion-mnist); the gene is trained on the '
+                          'source classes, its descendants fine-tune on the others'},
+        'study': spec['config'],
+        **transfer_record(results, seed),
+        'record': {'file': rel, 'file_commit': _git('log', '-1', '--format=%H', '--', rel)},
+        'seconds': round(time.perf_counter() - t0, 1),
+    }
+    path = artefacts.save_gene(out or os.path.join(ROOT, name), method, jax.device_get(gene),
+                               configs={'source': aux_cfg},
+                               gene_options=dict(cfg['method_options'][method.name]['gene']),
+                               provenance=provenance, overwrite=True)
+    size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+    if size > MAX_BYTES:
+        raise ValueError(f'zoo.make: {path} weighs {size:,} bytes, more than a shipped gene may ({MAX_BYTES:,})')
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m jlearngene.zoo.make NAME`: train the shipped gene NAME again from its study and
     write its gene directory; returns the exit status.
@@ -178,11 +295,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog='python -m jlearngene.zoo.make', description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('name', choices=sorted(GENES))
-    p.add_argument('--workdir', default='workdirs/zoo', help='where the runs go (default: %(default)s)')
+    p.add_argument('--workdir', default='workdirs/zoo',
+                   help="where the runs go (default: %(default)s); for a transfer study's gene "
+                        '(tleg_fashion, letra_fashion) the finished study\'s workdir')
     p.add_argument('--out', help='gene directory to write (default: jlearngene/zoo/NAME)')
     args = p.parse_args(argv)
     command = 'python -m jlearngene.zoo.make ' + ' '.join(argv if argv is not None else sys.argv[1:])
-    path = make(args.name, args.workdir, args.out, command=command)
+    build = from_study if GENES[args.name].get('from') == 'study' else make
+    path = build(args.name, args.workdir, args.out, command=command)
     print(artefacts.describe(artefacts.read_meta(path), probe=False))
     return 0
 
