@@ -86,9 +86,6 @@ nitpick_ignore_regex = [
     (r'py:.*', r'(int|float|str|bool|bytes|dict|list|tuple|set|frozenset|object|None|type|callable|'
                r'Ellipsis|slice|range|complex|BaseException|Exception|ValueError|RuntimeError|OSError|'
                r're\.Pattern|abc\.ABC)'),
-    # TODO(lead): docstrings - public functions of jlearngene/data/sources.py are annotated with its
-    # private base class; make it public (or annotate with the public classes) and remove this line.
-    ('py:class', r'jlearngene\.data\.sources\._Source'),
 ]
 
 bibtex_bibfiles = ['references.bib']

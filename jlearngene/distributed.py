@@ -46,8 +46,10 @@ class Setup:
 
     @property
     def multi_process(self) -> bool:
-        """Whether more than one process takes part: settings other than 'single' that do not
-        name one process (explicit settings with `num_processes=1` start no runtime)."""
+        """True when more than one process takes part.
+
+        That is every setting other than 'single' that does not name one process (explicit
+        settings with `num_processes=1` start no runtime)."""
         return self.source != 'single' and (self.num_processes is None or self.num_processes > 1)
 
 

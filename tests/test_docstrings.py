@@ -4,7 +4,9 @@ renders (docs/conf.py), its arguments (`Args:`, every argument named), what it r
 (`Returns:` or `Yields:`, where its body returns or yields a value) and what it raises
 (`Raises:`, naming every exception class its own body raises). A `Returns:` section is
 prose: a colon outside backticks in its first line would make napoleon read the text before
-it as the return type.
+it as the return type (and so is a property's first line). Every docstring the reference
+shows (functions, classes, methods, properties) renders as reStructuredText without a
+warning, which the docs build (`sphinx -W`) would turn into an error.
 
 What a function raises is read from its own body's `raise` statements; an exception that
 only a callee raises is for the author to add. ruff's D1 rules (pyproject.toml) check that
@@ -146,6 +148,92 @@ def public_functions():
                     seen.add(key)
                     out.append((f'{function.__module__}.{qualname}', function))
     return out
+
+
+def documented_objects():
+    """[(qualified name, 'function' | 'class' | 'method' | 'property', object)] of every object
+    whose docstring the API reference renders; each once."""
+    jlg_docs, seen, out = _jlg_docs(), set(), []
+
+    def add(name, what, obj):
+        if id(obj) not in seen and inspect.getdoc(obj):
+            seen.add(id(obj))
+            out.append((name, what, obj))
+
+    for module_name in jlg_docs.api_modules():
+        module = importlib.import_module(module_name)
+        for attr in jlg_docs.public_names(module):
+            obj = getattr(module, attr)
+            if not str(getattr(obj, '__module__', '')).startswith('jlearngene'):
+                continue
+            if not inspect.isclass(obj):
+                add(f'{module_name}.{attr}', 'function', obj)
+                continue
+            add(f'{module_name}.{attr}', 'class', obj)
+            for k, v in vars(obj).items():
+                if k.startswith('_'):
+                    continue
+                if isinstance(v, property):
+                    add(f'{module_name}.{attr}.{k}', 'property', v)
+                elif inspect.isfunction(getattr(v, '__func__', v)):
+                    add(f'{module_name}.{attr}.{k}', 'method', getattr(v, '__func__', v))
+    return out
+
+
+def rst_warnings(name: str, what: str, obj) -> list[str]:
+    """The reStructuredText warnings of `obj`'s docstring as the docs build renders it:
+    napoleon's Google sections, then this project's Markdown habits (docs/_ext/jlg_docs.py);
+    a property's first line napoleon reads as its type."""
+    import io
+
+    import docutils.core
+    from sphinx.ext.napoleon import Config
+    from sphinx.ext.napoleon.docstring import GoogleDocstring
+    lines = str(GoogleDocstring(inspect.getdoc(obj), Config(napoleon_use_rtype=False), what=what,
+                                name=name, obj=obj)).splitlines()
+    if what == 'property' and (typed := next((line for line in lines if line.startswith(':type:')), None)):
+        return [f'its first line is read as the type {typed[len(":type:"):].strip()!r}']
+    _jlg_docs()._markdown_habits(None, what, name, obj, {}, lines)
+    err = io.StringIO()
+    docutils.core.publish_doctree('\n'.join(lines), settings_overrides={
+        'report_level': 2, 'halt_level': 5, 'warning_stream': err, 'default_role': 'literal'})
+    sphinx_only = ('Unknown interpreted text role', 'No role entry', 'Unknown directive',
+                   'No directive entry', 'Trying "')
+    return [line.split(': ', 1)[-1] for line in err.getvalue().splitlines()
+            if ('WARNING' in line or 'ERROR' in line or 'SEVERE' in line)
+            and not any(s in line for s in sphinx_only)]
+
+
+def test_every_docstring_renders_without_a_warning():
+    objects = documented_objects()
+    assert {what for _, what, _ in objects} == {'function', 'class', 'method', 'property'}
+    bad = [f'{name} ({what}): {"; ".join(w)}' for name, what, obj in objects if (w := rst_warnings(name, what, obj))]
+    assert not bad, f'{len(bad)} of {len(objects)} docstrings:\n' + '\n'.join(bad)
+
+
+def test_the_render_check_finds_a_broken_docstring():
+    class Options:
+        """Options.
+
+        crop: pad, then crop back;
+          below the image size.
+        flip: random flips.
+        """
+
+        @property
+        def multi(self) -> bool:
+            """Whether several processes take part: settings other than 'single'."""
+            return True
+
+        @property
+        def single(self) -> bool:
+            """True when one process takes part."""
+            return False
+
+    assert rst_warnings('Options', 'class', Options)
+    assert rst_warnings('Options.multi', 'property', vars(Options)['multi']) == [
+        "its first line is read as the type 'Whether several processes take part'"]
+    assert rst_warnings('Options.single', 'property', vars(Options)['single']) == []
 
 
 def test_every_public_function_says_its_arguments_returns_and_raises():

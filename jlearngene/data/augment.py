@@ -18,16 +18,19 @@ from jlearngene.data.sources import DataError
 class Augment:
     """Augmentation options; the defaults do nothing.
 
-    crop_padding: pad each side with zeros by this many pixels, then crop back at random;
-      below the image's height and width (checked when an image is augmented).
-    rrc_scale: (lo, hi) area fraction for an Inception-style random-resized crop instead
-      (with aspect ratios in `rrc_ratio`), resized back to the image size.
-    flip: random horizontal flip. Off by default: it is wrong for digits and text.
-    mixup_alpha / cutmix_alpha: Beta(alpha, alpha) mixing with the reversed batch; when
-      both are > 0, cutmix is chosen with probability `switch_prob`. `mix_prob` is the
-      chance a batch is mixed at all.
-    label_smoothing: applied to the one-hot targets before mixing.
     Any of mixup, cutmix or label smoothing makes the pipeline emit 'label_soft'.
+
+    Attributes:
+      crop_padding: pad each side with zeros by this many pixels, then crop back at random;
+        below the image's height and width (checked when an image is augmented).
+      rrc_scale: (lo, hi) area fraction for an Inception-style random-resized crop instead
+        (with aspect ratios in `rrc_ratio`), resized back to the image size.
+      flip: random horizontal flip. Off by default: it is wrong for digits and text.
+      mixup_alpha: Beta(alpha, alpha) mixup with the reversed batch; when both alphas are
+        > 0, cutmix is chosen with probability `switch_prob`. `mix_prob` is the chance a
+        batch is mixed at all.
+      cutmix_alpha: Beta(alpha, alpha) cutmix with the reversed batch (see `mixup_alpha`).
+      label_smoothing: applied to the one-hot targets before mixing.
     """
     crop_padding: int = 0
     rrc_scale: tuple | None = None

@@ -168,14 +168,14 @@ def _digits_arrays(split: str, image_size: int, method: str):
     return arrays
 
 
-class _Source:
-    """What every source shares: `repr` names its class and its `info`."""
+class Source:
+    """The base of every source (`isinstance` checks): `repr` names its class and its `info`."""
 
     def __repr__(self) -> str:
         return f'{type(self).__name__}({self.info})'
 
 
-class ArraySource(_Source):
+class ArraySource(Source):
     """A source over in-memory arrays (uint8 images (N, H, W, C), integer labels (N,))."""
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, info: DataInfo):
@@ -270,7 +270,7 @@ def array_source(images, labels, *, num_classes: int | None = None, name: str = 
 
 # ------------------------------------------------------------------------------------ folder
 
-class ImageFolderSource(_Source):
+class ImageFolderSource(Source):
     """`root/<split>/<label>/*.png|jpg|jpeg`, decoded lazily with PIL (see `image_folder`)."""
 
     def __init__(self, files: list[str], labels: list[int], mode: str, image_size, method: str,
@@ -390,7 +390,7 @@ def disable_gcs() -> None:
         gcs_utils._is_gcs_disabled = True  # pylint: disable=protected-access
 
 
-class TfdsSource(_Source):
+class TfdsSource(Source):
     """A `tfds.data_source` with its features mapped to {'image', 'label'}."""
 
     def __init__(self, source, image_key: str, label_key: str, info: DataInfo):
