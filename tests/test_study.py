@@ -266,18 +266,22 @@ def test_info_tells_where_a_stopped_study_stands(tmp_path, capsys):
         '{"step": 50, "kind": "train"}\n{"step": 100, "kind": "eval"}\n')
     (tmp_path / 'runs' / 'scratch_s1').mkdir()
     (tmp_path / 'runs' / 'scratch_s1' / 'finished.json').write_text('{"seconds": ')
+    (tmp_path / 'runs' / 'scratch_s2' / 'checkpoints' / '4000').mkdir(parents=True)   # resumable
+    (tmp_path / 'runs' / 'scratch_s2' / 'progress.json').write_text('{}')
+    (tmp_path / 'runs' / 'scratch_s2' / 'metrics.jsonl').write_text('{"step": 5150, "kind": "train"}\n')
     (tmp_path / 'superseded' / 'ancestor_s0').mkdir(parents=True)
     assert cli.main(['info', str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"study workdir {tmp_path}: the 'cluster' study, not finished")
-    assert 'runs/: 2 finished (300 s of training), 2 not: scratch_s0 (at step 100), ' \
-           'scratch_s1 (finished.json damaged: trains again)' in out
+    assert 'runs/: 2 finished (300 s of training), 3 not: scratch_s0 (at step 100, starts again), ' \
+           'scratch_s1 (finished.json damaged: trains again), ' \
+           'scratch_s2 (at step 5150, resumes from step 4000)' in out
     assert 'superseded/: 1 finished runs' in out and 'resumes it' in out
     for name, cpu in (('ancestor_s0', 90.0), ('ancestor_s1', 160.0)):   # CPU time where every record has it
         record = tmp_path / 'runs' / name / 'finished.json'
         record.write_text(json.dumps(dict(json.loads(record.read_text()), cpu_seconds=cpu)))
     assert cli.main(['info', str(tmp_path)]) == 0
-    assert 'runs/: 2 finished (300 s of training, 250 s of CPU time), 2 not' in capsys.readouterr().out
+    assert 'runs/: 2 finished (300 s of training, 250 s of CPU time), 3 not' in capsys.readouterr().out
     sub = _results((0.90, 0.92, 0.94))
     sub.update(seeds=[0, 1, 2], verdicts=[{'claim': 'LeTra beats IMwLM', 'verdict': 'not reproduced',
                                            'detail': ''}])
@@ -285,7 +289,7 @@ def test_info_tells_where_a_stopped_study_stands(tmp_path, capsys):
         {'config': {'experiment': 'cluster'}, 'budgets': {'0.01': sub, '0.1': sub}}))
     assert cli.main(['info', str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "the 'cluster' study, finished (results.json)" in out and 'resumes' not in out
+    assert "the 'cluster' study, finished (results.json)" in out and 'resumes it' not in out
     assert "experiment 'cluster'" in out and '2 label budgets' in out
     assert out.count('LeTra beats IMwLM: not reproduced') == 2 and 'labels 10%: 9 records' in out
 
@@ -602,3 +606,59 @@ def test_results_files_are_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
     monkeypatch.setattr(os, 'replace', real_replace)
     assert (tmp_path / 'results.json').read_text() == 'old'
     assert os.listdir(tmp_path) == ['results.json']                  # no temporary left behind
+
+
+def test_an_interrupted_run_resumes_from_its_last_checkpoint_and_ends_as_an_uninterrupted_one(
+        tmp_path, monkeypatch, caplog):
+    """A study run cut off part-way continues from its newest checkpoint when run again:
+    the same params and curve as a run never cut off, and the seconds of the steps it keeps;
+    an unfinished run of other settings starts again from step 0."""
+    import jax
+
+    from jlearngene.models import init, vit_config
+    from jlearngene.train import metrics, tasks
+
+    monkeypatch.setattr(harness, 'RESUME_EVERY', 4)
+    config = {'data': {'name': 'digits', 'image_size': 8}, 'batch_size': 16, 'eval_batch_size': 128,
+              'seed': 0, 'optim': {'weight_decay': 0.05}}
+    dset = harness.Data(config, classes=(0, 1))
+    cfg = vit_config('Ti', width=8, num_heads=2, mlp_dim=16, depth=1, image_size=8, patch_size=4,
+                     num_classes=2, channels=1)
+    params0 = init(cfg, jax.random.key(0))
+    loss, ev = tasks.classification_loss(cfg), tasks.classification_eval(cfg)
+
+    def fit(workdir, lr=1e-3):
+        return harness.fit('r', loss, params0, ev, dset, steps=12, lr=lr, optim=config['optim'],
+                           workdir=str(workdir), seed=0, eval_every=2)
+
+    whole = fit(tmp_path / 'whole')
+    assert harness.resume_interval(12, 2) == 4 and harness.resume_interval(4, 2) is None
+    assert harness.resume_interval(12, 3) == 6 and harness.resume_interval(12, None) == 4
+
+    class Cut(Exception):
+        pass
+
+    class CutAtStep10(harness.Evaluation):
+        def after_call(self, run, step, state):
+            super().after_call(run, step, state)
+            if step == 10:
+                raise Cut('the session ended')
+
+    for lr in (2e-3, 1e-3):   # the second: cut off after the checkpoint of step 8, with its seconds
+        with monkeypatch.context() as m:
+            m.setattr(harness, 'Evaluation', CutAtStep10)
+            with pytest.raises(Cut):
+                fit(tmp_path / 'cut', lr=lr)
+    run_dir = tmp_path / 'cut' / 'runs' / 'r'
+    assert sorted(os.listdir(run_dir / 'checkpoints')) == ['8'] and not (run_dir / harness.FINISHED).exists()
+    kept = json.loads((run_dir / harness.PROGRESS).read_text())['clock']
+    assert sorted(kept, key=int) == ['4', '8'] and kept['8'][0] >= kept['4'][0] > 0
+    caplog.set_level('INFO', logger='jlearngene.train')
+    again = fit(tmp_path / 'cut')
+    assert 'step 8: resumed from' in caplog.text
+    chex.assert_trees_all_equal(again[0], whole[0])
+    assert again[1] == whole[1] and [s for s, _ in again[1]] == [2, 4, 6, 8, 10, 12]
+    assert again[2] > kept['8'][0]
+    assert [r['step'] for r in metrics.read_metrics(str(run_dir), kind='eval')] == [2, 4, 6, 8, 10, 12]
+    record = json.loads((run_dir / harness.FINISHED).read_text())
+    assert record['seconds'] == again[2] and record['cpu_seconds'] > kept['8'][1]

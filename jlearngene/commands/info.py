@@ -254,7 +254,8 @@ def _study_text(path: str) -> str:
     study owns (`jlearngene demo`'s workdir: `runs/` without `study.json`): which study,
     its finished runs and their training seconds (wall clock; CPU time where every record
     has it), for a transfer study by stage (upstream, each label budget), the runs stopped
-    part-way (they train again from their start), the superseded ones, and its results
+    part-way (where each resumes from: its last checkpoint, or step 0), the superseded ones,
+    and its results
     once it has them."""
     from jlearngene.train.metrics import read_metrics
     owner = _study_owner(path)
@@ -282,6 +283,8 @@ def _study_text(path: str) -> str:
             state = f'at step {max(steps)}' if steps and state == 'not started' else state
         except (FileNotFoundError, ValueError):
             pass
+        if state.startswith('at step'):
+            state += _resumes_from(os.path.join(runs_dir, name))
         partial.append(f'{name} ({state})')
     superseded = os.path.join(path, 'superseded')
     n_sup = len(os.listdir(superseded)) if os.path.isdir(superseded) else 0
@@ -308,8 +311,18 @@ def _study_text(path: str) -> str:
         lines.append(_other_file_table(os.path.join(path, 'results.json')) or '')
     elif owner is not None:
         lines.append('the same `jlearngene train --config ... --workdir` command resumes it: '
-                     'finished runs are read back, the others train from their start')
+                     'finished runs are read back, the others resume from their last checkpoint')
     return '\n'.join(lines)
+
+
+def _resumes_from(run_dir: str) -> str:
+    """', resumes from step K' for an unfinished study run with a checkpoint of its own
+    settings (`progress.json` beside it), else ', starts again'."""
+    ckpt = os.path.join(run_dir, 'checkpoints')
+    steps = [int(n) for n in os.listdir(ckpt) if n.isdigit()] if os.path.isdir(ckpt) else []
+    if steps and os.path.isfile(os.path.join(run_dir, 'progress.json')):
+        return f', resumes from step {max(steps)}'
+    return ', starts again'
 
 
 def _file_table(path: str) -> str:

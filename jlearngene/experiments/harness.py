@@ -30,7 +30,8 @@ from jlearngene.models import ViTConfig, apply, model_config, vit
 from jlearngene.train import checkpoint, files, integrity, run_checkpoint, tasks, trainer
 from jlearngene.train import optim as optimisers
 from jlearngene.train.evaluate import evaluate
-from jlearngene.train.hooks import Evaluation, StopWhen
+from jlearngene.train import metrics as metrics_lib
+from jlearngene.train.hooks import Evaluation, Hook, StopWhen
 
 Config = Any   # an ml_collections.ConfigDict (or a dict of the same shape)
 
@@ -257,6 +258,8 @@ def data_digest(data_config_json: str) -> str:
 
 
 FINISHED = 'finished.json'   # a finished run's fingerprint, curve, seconds (wall, CPU) and final step (`fit`)
+PROGRESS = 'progress.json'   # an unfinished run's fingerprint and seconds at each checkpoint (`fit`)
+RESUME_EVERY = 2000          # steps between the checkpoints an interrupted run resumes from (`fit`)
 
 
 # Sources a finished run's numbers cannot depend on: what reports, renders, converts, lists
@@ -406,6 +409,12 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     what differs (e.g. the XLA flags), so that resuming with other code or libraries loses
     nothing.
 
+    An interrupted run resumes: a reusable run of more than `RESUME_EVERY` steps saves a
+    checkpoint every `resume_interval` steps, and run again with the same fingerprint it
+    continues from the newest one (the data position and keys restored, so it ends as an
+    uninterrupted run would). Its curve is read from its metrics, and its seconds are those
+    of the steps it keeps (`runs/<name>/progress.json` holds them at each checkpoint).
+
     A `Data` with validation images (`Data.has_validation`) is evaluated on them too, at
     the same steps: that curve [(step, validation accuracy)] goes to `val_curves[name]`.
 
@@ -438,9 +447,13 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
         return done[:3]
     optimizer = optimisers.make_optimizer(opt_cfg, trainable, total_steps=steps)
     loss_key = getattr(loss_fn, 'key', None)   # runs of one loss and shape compile once
+    if reusable and os.path.exists(finished):
+        _set_aside(workdir, name, parts, digests)   # another run's record: kept, and trained again below
+    every = resume_interval(steps, eval_every) if reusable else None
+    resume = every is not None and _progress(run_dir, fingerprint) is not None
     run = trainer.FitConfig(
-        workdir=run_dir, steps=steps, log_every=max(1, min(50, steps)),
-        seed=seed, resume=False, progress=False, console=False, tensorboard=False,
+        workdir=run_dir, steps=steps, log_every=max(1, min(50, steps)), checkpoint_every=every,
+        seed=seed, resume=resume, progress=False, console=False, tensorboard=False,
         handle_sigterm=False, keep_checkpoints=1,
         compile_key=None if loss_key is None else
         (loss_key, optimisers.cache_key(opt_cfg, trainable, total_steps=steps)))
@@ -449,21 +462,33 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
     if stop_at is not None:
         hooks.append(StopWhen(lambda rec: rec['eval/accuracy'] >= stop_at,
                               f'test accuracy >= {stop_at:g}'))
-    if reusable and os.path.exists(finished):
-        _set_aside(workdir, name, parts, digests)   # another run's record: kept, and trained again below
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    params, history = trainer.fit(loss_fn, trainable, dset.train(seed), optimizer, run, hooks)
-    curve = [(int(r['step']), float(r['eval/accuracy'])) for r in history['eval']]
-    val_curve = ([(int(r['step']), float(r['eval/val_accuracy'])) for r in history['eval']]
+    clock = _Clock(run_dir, fingerprint, every)
+    if every is not None:
+        if not resume:
+            clock.write()               # this fingerprint's run, from step 0
+        hooks.append(clock)
+    try:
+        params, history = trainer.fit(loss_fn, trainable, dset.train(seed), optimizer, run, hooks)
+    except integrity.CorruptCheckpointError as e:   # no checkpoint to resume from: from step 0
+        if not run.resume:
+            raise
+        logging.getLogger(__name__).warning('runs/%s: %s', name, e)
+        clock = _Clock(run_dir, fingerprint, every)
+        clock.write()
+        hooks[-1] = clock
+        run = dataclasses.replace(run, resume=False)
+        params, history = trainer.fit(loss_fn, trainable, dset.train(seed), optimizer, run, hooks)
+    evals = metrics_lib.read_metrics(run_dir, kind='eval') if clock.resumed else history['eval']
+    curve = [(int(r['step']), float(r['eval/accuracy'])) for r in evals]
+    val_curve = ([(int(r['step']), float(r['eval/val_accuracy'])) for r in evals]
                  if validation else None)
     if validation and val_curves is not None:
         val_curves[name] = val_curve
-    secs = time.perf_counter() - t0
+    secs, cpu_secs = clock.seconds()
     if reusable:   # the final checkpoint holds the params; this marks the run finished
         # seconds: wall clock; cpu_seconds: this process's CPU time over all its threads,
         # which a paused or crowded machine does not inflate
-        record = dict(fingerprint=fingerprint, curve=curve, seconds=secs,
-                      cpu_seconds=time.process_time() - cpu0,
+        record = dict(fingerprint=fingerprint, curve=curve, seconds=secs, cpu_seconds=cpu_secs,
                       step=curve[-1][0] if curve else steps, parts=digests,
                       software=parts['software'])
         if validation:
@@ -472,6 +497,78 @@ def fit(name: str, loss_fn, trainable, eval_fn, dset: Data, *, steps: int, lr: f
         if store:
             _deposit(store, fingerprint, run_dir)
     return params, curve, secs
+
+
+def resume_interval(steps: int, eval_every: int | None) -> int | None:
+    """Steps between the checkpoints of a study run that an interrupted run resumes from.
+
+    Args:
+        steps: the run's steps.
+        eval_every: its evaluation interval (None: at the end only).
+
+    Returns:
+        The first multiple of `eval_every` (of 1 without it) of at least `RESUME_EVERY`
+        steps, or None for a run of no more steps than that (interrupted, it starts again).
+    """
+    if steps <= RESUME_EVERY:
+        return None
+    unit = eval_every or 1
+    return -(-RESUME_EVERY // unit) * unit
+
+
+def _progress(run_dir: str, fingerprint: str) -> dict | None:
+    """{step: [wall, CPU seconds]} of the unfinished run in `run_dir` with this fingerprint,
+    as its checkpoints saved them; None where there is no such run (or no checkpoint)."""
+    try:
+        with open(os.path.join(run_dir, PROGRESS), encoding='utf-8') as f:
+            meta = json.load(f)
+        has_checkpoint = any(n.isdigit() for n in os.listdir(os.path.join(run_dir, 'checkpoints')))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get('fingerprint') != fingerprint or not has_checkpoint:
+        return None
+    clock = meta.get('clock')
+    return clock if isinstance(clock, dict) else None
+
+
+class _Clock(Hook):
+    """The wall and CPU seconds of the steps a study run keeps, over its attempts: written
+    to `runs/<name>/progress.json` at every step a checkpoint is saved (`every`), just
+    before it, and read back at the step a resumed run starts from."""
+
+    def __init__(self, run_dir: str, fingerprint: str | None, every: int | None):
+        self.path, self.fingerprint, self.every = os.path.join(run_dir, PROGRESS), fingerprint, every
+        self.clock: dict[str, list[float]] = {}
+        self.kept, self.resumed = (0.0, 0.0), False
+        self.t0, self.cpu0 = time.perf_counter(), time.process_time()
+
+    def start(self, run) -> None:
+        """Take the seconds kept up to the step `run` starts from."""
+        if run.start:
+            self.resumed = True
+            self.clock = {k: v for k, v in (_progress(os.path.dirname(self.path), self.fingerprint) or {}).items()
+                          if int(k) <= run.start}
+            if str(run.start) not in self.clock:
+                logging.getLogger(__name__).warning('%s: no seconds for step %d; the record counts '
+                                                    'this attempt only', self.path, run.start)
+            self.kept = tuple(self.clock.get(str(run.start), (0.0, 0.0)))
+
+    def seconds(self) -> tuple[float, float]:
+        """(wall, CPU) seconds of the kept steps and of this attempt so far."""
+        return (self.kept[0] + time.perf_counter() - self.t0,
+                self.kept[1] + time.process_time() - self.cpu0)
+
+    def after_call(self, run, step: int, state) -> None:
+        """At a checkpoint step, write the seconds so far."""
+        del state
+        if self.every and step % self.every == 0 and step != run.steps:
+            self.clock[str(step)] = list(self.seconds())
+            self.write()
+
+    def write(self) -> None:
+        """Write `progress.json`: the fingerprint and {step: [wall, CPU seconds]}."""
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        files.write_text(self.path, json.dumps({'fingerprint': self.fingerprint, 'clock': self.clock}))
 
 
 def _fetch(store: str, fingerprint: str, workdir: str, name: str, parts, digests) -> bool:
