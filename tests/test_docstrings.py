@@ -127,56 +127,59 @@ def _read_as_type(doc: str) -> str | None:
     return next((line[len(':rtype:'):].strip() for line in lines if line.startswith(':rtype:')), None)
 
 
-def public_functions():
-    """[(qualified name, function)] of every public function, and every public method of a
-    public class, that the API reference documents; each once."""
-    jlg_docs, seen, out = _jlg_docs(), set(), []
+def _api_objects():
+    """(module name, public name, object) of every name the API reference documents that
+    jlearngene defines."""
+    jlg_docs = _jlg_docs()
     for module_name in jlg_docs.api_modules():
         module = importlib.import_module(module_name)
         for attr in jlg_docs.public_names(module):
             obj = getattr(module, attr)
-            if not str(getattr(obj, '__module__', '')).startswith('jlearngene'):
-                continue
-            if inspect.isclass(obj):
-                members = [(f'{obj.__qualname__}.{k}', getattr(v, '__func__', v)) for k, v in vars(obj).items()
-                           if not k.startswith('_')]
-            else:
-                members = [(getattr(obj, '__qualname__', attr), inspect.unwrap(obj) if callable(obj) else obj)]
-            for qualname, function in members:
-                key = (getattr(function, '__module__', None), qualname)
-                if inspect.isfunction(function) and key not in seen:
-                    seen.add(key)
-                    out.append((f'{function.__module__}.{qualname}', function))
+            if str(getattr(obj, '__module__', '')).startswith('jlearngene'):
+                yield module_name, attr, obj
+
+
+def public_functions():
+    """[(qualified name, function)] of every public function, and every public method of a
+    public class, that the API reference documents; each once."""
+    seen, out = set(), []
+    for _, attr, obj in _api_objects():
+        if inspect.isclass(obj):
+            members = [(f'{obj.__qualname__}.{k}', getattr(v, '__func__', v)) for k, v in vars(obj).items()
+                       if not k.startswith('_')]
+        else:
+            members = [(getattr(obj, '__qualname__', attr), inspect.unwrap(obj) if callable(obj) else obj)]
+        for qualname, function in members:
+            key = (getattr(function, '__module__', None), qualname)
+            if inspect.isfunction(function) and key not in seen:
+                seen.add(key)
+                out.append((f'{function.__module__}.{qualname}', function))
     return out
 
 
 def documented_objects():
     """[(qualified name, 'function' | 'class' | 'method' | 'property', object)] of every object
     whose docstring the API reference renders; each once."""
-    jlg_docs, seen, out = _jlg_docs(), set(), []
+    seen, out = set(), []
 
     def add(name, what, obj):
         if id(obj) not in seen and inspect.getdoc(obj):
             seen.add(id(obj))
             out.append((name, what, obj))
 
-    for module_name in jlg_docs.api_modules():
-        module = importlib.import_module(module_name)
-        for attr in jlg_docs.public_names(module):
-            obj = getattr(module, attr)
-            if not str(getattr(obj, '__module__', '')).startswith('jlearngene'):
+    for module_name, attr, obj in _api_objects():
+        name = f'{module_name}.{attr}'
+        if not inspect.isclass(obj):
+            add(name, 'function', obj)
+            continue
+        add(name, 'class', obj)
+        for k, v in vars(obj).items():
+            if k.startswith('_'):
                 continue
-            if not inspect.isclass(obj):
-                add(f'{module_name}.{attr}', 'function', obj)
-                continue
-            add(f'{module_name}.{attr}', 'class', obj)
-            for k, v in vars(obj).items():
-                if k.startswith('_'):
-                    continue
-                if isinstance(v, property):
-                    add(f'{module_name}.{attr}.{k}', 'property', v)
-                elif inspect.isfunction(getattr(v, '__func__', v)):
-                    add(f'{module_name}.{attr}.{k}', 'method', getattr(v, '__func__', v))
+            if isinstance(v, property):
+                add(f'{name}.{k}', 'property', v)
+            elif inspect.isfunction(getattr(v, '__func__', v)):
+                add(f'{name}.{k}', 'method', getattr(v, '__func__', v))
     return out
 
 

@@ -328,22 +328,28 @@ def test_the_studies_digits_split_is_half_and_fixed():
         data.digits_split_indices('half_testing')
 
 
+def _tiny_run():
+    """(config, Data of digits 0 and 1, initial params, loss, eval) of a one-block ViT of width 8:
+    runs of a few steps for `harness.fit`."""
+    import jax
+
+    from jlearngene.models import init, vit_config
+    from jlearngene.train import tasks
+    config = {'data': {'name': 'digits', 'image_size': 8}, 'batch_size': 16, 'eval_batch_size': 128,
+              'seed': 0, 'optim': {'weight_decay': 0.05}}
+    dset = harness.Data(config, classes=(0, 1))
+    cfg = vit_config('Ti', width=8, num_heads=2, mlp_dim=16, depth=1, image_size=8, patch_size=4,
+                     num_classes=2, channels=1)
+    return config, dset, init(cfg, jax.random.key(0)), tasks.classification_loss(cfg), tasks.classification_eval(cfg)
+
+
 def test_a_finished_run_is_read_back_and_anything_else_trains_again(tmp_path, monkeypatch, caplog):
     """`harness.fit` reads a finished run back (same name, settings, identity, data, initial
     params, code) with its params and curve; another lr, identity or XLA flags, or a damaged
     record, trains again, keeps the finished run under superseded/ and says what differs."""
     import jax
 
-    from jlearngene.models import init, vit_config
-    from jlearngene.train import tasks
-
-    config = {'data': {'name': 'digits', 'image_size': 8}, 'batch_size': 16, 'eval_batch_size': 128,
-              'seed': 0, 'optim': {'weight_decay': 0.05}}
-    dset = harness.Data(config, classes=(0, 1))
-    cfg = vit_config('Ti', width=8, num_heads=2, mlp_dim=16, depth=1, image_size=8, patch_size=4,
-                     num_classes=2, channels=1)
-    params0 = init(cfg, jax.random.key(0))
-    loss, ev = tasks.classification_loss(cfg), tasks.classification_eval(cfg)
+    config, dset, params0, loss, ev = _tiny_run()
 
     def fit(lr=1e-3, identity='a', reused=None):
         return harness.fit('r', loss, params0, ev, dset, steps=3, lr=lr, optim=config['optim'],
@@ -613,19 +619,10 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint_and_ends_as_an_unin
     """A study run cut off part-way continues from its newest checkpoint when run again:
     the same params and curve as a run never cut off, and the seconds of the steps it keeps;
     an unfinished run of other settings starts again from step 0."""
-    import jax
-
-    from jlearngene.models import init, vit_config
-    from jlearngene.train import metrics, tasks
+    from jlearngene.train import metrics
 
     monkeypatch.setattr(harness, 'RESUME_EVERY', 4)
-    config = {'data': {'name': 'digits', 'image_size': 8}, 'batch_size': 16, 'eval_batch_size': 128,
-              'seed': 0, 'optim': {'weight_decay': 0.05}}
-    dset = harness.Data(config, classes=(0, 1))
-    cfg = vit_config('Ti', width=8, num_heads=2, mlp_dim=16, depth=1, image_size=8, patch_size=4,
-                     num_classes=2, channels=1)
-    params0 = init(cfg, jax.random.key(0))
-    loss, ev = tasks.classification_loss(cfg), tasks.classification_eval(cfg)
+    config, dset, params0, loss, ev = _tiny_run()
 
     def fit(workdir, lr=1e-3):
         return harness.fit('r', loss, params0, ev, dset, steps=12, lr=lr, optim=config['optim'],
