@@ -639,7 +639,7 @@ def test_an_interrupted_run_resumes_from_its_last_checkpoint_and_ends_as_an_unin
         def after_call(self, run, step, state):
             super().after_call(run, step, state)
             if step == 10:
-                raise Cut('the session ended')
+                raise Cut('cut off at step 10')
 
     for lr in (2e-3, 1e-3):   # the second: cut off after the checkpoint of step 8, with its seconds
         with monkeypatch.context() as m:
