@@ -306,8 +306,11 @@ def _stderr_of_run(workdir, shell_prefix: str = '') -> tuple[int, list[str]]:
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     argv = [sys.executable, '-m', 'jlearngene', *_TINY_RUN, '--workdir', str(workdir)]
+    # XLA's C++ log is left out: on a loaded machine its compiler reports a slow constant
+    # folding there, which is timing, not this command's output
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
     proc = subprocess.run(['sh', '-c', shell_prefix + 'exec "$@"', 'sh', *argv], cwd=root,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=env)
     return proc.returncode, [ln for ln in proc.stderr.splitlines() if ln.strip()]
 
 
