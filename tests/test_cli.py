@@ -11,6 +11,7 @@ import pytest
 
 from jlearngene import cli
 from jlearngene.commands import config_args
+from jlearngene.experiments import configs
 from jlearngene.train import metrics
 
 from helpers import cli_status
@@ -250,3 +251,26 @@ def test_option_overrides_are_typed_and_bundled_config_names_resolve():
         config_args.load('tleg:huge', {})
     with pytest.raises(config_args.UsageError, match="descend.official_pool_order must be true or false, got 'yes'"):
         config_args.load('tleg', {'descend.official_pool_order': 'yes'})
+
+
+def test_info_says_what_a_study_config_trains(tmp_path, capsys):
+    assert cli.main(['info', 'tleg:fashion']) == 0
+    out = capsys.readouterr().out
+    assert out.startswith('the tleg study: 6 rows against Scratch (TLEG, Share-Init')
+    assert 'reference shape (the teacher, Aux-Nets or slimmable network): w64 L6, 4 heads' in out
+    assert 'source task: classes [0, 1, 2, 3, 4]' in out and 'descendant task: classes [5, 6, 7, 8, 9]' in out
+    assert 'label budget 1%: seeds 0, 1, 2, 3, 4, Scratch swept at 600 steps' in out
+    assert 'doubled until twice the steps ends less than 0.5 pt higher, up to 48,000 steps' in out
+    assert "0.35·S (the papers' budgets), and Scratch's own steps" in out
+    assert '| Ceiling (source model fine-tuned) | 4 heads, 0.11 M | 4 heads, 0.21 M |' in out
+    # a config file says the same as its bundled name, and a shape a method cannot make says why
+    assert cli.main(['info', configs.path('compare') + ':fashion']) == 0
+    rows = {line.split(' | ')[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert 'cannot: descend:' in rows['| TLEG'] and 'cannot' not in rows['| LeTra']
+    # a model config keeps its parameter table; a broken config file is one line
+    assert cli.main(['info', 'digits_vit']) == 0
+    assert '| digits_vit | 64 | 4 | 4 | 128 |' in capsys.readouterr().out
+    bad = tmp_path / 'bad.py'
+    bad.write_text('def get_config(:\n')
+    assert cli.main(['info', str(bad)]) == 1
+    assert 'is not valid Python (line 1' in _one_line(capsys.readouterr(), 'jlearngene info: ')

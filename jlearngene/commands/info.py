@@ -1,14 +1,16 @@
 """`jlearngene info`: parameter table of named variants (with no argument, also the genes
-shipped with the package, `jlearngene.zoo`), of one config, of an experiment config file
-(`file.py[:arg]`), of a checkpoint (a model artefact, a run checkpoint step directory, or
-a training workdir), of a study's workdir (finished or not: its runs, what is left, its
-results) or another folder of runs (`jlearngene demo`'s), of a gene directory or a shipped
-gene's name (`jlearngene.artefacts`: its method, configs, stored parameters and the widths
-and depths of the descendants it makes, tried on shapes), or of a file: a timm state dict
-(.safetensors, .npz, .pth) or a big_vision .npz (the config `jlearngene convert` infers from
-it, its parameter count and its tensors), a plot (.png), a run's metrics.jsonl, config.json
-(config.txt) or another JSON file. A path that does not exist, an empty file and a file of
-another kind are one-line errors that say which."""
+shipped with the package, `jlearngene.zoo`), of one config, what a study config trains
+(`file.py[:arg]` or a bundled `NAME[:arg]`: rows, shapes, seeds, tasks, sweeps, budgets and
+the descendant each row makes at each shape, `study.describe`), of a checkpoint (a model
+artefact, a run checkpoint step directory, or a training workdir), of a study's workdir
+(finished or not: its runs, what is left, its results) or another folder of runs
+(`jlearngene demo`'s), of a gene directory or a shipped gene's name (`jlearngene.artefacts`:
+its method, configs, stored parameters and the widths and depths of the descendants it
+makes, tried on shapes), or of a file: a timm state dict (.safetensors, .npz, .pth) or a
+big_vision .npz (the config `jlearngene convert` infers from it, its parameter count and
+its tensors), a plot (.png), a run's metrics.jsonl, config.json (config.txt) or another
+JSON file. A path that does not exist, an empty file and a file of another kind are
+one-line errors that say which."""
 from __future__ import annotations
 
 import json
@@ -22,7 +24,7 @@ from jlearngene import pytree
 from jlearngene.commands.config_args import Parser, dangling_symlink, parse_override
 from jlearngene.models import VARIANTS, init, vit_config
 
-HELP = ('parameter table of variants and the shipped genes, a config file (.py[:arg]), a '
+HELP = ('parameter table of variants and the shipped genes, what a config (.py[:arg], NAME[:arg]) trains, a '
         'checkpoint/workdir, a gene or a timm/big_vision file')
 
 
@@ -54,24 +56,37 @@ def leaf_table(shapes, title: str = '') -> str:
                          'totals: ' + ', '.join(f'{k} {v:,}' for k, v in counts.items()))
 
 
-def _config_file_table(spec: str) -> str:
-    import importlib.util
-    path, _, arg = spec.partition(':')
-    if not os.path.exists(path):
-        raise FileNotFoundError(f'config file {path!r} does not exist')
-    if not os.path.isfile(path):
-        raise IsADirectoryError(f'config file {path!r} is a directory, not a .py file')
-    mod_spec = importlib.util.spec_from_file_location('_jlg_config', path)
-    module = importlib.util.module_from_spec(mod_spec)
-    try:
-        mod_spec.loader.exec_module(module)
-    except SyntaxError as e:
-        raise ValueError(f'config file {path!r} is not valid Python (line {e.lineno}: {e.msg})') from None
-    if not callable(getattr(module, 'get_config', None)):
-        raise ValueError(f'config file {path!r} defines no get_config(arg) function')
-    config = module.get_config(arg or None)
+def _config_text(spec: str) -> str:
+    """A config (`file.py[:arg]` or a bundled `NAME[:arg]`): for an experiment, what the study
+    trains (`study.describe`); otherwise its model's parameter table."""
+    from jlearngene.experiments import configs
     from jlearngene.models import model_config
-    return param_table({f'{path}{":" + arg if arg else ""}': model_config(config.model)})
+    path, _, arg = spec.partition(':')
+    if path.endswith('.py') and not os.path.exists(path):
+        raise FileNotFoundError(f'config file {path!r} does not exist')
+    if os.path.isdir(path):
+        raise IsADirectoryError(f'config file {path!r} is a directory, not a .py file')
+    config = configs.load(spec)
+    if config.get('task') == 'experiment':
+        from jlearngene.experiments import study
+        return study.describe(config, _descendant_classes(config))
+    return param_table({spec: model_config(config.model)})
+
+
+def _descendant_classes(config) -> int:
+    """The class count of a study's descendants, from its config where it says (its tasks,
+    its data's classes), else from its data's description (nothing is read for the bundled
+    digits; a dataset that cannot be opened gives the model's default head)."""
+    from jlearngene import data
+    from jlearngene.models import model_config
+    if config.get('tasks'):
+        return len(config.tasks.descendant)
+    if config.data.get('classes'):
+        return len(config.data.classes)
+    try:
+        return data.source_from_config(config.data.to_dict(), 'train').info.num_classes
+    except (ValueError, OSError, data.DataError):
+        return model_config(config.model).num_classes
 
 
 def _checkpoint_table(path: str) -> str:
@@ -357,7 +372,7 @@ def _path_text(target: str) -> str | None:
     if dangling:
         raise FileNotFoundError(dangling)
     if target.partition(':')[0].endswith('.py'):
-        return _config_file_table(target)
+        return _config_text(target)
     if not os.path.isdir(target):
         if os.path.exists(target) and not os.path.isfile(target):
             raise ValueError(f'{target!r} is not a regular file (a FIFO, socket or device): '
@@ -389,7 +404,8 @@ def _warning_lines(records: list[dict]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     """The command: prints what the argument names, tried in this order: a config file or an
-    existing path (`_path_text`), a shipped gene's name, a ViT variant (its parameter table,
+    existing path (`_path_text`), a shipped gene's name, a bundled config's name (a study's:
+    what it trains, `study.describe`), a ViT variant (its parameter table,
     with --set's overrides); with no argument, every variant and the shipped genes. Exit
     status 0.
 
@@ -398,7 +414,8 @@ def main(argv: list[str]) -> int:
     """
     parser = Parser('jlearngene info', __doc__)
     parser.add_argument('variant', nargs='?', help="variant name ('S', 'B/16'; all if omitted), a config "
-                        'file (file.py[:arg]), a checkpoint directory, a training workdir, a gene '
+                        'file (file.py[:arg]) or bundled config (tleg:fashion; a study says what it '
+                        'trains), a checkpoint directory, a training workdir, a gene '
                         'directory, an experiment workdir or a file (timm .safetensors/.npz/.pth, '
                         'big_vision .npz, .png, metrics.jsonl, config.json, results.json)')
     parser.add_argument('--set', action='append', type=parse_override, default=[], metavar='FIELD=VALUE',
@@ -413,12 +430,17 @@ def main(argv: list[str]) -> int:
     if target in zoo.names() and target not in VARIANTS:   # a shipped gene, by its name
         print(_gene_table(zoo.path(target)))
         return 0
+    from jlearngene.experiments import configs
+    if target.partition(':')[0] in configs.names():     # a bundled config, by its name
+        print(_config_text(target))
+        return 0
     if target and target.partition('/')[0] not in VARIANTS:
         if os.sep in target or '/' in target or '.' in target:   # a path
             raise FileNotFoundError(f'{target!r} does not exist')
         raise FileNotFoundError(f'{target!r} is neither a ViT variant (known: {sorted(VARIANTS)}, '
                                 "optionally with '/patch', e.g. 'S/16'), a shipped gene (known: "
-                                f'{", ".join(zoo.names())}) nor an existing file or directory')
+                                f'{", ".join(zoo.names())}), a bundled config (known: '
+                                f'{", ".join(configs.names())}) nor an existing file or directory')
     names = [args.variant] if args.variant else list(VARIANTS)
     print(param_table({n: vit_config(n, **dict(args.set)) for n in names}))
     if not args.variant and zoo.names():

@@ -76,7 +76,7 @@ Config = Any
 
 MIN_SWEEP = 3   # learning rates Scratch's sweep needs outside the paper configs
 
-__all__ = ['Claim', 'Study', 'check', 'make_rows', 'plan', 'render', 'run', 'run_experiment',
+__all__ = ['Claim', 'Study', 'check', 'describe', 'make_rows', 'plan', 'render', 'run', 'run_experiment',
            'variants']
 
 
@@ -196,6 +196,67 @@ def plan(config: Config, num_classes: int, study: Study = Study()) -> dict[str, 
     ctx = harness.Context(config, num_classes=num_classes, adjust=study.descendant_config)
     ctx.rows = make_rows(config)
     return _plan(ctx, ctx.rows)
+
+
+def describe(config: Config, num_classes: int) -> str:
+    """What the study `config` trains, from the config alone (nothing is read or trained):
+    its rows, shapes and seeds, its tasks and label budgets, how Scratch and every upstream
+    model are swept and converged, the descendants' budgets, and the descendant each row
+    makes at each shape or why it cannot (`plan`), for descendants of `num_classes` classes.
+    `jlearngene info NAME:ARG` prints it. The config's rules are checked first (`check`)."""
+    config = harness.plain(config)
+    check(config)
+    rows = make_rows(config)
+    table = plan(config, num_classes)
+    shapes = study_shapes(config)
+    sc, dc = config['scratch'], config['descend']
+    seeds = [int(s) for s in config['seeds']]
+    tasks_ = harness.get(config, 'tasks', None)
+    ref = harness.reference_config(config, len(tasks_['ancestor']) if tasks_ else num_classes)
+
+    def values(xs) -> str:
+        return ' / '.join(f'{float(x):g}' for x in xs)
+
+    lines = [f"the {config['experiment']} study: {len(rows)} rows against Scratch "
+             f"({', '.join(label(r) for r in rows)}); shapes {', '.join(shape_text(s) for s in shapes)}; "
+             f"seeds {', '.join(map(str, seeds))}",
+             f'reference shape (the teacher, Aux-Nets or slimmable network): {shape_text((ref.width, ref.depth))}, '
+             f'{ref.num_heads} heads, MLP {ref.mlp_dim}, patch {ref.patch_size} of {ref.image_size} px, '
+             f'{ref.num_classes} classes, {costs.param_count(ref) / 1e6:.2f} M parameters']
+    if tasks_:
+        lines.append(f"source task: classes {list(tasks_['ancestor'])}, where the teacher and every "
+                     f'upstream model train, once per seed; descendant task: classes '
+                     f"{list(tasks_['descendant'])}")
+    for b in harness.label_budgets(config):
+        lines.append(f'  label budget {b.fraction:.0%}: seeds {", ".join(map(str, b.seeds))}, '
+                     f'Scratch swept at {b.steps:,} steps')
+    paper = int(sc['patience']) <= 0
+    wds = tuple(harness.get(sc, 'weight_decays', ()) or ())
+    sweep_text = f'lr {values(sc["lrs"])}' + (f' × weight decay {values(wds)} (on validation images)'
+                                               if wds and tasks_ else '')
+    if paper:
+        lines.append(f"Scratch: the paper's schedule at {sweep_text}, one run per seed (S is its length)")
+    else:
+        cap = int(harness.get(sc, 'max_steps', 0))
+        steps = (f'{int(sc["steps"]):,} steps' if int(sc['steps'])
+                 else f'{float(harness.get(sc, "epochs", 0)):g} epochs')
+        lines.append(f'Scratch and every upstream model trained to convergence: {sweep_text}, swept at '
+                     f'{steps} and extended past an edge at most {scratch.EXTEND} times; '
+                     + (f'doubled until twice the steps ends less than {float(sc["plateau"]) * 100:g} pt '
+                        f'higher, up to {cap:,} steps' if cap else 'never doubled (scratch.max_steps 0)'))
+    fractions = ', '.join(f'{float(f):g}·S' for f in dc['fractions'])
+    lrs = (f'lr {values(dc["lrs"])} (extended past an edge)' if harness.get(dc, 'lrs', None)
+           else f'lr {float(dc["lr"]):g}')
+    lines.append(f'descendants: {fractions} (the papers\' budgets)'
+                 + (", and Scratch's own steps" if harness.get(dc, 'equal_budget', False) else '')
+                 + f', at {lrs}')
+    lines += ['', '| row | ' + ' | '.join(shape_text(s) for s in shapes) + ' |',
+              '|---' * (len(shapes) + 1) + '|']
+    for name, text in [('Scratch', 'scratch')] + [(label(r), r.name) for r in rows]:
+        cells = [(f'{c.num_heads} heads, {costs.param_count(c) / 1e6:.2f} M' if isinstance(c, ViTConfig)
+                  else f'cannot: {c}') for c in (table[text][s] for s in shapes)]
+        lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
+    return '\n'.join(lines)
 
 
 def label(row: Row) -> str:

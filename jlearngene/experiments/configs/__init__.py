@@ -89,7 +89,10 @@ def _module(where: str):
     if module_spec is None:
         raise ValueError(f'config file {where!r} is not a Python file (a .py defining get_config)')
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise ValueError(f'config file {where!r} is not valid Python (line {e.lineno}: {e.msg})') from None
     if not hasattr(module, 'get_config'):
         raise ValueError(f'config file {where!r} defines no get_config(arg)')
     return module
