@@ -261,6 +261,9 @@ def test_info_tells_where_a_stopped_study_stands(tmp_path, capsys):
     for name, secs in (('ancestor_s0', 100.5), ('ancestor_s1', 200.0)):
         (tmp_path / 'runs' / name).mkdir(parents=True)
         (tmp_path / 'runs' / name / 'finished.json').write_text(json.dumps({'seconds': secs}))
+    (tmp_path / 'runs' / 'ancestor_s1' / 'finished.json').write_text(json.dumps(
+        {'seconds': 200.0, 'step': 3000, 'curve': [[1500, 0.8], [3000, 0.87654]],
+         'val_curve': [[1500, 0.79], [3000, 0.861]]}))
     (tmp_path / 'runs' / 'scratch_s0').mkdir()
     (tmp_path / 'runs' / 'scratch_s0' / 'metrics.jsonl').write_text(
         '{"step": 50, "kind": "train"}\n{"step": 100, "kind": "eval"}\n')
@@ -277,6 +280,8 @@ def test_info_tells_where_a_stopped_study_stands(tmp_path, capsys):
            'scratch_s1 (finished.json damaged: trains again), ' \
            'scratch_s2 (at step 5150, resumes from step 4000)' in out
     assert 'superseded/: 1 finished runs' in out and 'resumes it' in out
+    # what each finished run reached, so far
+    assert '| ancestor_s1 | 3,000 | 0.8765 | 0.8610 | 200 |' in out and '| ancestor_s0 | – | – | – |' in out
     for name, cpu in (('ancestor_s0', 90.0), ('ancestor_s1', 160.0)):   # CPU time where every record has it
         record = tmp_path / 'runs' / name / 'finished.json'
         record.write_text(json.dumps(dict(json.loads(record.read_text()), cpu_seconds=cpu)))

@@ -270,19 +270,20 @@ def _study_text(path: str) -> str:
     its finished runs and their training seconds (wall clock; CPU time where every record
     has it), for a transfer study by stage (upstream, each label budget), the runs stopped
     part-way (where each resumes from: its last checkpoint, or step 0), the superseded ones,
-    and its results
-    once it has them."""
+    and its results once it has them; until then, a table of the finished runs (steps, final
+    test and validation accuracy, seconds)."""
     from jlearngene.train.metrics import read_metrics
     owner = _study_owner(path)
     runs_dir = os.path.join(path, 'runs')
     names = sorted(n for n in os.listdir(runs_dir) if not n.startswith('.')) if os.path.isdir(runs_dir) else []
-    seconds, cpu, partial = 0.0, [], []
+    seconds, cpu, partial, finished = 0.0, [], [], []
     stages: dict[str, list[float]] = {}   # label budget (or upstream): [runs, seconds]
     for name in names:
         try:
             with open(os.path.join(runs_dir, name, 'finished.json'), encoding='utf-8') as f:
                 record = json.load(f)
             run_seconds = float(record.get('seconds', 0.0))
+            finished.append(_finished_row(name, record))
             seconds += run_seconds
             cpu.append(record.get('cpu_seconds'))
             stage = stages.setdefault(_label_budget(name), [0, 0.0])
@@ -327,7 +328,24 @@ def _study_text(path: str) -> str:
     elif owner is not None:
         lines.append('the same `jlearngene train --config ... --workdir` command resumes it: '
                      'finished runs are read back, the others resume from their last checkpoint')
+        if finished:
+            lines += ['', '| finished run | steps | test accuracy | validation accuracy | seconds |',
+                      '|---|---|---|---|---|', *finished]
     return '\n'.join(lines)
+
+
+def _finished_row(name: str, record: dict) -> str:
+    """A finished run's row in a study's status: its steps, final test and validation
+    accuracy and seconds ('–' for what its record lacks)."""
+    def last(key: str) -> str:
+        try:
+            return f'{float(record[key][-1][1]):.4f}'
+        except (KeyError, IndexError, TypeError, ValueError):
+            return '–'
+    steps = record.get('step')
+    secs = record.get('seconds')
+    return (f"| {name} | {f'{steps:,}' if isinstance(steps, int) else '–'} | {last('curve')} | "
+            f"{last('val_curve')} | {f'{secs:,.0f}' if isinstance(secs, (int, float)) else '–'} |")
 
 
 def _resumes_from(run_dir: str) -> str:
