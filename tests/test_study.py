@@ -316,6 +316,19 @@ def test_info_counts_a_transfer_study_s_runs_by_label_budget(tmp_path, capsys):
             '10 % of the labels 1 run (90 s)') in out
 
 
+def test_info_lists_a_store_of_finished_runs(tmp_path, capsys):
+    from jlearngene import cli
+    for fingerprint, record in (('a' * 64, {'seconds': 120.0, 'step': 3000, 'curve': [[3000, 0.9123]]}),
+                                ('b' * 64, None)):           # a damaged record still counts
+        (tmp_path / fingerprint).mkdir()
+        (tmp_path / fingerprint / 'finished.json').write_text('{' if record is None else json.dumps(record))
+    (tmp_path / '.incoming_x').mkdir()                       # a copy being put in place
+    assert cli.main(['info', str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f'run store {tmp_path}: 2 finished runs (120 s of training)')
+    assert '| aaaaaaaaaaaa | 3,000 | 0.9123 | – | 120 |' in out and '| bbbbbbbbbbbb | – | – | – | – |' in out
+
+
 def dataclass_replace(claim, **changes):
     import dataclasses
     return dataclasses.replace(claim, **changes)

@@ -3,14 +3,14 @@ shipped with the package, `jlearngene.zoo`), of one config, what a study config 
 (`file.py[:arg]` or a bundled `NAME[:arg]`: rows, shapes, seeds, tasks, sweeps, budgets and
 the descendant each row makes at each shape, `study.describe`), of a checkpoint (a model
 artefact, a run checkpoint step directory, or a training workdir), of a study's workdir
-(finished or not: its runs, what is left, its results) or another folder of runs
-(`jlearngene demo`'s), of a gene directory or a shipped gene's name (`jlearngene.artefacts`:
-its method, configs, stored parameters and the widths and depths of the descendants it
-makes, tried on shapes), or of a file: a timm state dict (.safetensors, .npz, .pth) or a
-big_vision .npz (the config `jlearngene convert` infers from it, its parameter count and
-its tensors), a plot (.png), a run's metrics.jsonl, config.json (config.txt) or another
-JSON file. A path that does not exist, an empty file and a file of another kind are
-one-line errors that say which."""
+(finished or not: its runs, what is left, its results), another folder of runs
+(`jlearngene demo`'s) or a store of finished runs ($JLEARNGENE_STORE), of a gene directory
+or a shipped gene's name (`jlearngene.artefacts`: its method, configs, stored parameters
+and the widths and depths of the descendants it makes, tried on shapes), or of a file: a
+timm state dict (.safetensors, .npz, .pth) or a big_vision .npz (the config `jlearngene
+convert` infers from it, its parameter count and its tensors), a plot (.png), a run's
+metrics.jsonl, config.json (config.txt) or another JSON file. A path that does not exist,
+an empty file and a file of another kind are one-line errors that say which."""
 from __future__ import annotations
 
 import json
@@ -334,6 +334,36 @@ def _study_text(path: str) -> str:
     return '\n'.join(lines)
 
 
+_FINGERPRINT = re.compile(r'[0-9a-f]{64}')
+
+
+def _is_store(path: str) -> bool:
+    """Whether `path` is a store of finished runs ($JLEARNGENE_STORE, `harness.fit`): every
+    visible entry a folder named by a run's fingerprint."""
+    names = [n for n in os.listdir(path) if not n.startswith('.')]
+    return bool(names) and all(_FINGERPRINT.fullmatch(n) and os.path.isdir(os.path.join(path, n))
+                               for n in names)
+
+
+def _store_text(path: str) -> str:
+    """A store of finished runs: how many, their seconds, and what each reached (by the
+    first 12 characters of its fingerprint, the name of its folder)."""
+    rows, seconds = [], 0.0
+    for name in sorted(n for n in os.listdir(path) if not n.startswith('.')):
+        try:
+            with open(os.path.join(path, name, 'finished.json'), encoding='utf-8') as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            record = {}
+        seconds += float(record.get('seconds', 0.0) or 0.0)
+        rows.append(_finished_row(name[:12], record))
+    return '\n'.join([f'run store {path}: {len(rows)} finished runs ({seconds:,.0f} s of training), each '
+                      'in the folder of its fingerprint; a study run with $JLEARNGENE_STORE set to it '
+                      'takes a run with the same fingerprint from here instead of training it', '',
+                      '| fingerprint | steps | test accuracy | validation accuracy | seconds |',
+                      '|---|---|---|---|---|', *rows])
+
+
 def _finished_row(name: str, record: dict) -> str:
     """A finished run's row in a study's status: its steps, final test and validation
     accuracy and seconds ('–' for what its record lacks)."""
@@ -401,6 +431,8 @@ def _path_text(target: str) -> str | None:
     if not os.listdir(target):
         raise ValueError(f'{target!r} is an empty directory: not a checkpoint, training workdir or '
                          'gene directory')
+    if _is_store(target):
+        return _store_text(target)
     if os.path.isfile(os.path.join(target, 'study.json')) or (
             os.path.isdir(os.path.join(target, 'runs'))
             and not os.path.isfile(os.path.join(target, 'results.json'))):
