@@ -280,8 +280,13 @@ def test_info_tells_where_a_stopped_study_stands(tmp_path, capsys):
            'scratch_s1 (finished.json damaged: trains again), ' \
            'scratch_s2 (at step 5150, resumes from step 4000)' in out
     assert 'superseded/: 1 finished runs' in out and 'resumes it' in out
-    # what each finished run reached, so far
-    assert '| ancestor_s1 | 3,000 | 0.8765 | 0.8610 | 200 |' in out and '| ancestor_s0 | – | – | – |' in out
+    # what each finished run reached so far, in the order they finished
+    assert out.index('| ancestor_s0 | – | – | – |') < out.index('| ancestor_s1 | 3,000 | 0.8765 | 0.8610 | 200 |')
+    record = tmp_path / 'runs' / 'ancestor_s0' / 'finished.json'
+    os.utime(record, (record.stat().st_mtime + 60,) * 2)
+    assert cli.main(['info', str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.index('| ancestor_s1 |') < out.index('| ancestor_s0 |')
     for name, cpu in (('ancestor_s0', 90.0), ('ancestor_s1', 160.0)):   # CPU time where every record has it
         record = tmp_path / 'runs' / name / 'finished.json'
         record.write_text(json.dumps(dict(json.loads(record.read_text()), cpu_seconds=cpu)))

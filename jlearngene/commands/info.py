@@ -270,8 +270,8 @@ def _study_text(path: str) -> str:
     its finished runs and their training seconds (wall clock; CPU time where every record
     has it), for a transfer study by stage (upstream, each label budget), the runs stopped
     part-way (where each resumes from: its last checkpoint, or step 0), the superseded ones,
-    and its results once it has them; until then, a table of the finished runs (steps, final
-    test and validation accuracy, seconds)."""
+    and its results once it has them; until then, a table of the finished runs in the order
+    they finished (steps, final test and validation accuracy, seconds)."""
     from jlearngene.train.metrics import read_metrics
     owner = _study_owner(path)
     runs_dir = os.path.join(path, 'runs')
@@ -283,7 +283,8 @@ def _study_text(path: str) -> str:
             with open(os.path.join(runs_dir, name, 'finished.json'), encoding='utf-8') as f:
                 record = json.load(f)
             run_seconds = float(record.get('seconds', 0.0))
-            finished.append(_finished_row(name, record))
+            when = os.path.getmtime(os.path.join(runs_dir, name, 'finished.json'))
+            finished.append((when, name, _finished_row(name, record)))
             seconds += run_seconds
             cpu.append(record.get('cpu_seconds'))
             stage = stages.setdefault(_label_budget(name), [0, 0.0])
@@ -330,7 +331,7 @@ def _study_text(path: str) -> str:
                      'finished runs are read back, the others resume from their last checkpoint')
         if finished:
             lines += ['', '| finished run | steps | test accuracy | validation accuracy | seconds |',
-                      '|---|---|---|---|---|', *finished]
+                      '|---|---|---|---|---|', *(row for *_, row in sorted(finished))]
     return '\n'.join(lines)
 
 
