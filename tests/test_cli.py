@@ -260,7 +260,11 @@ def test_info_says_what_a_study_config_trains(tmp_path, capsys):
     assert 'reference shape (the teacher, Aux-Nets or slimmable network): w64 L6, 4 heads' in out
     assert 'source task: classes [0, 1, 2, 3, 4]' in out and 'descendant task: classes [5, 6, 7, 8, 9]' in out
     assert 'label budget 1%: seeds 0, 1, 2, 3, 4, Scratch swept at 600 steps' in out
-    assert 'doubled until twice the steps ends less than 0.5 pt higher, up to 48,000 steps' in out
+    assert 'upstream models trained to convergence (the teacher, source models): lr 0.001 / 0.002 / 0.004 ' \
+           'at weight decay 0.05, swept at 3,000 steps' in out
+    assert 'Scratch: lr 0.001 / 0.002 / 0.004 × weight decay 0.05 / 0.3, swept at each label budget' in out
+    assert ('each chosen setting doubled until twice the steps ends less than 0.5 pt higher on held-out '
+            'accuracy, up to 48,000 steps') in out
     assert "0.35·S (the papers' budgets), and Scratch's own steps" in out
     assert '| Ceiling (source model fine-tuned) | 4 heads, 0.11 M | 4 heads, 0.21 M |' in out
     # a config file says the same as its bundled name, and a shape a method cannot make says why

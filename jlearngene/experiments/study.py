@@ -207,7 +207,7 @@ def describe(config: Config, num_classes: int) -> str:
     config = harness.plain(config)
     check(config)
     rows = make_rows(config)
-    table = plan(config, num_classes)
+    table = plan(config, num_classes, harness.module(config['experiment']).STUDY)
     shapes = study_shapes(config)
     sc, dc = config['scratch'], config['descend']
     seeds = [int(s) for s in config['seeds']]
@@ -231,19 +231,27 @@ def describe(config: Config, num_classes: int) -> str:
         lines.append(f'  label budget {b.fraction:.0%}: seeds {", ".join(map(str, b.seeds))}, '
                      f'Scratch swept at {b.steps:,} steps')
     paper = int(sc['patience']) <= 0
-    wds = tuple(harness.get(sc, 'weight_decays', ()) or ())
-    sweep_text = f'lr {values(sc["lrs"])}' + (f' × weight decay {values(wds)} (on validation images)'
-                                               if wds and tasks_ else '')
+    wds = tuple(harness.get(sc, 'weight_decays', ()) or ()) if tasks_ else ()
     if paper:
-        lines.append(f"Scratch: the paper's schedule at {sweep_text}, one run per seed (S is its length)")
+        lines.append(f"Scratch: the paper's schedule at lr {values(sc['lrs'])}, one run per seed (S is "
+                     'its length)')
     else:
         cap = int(harness.get(sc, 'max_steps', 0))
         steps = (f'{int(sc["steps"]):,} steps' if int(sc['steps'])
                  else f'{float(harness.get(sc, "epochs", 0)):g} epochs')
-        lines.append(f'Scratch and every upstream model trained to convergence: {sweep_text}, swept at '
-                     f'{steps} and extended past an edge at most {scratch.EXTEND} times; '
-                     + (f'doubled until twice the steps ends less than {float(sc["plateau"]) * 100:g} pt '
-                        f'higher, up to {cap:,} steps' if cap else 'never doubled (scratch.max_steps 0)'))
+        if tasks_:
+            lines += [f'upstream models trained to convergence (the teacher, source models): lr '
+                      f"{values(sc['lrs'])} at weight decay {float(config['optim']['weight_decay']):g}, "
+                      f"swept at {steps}, held-out accuracy on the source task's test images",
+                      f"Scratch: lr {values(sc['lrs'])} × weight decay {values(wds)}, swept at each label "
+                      "budget's steps, held-out accuracy on the validation images"]
+        else:
+            lines.append(f"Scratch and every upstream model trained to convergence: lr {values(sc['lrs'])}, "
+                         f'swept at {steps}, held-out accuracy on the test images')
+        lines.append(f'every sweep extended a grid step past an edge at most {scratch.EXTEND} times; '
+                     + (f'each chosen setting doubled until twice the steps ends less than '
+                        f'{float(sc["plateau"]) * 100:g} pt higher on held-out accuracy, up to {cap:,} steps'
+                        if cap else 'none doubled (scratch.max_steps 0)'))
     fractions = ', '.join(f'{float(f):g}·S' for f in dc['fractions'])
     lrs = (f'lr {values(dc["lrs"])} (extended past an edge)' if harness.get(dc, 'lrs', None)
            else f'lr {float(dc["lr"]):g}')
