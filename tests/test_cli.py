@@ -278,3 +278,26 @@ def test_info_says_what_a_study_config_trains(tmp_path, capsys):
     bad.write_text('def get_config(:\n')
     assert cli.main(['info', str(bad)]) == 1
     assert 'is not valid Python (line 1' in _one_line(capsys.readouterr(), 'jlearngene info: ')
+
+
+@pytest.mark.slow
+def test_readme_command_line_example_makes_the_snippets_model_and_trains_it(tmp_path, monkeypatch):
+    """The README's `descend` then `train` (cut to 2 steps) run as written, and the descendant
+    is the one its Python snippet makes (the same parameter count)."""
+    import shlex
+    from jlearngene import artefacts, costs, zoo
+    from jlearngene.train import checkpoint
+    text = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
+    block = text.split('The same from the command line')[1].split('```bash\n', 1)[1].split('```', 1)[0]
+    monkeypatch.chdir(tmp_path)
+    for command in block.replace('\\\n', ' ').strip().splitlines():
+        argv = shlex.split(command)
+        assert argv[0] == 'jlearngene', command
+        extra = ['--config.steps=2', '--noprogress'] if argv[1] == 'train' else []
+        assert cli.main(argv[1:] + extra) == 0, command
+    _, _, meta = artefacts.load_gene(zoo.path('letra_digits'))
+    snippet = artefacts.configs(meta)['source'].replace(width=48, num_heads=6, depth=4)
+    with open(tmp_path / 'runs' / 'des48' / 'config.json', encoding='utf-8') as f:
+        model = json.load(f)['model']
+    assert (model['width'], model['num_heads']) == (snippet.width, snippet.num_heads)
+    assert costs.param_count(checkpoint.load_model(str(tmp_path / 'des48'))[0]) == costs.param_count(snippet)

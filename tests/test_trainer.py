@@ -141,6 +141,16 @@ def test_no_resume_starts_fresh(tmp_path):
         assert ck.steps() == [4]
 
 
+def test_resume_refuses_a_checkpoint_past_the_runs_end(tmp_path):
+    _fit(tmp_path, 6, config={'steps': 6})
+    before = (tmp_path / 'config.json').read_text()
+    with pytest.raises(integrity.CheckpointError, match='checkpoint at step 6, past this run.s 4 steps'):
+        _fit(tmp_path, 4, config={'steps': 4})
+    assert (tmp_path / 'config.json').read_text() == before       # the run's record is unchanged
+    with run_checkpoint.RunCheckpointer(tmp_path / 'checkpoints') as ck:
+        assert ck.latest_step() == 6
+
+
 def test_resume_refuses_other_model(tmp_path):
     _fit(tmp_path, 2)
     other = CFG.replace(num_classes=4)

@@ -40,6 +40,7 @@ from jlearngene import distributed, parallel
 from jlearngene.train import files
 from jlearngene.train import metrics as metrics_lib
 from jlearngene.train.checkpoint import to_json
+from jlearngene.train.integrity import CheckpointError
 from jlearngene.train.hooks import Checkpoints, Hook, Preemption, Run, TrainLog
 from jlearngene.train.run_checkpoint import RunCheckpointer
 from jlearngene.train.state import Batches, config_json, create_state, restore_or_start
@@ -226,8 +227,8 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
     Raises:
         TypeError: `config` is neither a `FitConfig` nor a mapping.
         ValueError: `config` has unknown fields or invalid values (`FitConfig.of`).
-        CheckpointError: a checkpoint to resume from does not fit; its subclass
-          `CorruptCheckpointError` when none of the checkpoints can be read.
+        CheckpointError: a checkpoint to resume from does not fit, or is past `config.steps`;
+          its subclass `CorruptCheckpointError` when none of the checkpoints can be read.
         NonFiniteLossError: the loss became NaN or infinite (from `TrainLog`).
         Preempted: a SIGTERM or Ctrl-C stopped the run, after its checkpoint (with
           `handle_sigterm`).
@@ -245,6 +246,10 @@ def fit(loss_fn: LossFn, trainable, data: Iterable[Mapping[str, Any]],
         state, start = restore_or_start(ckpt, state, batches, c.workdir, resume=c.resume,
                                         model_config=c.model_config, config=c.experiment_config,
                                         say=_console_say if c.console else None)
+        if start > c.steps:     # its params are past this run's end: saving them as it would misname them
+            raise CheckpointError(f'{ckpt.directory} holds a checkpoint at step {start}, past this run\'s '
+                                  f'{c.steps} steps: give at least {start} steps to go on from it, or '
+                                  'another workdir')
         _write_config(c.workdir, c.experiment_config)  # after the resume check: a refused run leaves it alone
         # The run's key comes from the (possibly restored) state; a host copy, since the
         # state itself is donated at every step.

@@ -81,6 +81,8 @@ def _get_config(where: str, arg: str | None) -> ml_collections.ConfigDict:
 
 def _module(where: str):
     """The config file `where`, executed as a module that defines get_config."""
+    if os.path.isdir(where):
+        raise ValueError(f'config file {where!r} is a directory; give a .py file defining get_config')
     if not os.path.isfile(where):
         raise ValueError(f'config file {where!r} does not exist' + (
             '' if where.endswith('.py') else ' (a config file is a .py file defining get_config)'))
@@ -350,6 +352,8 @@ def _value_range(key: str, in_stage: bool):
         return 'a positive number', lambda x: x > 0
     if key == 'epochs':
         return 'a non-negative number', lambda x: x >= 0
+    if key == 'label_smoothing':
+        return 'a number in [0, 1)', lambda x: 0 <= x < 1
     return None
 
 
