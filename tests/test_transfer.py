@@ -323,3 +323,20 @@ def test_the_ceiling_row_fine_tunes_a_source_model_of_each_shape():
     source = row.recipe.source_config(ctx, ctx.shape_configs((64, 3))[0])
     assert (source.depth, source.num_classes) == (3, 5)
     assert row.recipe.source_config(ctx, ctx.shape_configs((64, 6))[0]) == ctx.ref
+
+
+@pytest.mark.slow
+def test_rendering_a_committed_record_leaves_its_results_json_as_committed(tmp_path):
+    """`jlearngene render` recomputes a record's summary and verdicts into results.json: on
+    every committed record that is the file as committed (render dirties no record)."""
+    import glob
+
+    from jlearngene import cli
+    root = os.path.dirname(os.path.dirname(__file__))
+    records = sorted(glob.glob(os.path.join(root, 'experiments', '**', 'results.json'), recursive=True))
+    assert len(records) >= 12
+    for i, path in enumerate(records):
+        out = tmp_path / str(i)
+        assert cli.main(['render', os.path.dirname(path), '--out', str(out)]) == 0
+        with open(path, encoding='utf-8') as a, open(out / 'results.json', encoding='utf-8') as b:
+            assert json.load(a) == json.load(b), path
