@@ -276,10 +276,10 @@ def test_info_tells_where_a_stopped_study_stands(tmp_path, capsys):
     assert cli.main(['info', str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"study workdir {tmp_path}: the 'cluster' study, not finished")
-    assert 'runs/: 2 finished (300 s of training), 3 not: scratch_s0 (at step 100, starts again), ' \
+    assert 'runs/: 2 finished (300 s of training), 3 unfinished: scratch_s0 (at step 100, starts again), ' \
            'scratch_s1 (finished.json damaged: trains again), ' \
            'scratch_s2 (at step 5150, resumes from step 4000)' in out
-    assert 'superseded/: 1 finished runs' in out and 'resumes it' in out
+    assert 'superseded/: 1 finished runs' in out and 'resumes it' in out and 'decides its later runs' in out
     # what each finished run reached so far, in the order they finished
     assert out.index('| ancestor_s0 | – | – | – |') < out.index('| ancestor_s1 | 3,000 | 0.8765 | 0.8610 | 200 |')
     record = tmp_path / 'runs' / 'ancestor_s0' / 'finished.json'
@@ -291,7 +291,7 @@ def test_info_tells_where_a_stopped_study_stands(tmp_path, capsys):
         record = tmp_path / 'runs' / name / 'finished.json'
         record.write_text(json.dumps(dict(json.loads(record.read_text()), cpu_seconds=cpu)))
     assert cli.main(['info', str(tmp_path)]) == 0
-    assert 'runs/: 2 finished (300 s of training, 250 s of CPU time), 3 not' in capsys.readouterr().out
+    assert 'runs/: 2 finished (300 s of training, 250 s of CPU time), 3 unfinished' in capsys.readouterr().out
     sub = _results((0.90, 0.92, 0.94))
     sub.update(seeds=[0, 1, 2], verdicts=[{'claim': 'LeTra beats IMwLM', 'verdict': 'not reproduced',
                                            'detail': ''}])

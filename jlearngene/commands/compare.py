@@ -6,7 +6,8 @@ jlearngene/experiments/configs/compare.py, whose fields --config.FIELD=VALUE ove
 through the study harness, and the results table and verdicts are printed at the end.
 
     jlearngene compare                            # the recorded comparison, in workdirs/compare
-    jlearngene compare smoke                      # seconds: the tests' miniature
+    jlearngene compare smoke                      # about a minute: the tests' miniature
+    jlearngene compare fashion                    # the transfer setting (CPU-hours; Debian's dataset-fashion-mnist)
     jlearngene compare --config.methods="('tleg','ligo')"
     jlearngene compare paper --config.data.data_dir=~/tensorflow_datasets
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 HELP = 'every method against a converged Scratch on one task: FLOPs to its accuracy, break-even N'
 CONFIG, WORKDIR = 'compare', 'workdirs/compare'
-VARIANTS = "digits (default), smoke or paper, optionally followed by ',quick' (one seed)"
+VARIANTS = "digits (default), smoke, paper or fashion, optionally followed by ',quick' (one seed)"
 
 
 def main(argv: list[str]) -> int:

@@ -315,7 +315,7 @@ def _study_text(path: str) -> str:
     lines = [head,
              f'runs/: {len(names) - len(partial)} finished ({seconds:,.0f} s of training'
              + (f', {sum(cpu):,.0f} s of CPU time' if cpu and None not in cpu else '') + ')'
-             + (f', {len(partial)} not: ' + ', '.join(partial) if partial else '')]
+             + (f', {len(partial)} unfinished: ' + ', '.join(partial) if partial else '')]
     if len(stages) > 1:   # a transfer study: its upstream, then each label budget's runs
         lines.append('finished by stage: ' + ', '.join(
             f"{'upstream' if key is None else f'{float(key) * 100:g} % of the labels'} {n} run{'s' * (n != 1)} "
@@ -327,8 +327,10 @@ def _study_text(path: str) -> str:
     if done:
         lines.append(_other_file_table(os.path.join(path, 'results.json')) or '')
     elif owner is not None:
-        lines.append('the same `jlearngene train --config ... --workdir` command resumes it: '
-                     'finished runs are read back, the others resume from their last checkpoint')
+        lines.append('the runs listed are those begun so far: the study decides its later runs as it '
+                     'goes. The command that started it (`jlearngene train --config ... --workdir`, '
+                     'or `jlearngene compare`) resumes it: finished runs are read back, the others '
+                     'resume from their last checkpoint')
         if finished:
             lines += ['', '| finished run | steps | test accuracy | validation accuracy | seconds |',
                       '|---|---|---|---|---|', *(row for *_, row in sorted(finished))]

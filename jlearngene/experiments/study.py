@@ -8,7 +8,7 @@ Scratch's converged budget S. The experiment module adds at most one small funct
 lines. This module names no method and no family: each row's method declares its family
 (`genes.Method.family`), and that family's recipe (`jlearngene.experiments.recipes`) makes
 its genes upstream, its descendants and its budgets. The protocol
-(`../shared/specs/fair_studies.md`):
+(the site's Benchmark page, `docs/benchmark/index.md`):
 
 1. **Scratch first** (`scratch.baseline`), for every descendant shape and the reference
    shape: a learning-rate sweep (`scratch.lrs`, at least three values) on the first seed,

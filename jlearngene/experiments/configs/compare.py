@@ -4,12 +4,13 @@ Cluster-Learngene, Scala and Mango against a converged Scratch, He-LG, IMwLM and
 (width, depth) shapes (`jlearngene.experiments.study`; recorded: experiments/compare/README.md).
 
     jlearngene compare --workdir DIR                     # = jlearngene train --config compare ...
-    jlearngene compare smoke --workdir DIR               # seconds: the tests' miniature
+    jlearngene compare smoke --workdir DIR               # about a minute: the tests' miniature
     jlearngene compare paper --workdir DIR \
         --config.data.data_dir=~/tensorflow_datasets     # accelerator shapes (DeiT-B)
     jlearngene compare --workdir DIR --config.methods="('tleg','ligo')"
 
-Arguments: 'digits' (default), 'smoke' or 'paper', optionally followed by ',quick' (one seed).
+Arguments: 'digits' (default), 'smoke', 'paper' or 'fashion' (the transfer setting),
+optionally followed by ',quick' (one seed).
 
 1. Scratch at every shape (lr sweep, plateau step S); the teacher (width 64, 8 heads of 8,
    MLP 128, depth 6) is the (64, 6) Scratch run of each seed. TLEG's gene (1.5·S) and LeTra's
