@@ -145,6 +145,20 @@ def test_summary_mean_std_amortised_cost_and_break_even():
     assert s['scratch']['converged'] and s['scratch']['plateau_step'] == 40
 
 
+def test_the_per_method_table_gives_each_shapes_steps():
+    from jlearngene.experiments import report
+    results = _results((0.90, 0.92, 0.94))
+    wide = [dict(r, shape=[16, 2], steps=r['steps'] * 4, steps_taken=r['steps_taken'] * 4)
+            for r in results['rows']]
+    results.update(rows=results['rows'] + wide, shapes=[[8, 2], [16, 2]], rows_spec=['tleg', 'share_init'])
+    results['summary'] = res.summarise(results, (1,))
+    line = next(x for x in report.by_method(results) if x.startswith('| tleg |'))
+    assert '| 0.5·S = 10–40 steps (by shape) | 2 |' in line, line
+    results['rows'] = [r for r in results['rows'] if r['shape'] == [8, 2]]
+    results['summary'] = res.summarise(results, (1,))
+    assert '| 0.5·S = 10 steps | 1 |' in next(x for x in report.by_method(results) if x.startswith('| tleg |'))
+
+
 def test_verdicts_count_a_difference_only_where_welch_says_so():
     beats = study.Claim('TLEG beats Share-Init', 'beats', 'tleg', 0.5, other='share_init')
     reaches = study.Claim('TLEG reaches', 'reaches', 'tleg', 0.5, flops_ratio=0.6)

@@ -43,6 +43,18 @@ def _budget(s: dict) -> str:
     return f"{s['fraction']:g}·S = {s['steps']} steps{stopped}"
 
 
+def _budget_over_shapes(rows: list[dict]) -> str:
+    """`_budget` of one method's rows at one budget over its shapes: their range of steps
+    where the shapes' S differ."""
+    steps = sorted({s['steps'] for s in rows})
+    if len(steps) == 1:
+        return _budget(rows[0])
+    span = f'{steps[0]}–{steps[-1]}'
+    if budget_kind(rows[0]) == 'equal':
+        return f"Scratch's {span} steps (by shape)"
+    return f"{rows[0]['fraction']:g}·S = {span} steps (by shape)"
+
+
 def doubling_text(b: dict) -> str:
     """A baseline's convergence by doubling in words: 'yes (2400: 0.902 → 4800: 0.905)' from
     its first seed's chain (held-out accuracy at n and at 2n); 'yes' for a record without
@@ -218,7 +230,7 @@ def by_method(results: dict) -> list[str]:
         ratio = (f'{min(ratios):.2f}–{max(ratios):.2f}' if len(ratios) > 1 else f'{ratios[0]:.2f}') if ratios else '–'
         be = [s.get('break_even', {}).get('without_source') for s in mine if s.get('break_even')]
         be_text = ', '.join('never' if n is None else str(n) for n in be) if be else '–'
-        lines.append(f"| {mine[0]['label']} | {_budget(mine[0])} | {len(mine)} | "
+        lines.append(f"| {mine[0]['label']} | {_budget_over_shapes(mine)} | {len(mine)} | "
                      f"{sum(s['reached'] for s in mine)}/{sum(s['seeds'] for s in mine)} | "
                      f'{delta:+.4f} | {ratio} | {be_text} |')
     return lines
