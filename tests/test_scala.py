@@ -78,6 +78,13 @@ def test_widths_must_split_into_whole_heads():
 # ----------------------------------------------------------------------------------------
 # Slicing.
 
+@pytest.mark.parametrize('method', ['scala', 'us_net', 'matformer'])
+def test_a_request_the_gene_cannot_make_names_the_method_asked(model, method):
+    params, cfg = model[1], model[0]
+    with pytest.raises(GeneError, match=f'^{method}.descend: '):
+        genes.get(method).descend(params, cfg.replace(depth=DEPTH + 1))
+
+
 def test_ratio_one_is_the_identity(model):
     cfg, params = model
     sub, sub_cfg = scala.subnet(params, cfg, 1.0)

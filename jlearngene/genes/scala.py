@@ -663,11 +663,17 @@ def descend(gene: Params, target_cfg: ViTConfig, *, key=None, rule: str = 'clean
           gene's head has another class count than `target_cfg.num_classes` (none: 0).
     """
     del key
-    full = _source_config(gene, target_cfg, 'scala.descend')
-    _check_classes(gene, target_cfg, 'scala.descend')
-    ratio = _ratio(target_cfg.width, full.width, 'scala.descend')
+    return _sub_network(gene, target_cfg, rule=rule, smallest=smallest, side=side, where='scala.descend')
+
+
+def _sub_network(gene: Params, target_cfg: ViTConfig, *, rule: str, smallest: float, side: str | None,
+                 where: str) -> Params:
+    """`descend`'s work, its errors naming the method `where` ('us_net.descend')."""
+    full = _source_config(gene, target_cfg, where)
+    _check_classes(gene, target_cfg, where)
+    ratio = _ratio(target_cfg.width, full.width, where)
     sub, sub_cfg = subnet(gene, full, ratio, rule=rule, smallest=smallest, side=side)
-    _check_sub(sub_cfg, target_cfg, 'scala.descend')
+    _check_sub(sub_cfg, target_cfg, where)
     return sub
 
 
@@ -685,7 +691,8 @@ def descend_us_net(gene: Params, target_cfg: ViTConfig, *, key=None) -> Params:
     Raises:
         GeneError: as `descend`.
     """
-    return descend(gene, target_cfg, key=key, side='left')
+    del key
+    return _sub_network(gene, target_cfg, rule='clean', smallest=0.25, side='left', where='us_net.descend')
 
 
 def descend_matformer(gene: Params, target_cfg: ViTConfig, *, key=None) -> Params:
