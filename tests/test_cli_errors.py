@@ -353,3 +353,14 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly():
     proc.stdout.close()              # before the table is written
     stderr = proc.stderr.read().decode()
     assert proc.wait() == 141 and stderr == '', stderr
+
+
+def test_a_training_workdir_given_for_a_model_names_its_model(tmp_path, capsys):
+    workdir = tmp_path / 'run'
+    (workdir / 'model').mkdir(parents=True)
+    (workdir / 'metrics.jsonl').write_text('{"step": 2, "kind": "train", "loss": 1.0}\n')
+    for argv, command in ((['convert', '--to-timm', str(workdir), '--out', str(tmp_path / 'x.safetensors')], 'convert'),
+                          (['eval', '--model', str(workdir), '--config', 'digits_vit'], 'eval')):
+        line = cli_error(capsys, argv, command)
+        assert f"is a training workdir, not a checkpoint: its saved model is '{workdir / 'model'}'" in line, line
+    assert not (tmp_path / 'x.safetensors').exists()

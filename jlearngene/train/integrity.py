@@ -74,6 +74,12 @@ def check_exists(path: str, what: str) -> None:
     if not os.path.isdir(path):
         raise CheckpointError(f'{what} {path!r} does not exist')
     if not os.path.exists(os.path.join(path, 'commit_success.txt')) or not ocp.is_orbax_checkpoint(path):
+        if os.path.isfile(os.path.join(path, 'metrics.jsonl')):     # a training workdir, not its model
+            model = os.path.join(path, 'model')
+            raise CorruptCheckpointError(
+                f'{what} {path!r} is a training workdir, not a checkpoint: '
+                + (f'its saved model is {model!r}' if os.path.isdir(model) else
+                   f'its run checkpoints are in {os.path.join(path, "checkpoints")!r}'))
         raise CorruptCheckpointError(f'{what} {path!r} is not a complete orbax checkpoint '
                               '(interrupted write or wrong directory)')
     _check_json([os.path.join(path, '_CHECKPOINT_METADATA')], path, f'{what} {path!r}')
