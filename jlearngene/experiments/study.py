@@ -260,9 +260,9 @@ def describe(config: Config, num_classes: int) -> str:
                  + f', at {lrs}')
     lines += ['', '| row | ' + ' | '.join(shape_text(s) for s in shapes) + ' |',
               '|---' * (len(shapes) + 1) + '|']
-    for name, text in [('Scratch', 'scratch')] + [(label(r), r.name) for r in rows]:
+    for name, key in [('Scratch', 'scratch')] + [(label(r), r.name) for r in rows]:
         cells = [(f'{c.num_heads} heads, {costs.param_count(c) / 1e6:.2f} M' if isinstance(c, ViTConfig)
-                  else f'cannot: {c}') for c in (table[text][s] for s in shapes)]
+                  else f'cannot: {c}') for c in (table[key][s] for s in shapes)]
         lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines)
 
