@@ -61,12 +61,7 @@ def _config_text(spec: str) -> str:
     trains (`study.describe`); otherwise its model's parameter table."""
     from jlearngene.experiments import configs
     from jlearngene.models import model_config
-    path, _, arg = spec.partition(':')
-    if path.endswith('.py') and not os.path.exists(path):
-        raise FileNotFoundError(f'config file {path!r} does not exist')
-    if os.path.isdir(path):
-        raise IsADirectoryError(f'config file {path!r} is a directory, not a .py file')
-    config = configs.load(spec)
+    config = configs.load(spec)     # a missing file, a directory or bad Python: one line
     if config.get('task') == 'experiment':
         from jlearngene.experiments import study
         return study.describe(config, _descendant_classes(config))
