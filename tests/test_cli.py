@@ -301,3 +301,22 @@ def test_readme_command_line_example_makes_the_snippets_model_and_trains_it(tmp_
         model = json.load(f)['model']
     assert (model['width'], model['num_heads']) == (snippet.width, snippet.num_heads)
     assert costs.param_count(checkpoint.load_model(str(tmp_path / 'des48'))[0]) == costs.param_count(snippet)
+
+
+def test_eval_of_a_saved_model_uses_the_config_it_stores(tmp_path, capsys):
+    """`eval --model` of a model another shape than --config's evaluates it as saved; a
+    model of other classes than the data's is one line naming both counts."""
+    import jax
+
+    from jlearngene.models import init, model_config
+    from jlearngene.train import checkpoint
+    cfg = model_config(configs.load('digits_vit').model).replace(width=48, num_heads=6, depth=1)
+    checkpoint.save_model(str(tmp_path / 'w48'), init(cfg, jax.random.key(0)), cfg)
+    assert cli.main(['eval', '--model', str(tmp_path / 'w48'), '--config', 'digits_vit']) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result['count'] == 364 and 0.0 <= result['accuracy'] <= 1.0
+    five = cfg.replace(num_classes=5)
+    checkpoint.save_model(str(tmp_path / 'k5'), init(five, jax.random.key(0)), five)
+    assert cli.main(['eval', '--model', str(tmp_path / 'k5'), '--config', 'digits_vit']) == 1
+    line = _one_line(capsys.readouterr(), 'jlearngene eval: ')
+    assert 'does not fit the model' in line and 'num_classes: data 10 vs model 5' in line

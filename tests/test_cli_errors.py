@@ -364,3 +364,18 @@ def test_a_training_workdir_given_for_a_model_names_its_model(tmp_path, capsys):
         line = cli_error(capsys, argv, command)
         assert f"is a training workdir, not a checkpoint: its saved model is '{workdir / 'model'}'" in line, line
     assert not (tmp_path / 'x.safetensors').exists()
+
+
+def test_eval_of_a_study_or_one_of_its_runs_points_to_info(tmp_path, capsys):
+    from jlearngene.experiments.harness import FINISHED, OWNER
+    study = tmp_path / 'study'
+    run = study / 'runs' / 'teacher_s0'
+    run.mkdir(parents=True)
+    (study / OWNER).write_text('{}')
+    (run / FINISHED).write_text('{}')
+    line = cli_error(capsys, ['eval', '--workdir', str(study)], 'eval')
+    assert 'holds the runs of a study' in line and f'jlearngene info {study}' in line
+    line = cli_error(capsys, ['eval', '--workdir', str(run)], 'eval')
+    assert f'is a run of the study in {study}' in line and f'jlearngene info {study}' in line
+    (tmp_path / 'other').mkdir()
+    assert 'not a jlearngene train workdir' in cli_error(capsys, ['eval', '--workdir', str(tmp_path / 'other')], 'eval')

@@ -36,6 +36,18 @@ def test_the_shipped_gene_loads_with_its_checksums_and_descends_to_two_shapes():
         assert logits.shape == (2, 10) and np.isfinite(np.asarray(logits)).all()
 
 
+def test_a_shipped_gene_loads_by_name_unless_a_folder_of_that_name_exists(tmp_path, monkeypatch):
+    by_name = artefacts.load_gene(demo.GENE)
+    assert by_name[2]['path'] == zoo.path(demo.GENE)
+    with pytest.raises(artefacts.GeneFileError, match="'letra_digitz' is neither a gene directory nor a "
+                                                      "shipped gene .shipped: letra_digits"):
+        artefacts.read_meta('letra_digitz')
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / demo.GENE).mkdir()           # a folder of that name here is what the name means
+    with pytest.raises(artefacts.GeneFileError, match='gene.json: missing'):
+        artefacts.load_gene(demo.GENE)
+
+
 def test_a_damaged_shipped_gene_is_refused(tmp_path):
     import shutil
     copy = tmp_path / 'g'

@@ -344,7 +344,8 @@ def read_meta(path: str | os.PathLike) -> dict:
     """The checked `gene.json` of a gene directory (no arrays are read).
 
     Args:
-        path: the gene directory.
+        path: the gene directory, or a shipped gene's name (`jlearngene.zoo`, e.g.
+          'letra_digits') where no such file or folder exists.
 
     Returns:
         The JSON as a dict, with 'gene_options', 'descend_options' and 'provenance' defaulted
@@ -358,7 +359,11 @@ def read_meta(path: str | os.PathLike) -> dict:
           its arrays', malformed array entries or checksums, or arrays that do not fit the
           method's gene.
     """
-    path = os.path.abspath(os.fspath(path))
+    from jlearngene import zoo   # zoo reads genes with this module: imported when needed
+    try:
+        path = os.path.abspath(zoo.find(os.fspath(path)))
+    except ValueError as e:      # a bare name that is no folder and no shipped gene
+        raise GeneFileError(str(e)) from None
     if not os.path.exists(path):
         raise GeneFileError(f'{path}: no such gene directory')
     if not os.path.isdir(path):
@@ -507,7 +512,8 @@ def load_gene(path: str | os.PathLike) -> tuple[Method, Any, dict]:
     """Read a gene directory back.
 
     Args:
-        path: the gene directory.
+        path: the gene directory, or a shipped gene's name (`jlearngene.zoo`, e.g.
+          'letra_digits') where no such file or folder exists.
 
     Returns:
         The triple `(method, gene, meta)`, the registered `Method`, the gene as numpy arrays

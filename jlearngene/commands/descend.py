@@ -83,8 +83,8 @@ def descend_gene_dir(gene_dir: str, *, width=None, depth=None, heads=None, mlp_d
                      overrides=None, options=None, seed: int = 0):
     """(params, cfg, options, meta): the descendant of the gene directory for a request
     (`artefacts.descendant_config`), computed under `jax.jit`."""
-    from jlearngene import artefacts, zoo
-    method, gene, meta = artefacts.load_gene(zoo.find(gene_dir))
+    from jlearngene import artefacts
+    method, gene, meta = artefacts.load_gene(gene_dir)   # a folder, or a shipped gene's name
     cfg, opts = _request(method, gene, meta, width=width, depth=depth, heads=heads,
                          mlp_dim=mlp_dim, overrides=overrides, options=options)
     return _descend(method, gene, cfg, opts, seed), cfg, opts, meta

@@ -1,5 +1,6 @@
 """`jlearngene eval --workdir DIR [--checkpoint latest|best|STEP|model] [--split test]`
-or `jlearngene eval --model PATH --config FILE`: accuracy of a trained classifier."""
+or `jlearngene eval --model PATH --config FILE`: accuracy of a trained classifier. A saved
+model is evaluated as the model config it stores; the config names the data and split."""
 from __future__ import annotations
 
 import json
@@ -20,7 +21,8 @@ def parser() -> config_args.Parser:
     p.add_argument('--workdir', help='training workdir (its config.json and checkpoints)')
     p.add_argument('--checkpoint', default='model',
                    help="'model' (WORKDIR/model), 'latest', 'best' or a step (default %(default)s)")
-    p.add_argument('--model', help='a model artefact (checkpoint.save_model); needs --config')
+    p.add_argument('--model', help='a model artefact (checkpoint.save_model), evaluated as the model '
+                   'config it stores; needs --config for the data')
     p.add_argument('--split', help='split to evaluate (default: the config eval_split)')
     config_args.add_config(p, required=False)
     return p
@@ -47,11 +49,26 @@ def check_workdir(workdir: str) -> None:
         raise NotADirectoryError(f'--workdir {workdir!r} is a file, not a training workdir directory')
 
 
+def _not_a_training_workdir(workdir: str, path: str) -> str:
+    """Why `workdir`, which has no `config.json`, is not what `eval --workdir` reads: a
+    study's workdir or one of its runs (their accuracies are `jlearngene info`'s), or
+    something else."""
+    from jlearngene.experiments.harness import FINISHED, OWNER, PROGRESS
+    if os.path.isfile(os.path.join(workdir, OWNER)) or os.path.isdir(os.path.join(workdir, 'runs')):
+        return (f'{workdir} holds the runs of a study (or of jlearngene demo), not one training '
+                f'run: `jlearngene info {workdir}` lists them and their accuracies')
+    if any(os.path.isfile(os.path.join(workdir, f)) for f in (FINISHED, PROGRESS)):
+        study = os.path.dirname(os.path.dirname(os.path.abspath(workdir)))
+        return (f'{workdir} is a run of the study in {study}, which keeps its config: '
+                f'`jlearngene info {study}` lists this run\'s accuracies')
+    return f'{path} not found (not a jlearngene train workdir?)'
+
+
 def _workdir_config(workdir: str):
     import ml_collections
     path = os.path.join(workdir, 'config.json')
     if not os.path.exists(path):
-        raise FileNotFoundError(f'{path} not found (not a jlearngene train workdir?)')
+        raise FileNotFoundError(_not_a_training_workdir(workdir, path))
     try:
         with open(path, encoding='utf-8') as f:
             return ml_collections.ConfigDict(json.load(f))
@@ -60,15 +77,19 @@ def _workdir_config(workdir: str):
 
 
 def load_params(config, workdir: str | None, which: str, model_path: str | None):
-    """Parameters named by the command line, with the model config they belong to. From a
-    run checkpoint only the parameters are read (`RunCheckpointer.restore_params`)."""
+    """Parameters named by the command line, with the model config they belong to: a saved
+    model's own (`model_path`; `config.model` where it stores none), else `config.model`.
+    From a run checkpoint only the parameters are read (`RunCheckpointer.restore_params`)."""
     import jax
 
     from jlearngene.models import init, model_config
     from jlearngene.train import checkpoint, integrity, run_checkpoint
     cfg = model_config(config.model)
-    if model_path or which == 'model':
-        path = model_path or os.path.join(workdir, 'model')
+    if model_path:   # evaluated as it was saved: --config names its data, not its shape
+        params, stored, _ = checkpoint.load_model(model_path)
+        return params, stored or cfg, model_path
+    if which == 'model':
+        path = os.path.join(workdir, 'model')
         return checkpoint.load_model(path, expect_cfg=cfg)[0], cfg, path
     check_checkpoint_arg(which)
     directory = os.path.join(workdir, 'checkpoints')
@@ -87,11 +108,17 @@ def load_params(config, workdir: str | None, which: str, model_path: str | None)
 
 def evaluate(config, params, cfg, split: str) -> dict:
     """`train.evaluate` of the classification metrics over `split` -> {'split', 'count',
-    'accuracy', 'loss'}."""
+    'accuracy', 'loss'}.
+
+    Raises:
+        ValueError: the data's classes or image shape are not `cfg`'s.
+    """
     from jlearngene import data
+    from jlearngene.commands.run import check_data_fits
     from jlearngene.train import tasks
     from jlearngene.train.evaluate import evaluate as evaluate_batches
-    it, _ = data.from_config(config.data, split, batch_size=config.eval_batch_size, seed=config.seed, train=False)
+    it, info = data.from_config(config.data, split, batch_size=config.eval_batch_size, seed=config.seed, train=False)
+    check_data_fits(cfg, info, split)
     return {'split': split, **evaluate_batches(tasks.classification_eval(cfg), params, it)}
 
 

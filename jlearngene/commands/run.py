@@ -40,7 +40,9 @@ def enable_compile_cache(path: str) -> bool:
     return True
 
 
-def _check_data_fits(cfg: ViTConfig, info, split: str) -> None:
+def check_data_fits(cfg: ViTConfig, info, split: str) -> None:
+    """Raise a one-line ValueError naming each way the data (`info`, a `DataInfo`) of
+    `split` does not fit the model `cfg`: its class count, its image shape."""
     problems = []
     if info.num_classes != cfg.num_classes:
         problems.append(f'num_classes: data {info.num_classes} vs model {cfg.num_classes}')
@@ -72,7 +74,7 @@ def eval_data_fn(config, source=None):
 
 def check_run_data(config, cfg: ViTConfig) -> dict:
     """Builds and checks, before the first step, every split a classification run reads ->
-    {'train': source, 'eval': source}: each exists, fits the model (`_check_data_fits`),
+    {'train': source, 'eval': source}: each exists, fits the model (`check_data_fits`),
     is divisible over the devices and, for training, holds at least `batch_size` examples,
     and its first example decodes (`data.check_split`). A one-line DataError names the
     split (and the config field) otherwise."""
@@ -92,7 +94,7 @@ def check_run_data(config, cfg: ViTConfig) -> dict:
             source = data.source_from_config(d, split)
         except DataError as e:
             raise DataError(f'{what}: {e}') from None
-        _check_data_fits(cfg, source.info, split)
+        check_data_fits(cfg, source.info, split)
         data.check_split(source, what=what, batch_size=batch_size, image_size=image_size,
                          resize_method=d.get('resize_method', 'bilinear'),
                          full_batches=role == 'train')
