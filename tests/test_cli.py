@@ -23,11 +23,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope='module')
 def run(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp('cli') / 'run')
-    # 4 steps against the smoke config's warmup of 5: the warmup is clipped to the run
-    rc = cli.main(['train', '--config', os.path.join(ROOT, CONFIG) + ':smoke', '--config.steps=4',
-                   '--config.model.depth=1', '--config.batch_size=32', '--config.log_every=2',
-                   '--config.steps_per_call=2', '--workdir', workdir, '--noprogress'])
+    rc = cli.main(_train_argv(workdir))
     return rc, workdir
+
+
+def _train_argv(workdir: str) -> list:
+    # 4 steps against the smoke config's warmup of 5: the warmup is clipped to the run
+    return ['train', '--config', os.path.join(ROOT, CONFIG) + ':smoke', '--config.steps=4',
+            '--config.model.depth=1', '--config.batch_size=32', '--config.log_every=2',
+            '--config.steps_per_call=2', '--workdir', workdir, '--noprogress']
 
 
 @pytest.mark.slow
@@ -39,6 +43,22 @@ def test_train_writes_resolved_config_metrics_and_model(run):
     kinds = [r['kind'] for r in metrics.read_metrics(workdir)]
     assert kinds.count('train') == 2 and kinds.count('eval') == 1
     assert os.path.isdir(os.path.join(workdir, 'model'))
+
+
+@pytest.mark.slow
+def test_training_a_finished_run_again_says_so_and_keeps_its_model(run, capsys):
+    _, workdir = run
+    model = os.path.join(workdir, 'model')
+
+    def stamps():
+        return {os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns
+                for d, _, names in os.walk(model) for f in names}
+    before = stamps()
+    capsys.readouterr()
+    assert cli.main(_train_argv(workdir)) == 0
+    out = capsys.readouterr().out
+    assert f'already finished: 4 steps in {workdir}; its last evaluation eval/accuracy=' in out
+    assert stamps() == before
 
 
 def test_bad_configs_fail_clearly(tmp_path, capsys):
@@ -88,7 +108,8 @@ def test_eval(run, capsys):
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert again['accuracy'] == pytest.approx(result['accuracy'])   # final checkpoint = saved model
     assert cli.main(['eval', '--workdir', workdir, '--checkpoint', '3']) == 1
-    assert 'does not exist' in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert 'no checkpoint at step 3' in err and '(its steps: 4)' in err
 
 
 def test_plot(tmp_path):
@@ -289,6 +310,8 @@ def test_readme_command_line_example_makes_the_snippets_model_and_trains_it(tmp_
     from jlearngene.train import checkpoint
     text = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
     block = text.split('The same from the command line')[1].split('```bash\n', 1)[1].split('```', 1)[0]
+    page = open(os.path.join(ROOT, 'docs', 'getting_started.md'), encoding='utf-8').read()
+    assert block in page                     # the getting-started page gives the same two commands
     monkeypatch.chdir(tmp_path)
     for command in block.replace('\\\n', ' ').strip().splitlines():
         argv = shlex.split(command)
@@ -301,6 +324,23 @@ def test_readme_command_line_example_makes_the_snippets_model_and_trains_it(tmp_
         model = json.load(f)['model']
     assert (model['width'], model['num_heads']) == (snippet.width, snippet.num_heads)
     assert costs.param_count(checkpoint.load_model(str(tmp_path / 'des48'))[0]) == costs.param_count(snippet)
+
+
+def test_descend_prints_the_train_overrides_that_make_its_model(tmp_path, capsys):
+    """The `train` command `descend` prints, with a bundled config in place of CONFIG, asks
+    for exactly the descendant's model config."""
+    import shlex
+
+    from jlearngene.models import model_config
+    from jlearngene.train import checkpoint
+    out = str(tmp_path / 'des')
+    assert cli.main(['descend', 'letra_digits', '--width', '48', '--depth', '4', '--out', out]) == 0
+    hint = capsys.readouterr().out.split('train from it: ')[1].split(' (CONFIG')[0]
+    argv = shlex.split(hint.replace('CONFIG', 'digits_vit'))
+    assert argv[:4] == ['jlearngene', 'train', '--config', 'digits_vit'] and f'--config.init={out}' in argv
+    overrides = dict(config_args.parse_override(a[len('--config.'):]) for a in argv[4:])
+    config = config_args.load('digits_vit', overrides)
+    assert model_config(config.model) == checkpoint.load_model(out)[1]
 
 
 def test_eval_of_a_saved_model_uses_the_config_it_stores(tmp_path, capsys):
@@ -320,3 +360,26 @@ def test_eval_of_a_saved_model_uses_the_config_it_stores(tmp_path, capsys):
     assert cli.main(['eval', '--model', str(tmp_path / 'k5'), '--config', 'digits_vit']) == 1
     line = _one_line(capsys.readouterr(), 'jlearngene eval: ')
     assert 'does not fit the model' in line and 'num_classes: data 10 vs model 5' in line
+
+
+def test_eval_applies_overrides_to_a_workdirs_config_and_refuses_model_overrides_of_a_saved_model(
+        tmp_path, capsys):
+    import jax
+
+    from jlearngene.models import init, model_config
+    from jlearngene.train import checkpoint
+    config = configs.load('digits_vit')
+    cfg = model_config(config.model).replace(depth=1)
+    workdir = tmp_path / 'run'
+    checkpoint.save_model(str(workdir / 'model'), init(cfg, jax.random.key(0)), cfg)
+    plain = json.loads(config.to_json())
+    plain['model']['depth'] = 1
+    (workdir / 'config.json').write_text(json.dumps(plain))
+    assert cli.main(['eval', '--workdir', str(workdir), '--config.eval_batch_size=50']) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])['count'] == 364
+    assert cli_status(['eval', '--workdir', str(workdir), '--config.eval_batch_sise=50']) == 2
+    assert "did you mean 'eval_batch_size'" in _one_line(capsys.readouterr(), 'jlearngene eval: ')
+    assert cli_status(['eval', '--model', str(workdir / 'model'), '--config', 'digits_vit',
+                       '--config.model.width=32']) == 2
+    line = _one_line(capsys.readouterr(), 'jlearngene eval: ')
+    assert '--config.model.width' in line and 'as the model config it stores' in line

@@ -628,9 +628,16 @@ def test_a_study_workdir_belongs_to_one_study(tmp_path):
     harness.claim_workdir(str(tmp_path), config)                       # the same study: resumes
     with pytest.raises(ValueError, match="belongs to the study 'tleg'.*another --workdir"):
         study.run_experiment(configs.load('scala:smoke'), str(tmp_path), quiet=True)
-    with pytest.raises(ValueError, match='the tleg study with another config'):
+    with pytest.raises(ValueError, match=r"the tleg study with another config \(seeds: \[0\] -> \[3\]\)"):
         study.run_experiment(configs.load('tleg:smoke', {'seeds': (3,)}), str(tmp_path), quiet=True)
     assert os.listdir(tmp_path) == ['study.json']
+    owner = json.loads((tmp_path / 'study.json').read_text())
+    del owner['config']                          # a study.json that keeps only the digest
+    (tmp_path / 'study.json').write_text(json.dumps(owner))
+    harness.claim_workdir(str(tmp_path), config)                       # still its own study
+    with pytest.raises(ValueError, match='another config') as refused:
+        harness.claim_workdir(str(tmp_path), configs.load('tleg:smoke', {'seeds': (3,)}))
+    assert 'seeds' not in str(refused.value) and 'JLEARNGENE_STORE' in str(refused.value)
     (tmp_path / 'other').mkdir()
     (tmp_path / 'other' / 'results.json').write_text('{}')
     with pytest.raises(ValueError, match='not recorded there'):

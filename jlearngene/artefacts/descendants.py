@@ -10,6 +10,7 @@ lines.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 import json
 from typing import Any
@@ -126,8 +127,10 @@ def _check_request(width, depth, heads, mlp_dim, overrides) -> None:
                             'non-empty list of them (one per layer)')
     unknown = [k for k in overrides if k not in _CONFIG_FIELDS]
     if unknown:
+        close = difflib.get_close_matches(unknown[0], _CONFIG_FIELDS, n=1)
         raise GeneError(f"{FLAGS['overrides']} {unknown[0]}=...: ViTConfig has no field "
-                        f'{unknown[0]!r}; its fields: {", ".join(_CONFIG_FIELDS)}')
+                        f'{unknown[0]!r}' + (f' (did you mean {close[0]!r}?)' if close else '')
+                        + f'; its fields: {", ".join(_CONFIG_FIELDS)}')
 
 
 def _request_text(width, depth, heads, mlp_dim, overrides) -> str:

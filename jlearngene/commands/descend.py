@@ -107,6 +107,21 @@ def _descend(method, gene, cfg, opts, seed: int):
     return jax.device_get(run(gene, jax.random.key(seed)))
 
 
+SHAPE_FIELDS = ('width', 'depth', 'num_heads', 'mlp_dim')   # what a descend request sets
+
+
+def train_overrides(cfg, base) -> str:
+    """The `--config.model.FIELD=VALUE` overrides that make a training config's model the
+    descendant `cfg`: its shape fields, its head size where it is not width / heads, and
+    every other field where it differs from the gene's `base` config."""
+    fields = list(SHAPE_FIELDS)
+    if cfg.head_dim is not None and cfg.head_dim * cfg.num_heads != cfg.width:
+        fields.append('head_dim')
+    mine, theirs = cfg.to_dict(), base.to_dict()
+    fields += [k for k in mine if k not in fields and k != 'head_dim' and mine[k] != theirs.get(k)]
+    return ' '.join(f'--config.model.{k}={mine[k]}' for k in fields)
+
+
 def main(argv: list[str]) -> int:
     """The command: its outputs are checked first (`artefacts.check_descendant_outputs`,
     naming --overwrite), then the request against the gene on shapes, where a request
@@ -134,8 +149,9 @@ def main(argv: list[str]) -> int:
           f'heads={cfg.num_heads} head_dim={cfg.head_dim} mlp={cfg.mlp_dim} '
           f'({artefacts.n_params(params) / 1e6:.3f}M params)'
           + (f', options {json.dumps(artefacts.jsonable(opts, "options"))}' if opts else ''))
-    print(f'  train from it: jlearngene train --config ... --config.init={written["out"]} '
-          f'(model config {json.dumps(cfg.to_dict())})')
+    print(f'  train from it: jlearngene train --config CONFIG --config.init={written["out"]} '
+          f'{train_overrides(cfg, artefacts.base_config(meta))} (CONFIG\'s other model fields '
+          f'must be the descendant\'s: `jlearngene info {written["out"]}` shows them all)')
     if written['timm']:
         print(f"wrote {written['timm']}: timm state dict; rebuild with {written['timm_kwargs']}")
     return 0

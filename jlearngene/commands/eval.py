@@ -64,16 +64,24 @@ def _not_a_training_workdir(workdir: str, path: str) -> str:
     return f'{path} not found (not a jlearngene train workdir?)'
 
 
-def _workdir_config(workdir: str):
+def _workdir_config(workdir: str, overrides: dict[str, str]):
+    """The training run's `config.json` with the command line's `overrides` applied (a
+    misspelt or mistyped field is a UsageError, as for --config)."""
     import ml_collections
+
+    from jlearngene.experiments import configs
     path = os.path.join(workdir, 'config.json')
     if not os.path.exists(path):
         raise FileNotFoundError(_not_a_training_workdir(workdir, path))
     try:
         with open(path, encoding='utf-8') as f:
-            return ml_collections.ConfigDict(json.load(f))
+            config = ml_collections.ConfigDict(json.load(f))
     except ValueError as e:
         raise ValueError(f'{path}: not a JSON config ({e})') from None
+    try:
+        return configs.override(config, overrides, from_text=True, where=path)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def load_params(config, workdir: str | None, which: str, model_path: str | None):
@@ -102,6 +110,10 @@ def load_params(config, workdir: str | None, which: str, model_path: str | None)
         step = {'latest': ck.latest_step, 'best': ck.best_step}.get(which, lambda: int(which))()
         if step is None:
             raise integrity.CheckpointError(f'no {which} checkpoint in {ck.directory}')
+        if step not in ck.steps():
+            have = ', '.join(map(str, ck.steps())) or 'none'
+            raise integrity.CheckpointError(f'no checkpoint at step {step} in {ck.directory} '
+                                            f'(its steps: {have})')
         params, _ = ck.restore_params(target, step, model_config=cfg)
     return params, cfg, os.path.join(workdir, 'checkpoints', str(step))
 
@@ -126,11 +138,13 @@ def main(argv: list[str]) -> int:
     """The command: checks the flags and the workdir or --model before anything is read,
     then loads the parameters (`load_params`), evaluates them on --split, else the config's
     `eval_split` (`evaluate`), and prints one summary line and the result as a JSON line
-    (`json_line`); exit status 0. The config is --config's, else the workdir's config.json.
+    (`json_line`); exit status 0. The config is --config's, else the workdir's config.json,
+    with the --config.FIELD=VALUE overrides applied.
 
     Raises:
-        UsageError: neither --workdir nor --model; --model, or overrides, without --config;
-            a --checkpoint that is not 'model', 'latest', 'best' or a step.
+        UsageError: neither --workdir nor --model; --model without --config, or with a
+            `model.*` override (a saved model is evaluated as stored); a --checkpoint that is
+            not 'model', 'latest', 'best' or a step; a bad override.
     """
     args, overrides = config_args.parse(parser(), argv)
     if not args.workdir and not args.model:
@@ -138,8 +152,10 @@ def main(argv: list[str]) -> int:
     if args.model and args.config is None:
         raise UsageError('--model needs --config (the config names the data and the split to '
                          'evaluate on), e.g. --config digits_vit')
-    if overrides and args.config is None:
-        raise UsageError('--config.FIELD=VALUE overrides need --config')
+    if args.model and any(k.split('.')[0] == 'model' for k in overrides):
+        raise UsageError(f'--config.{next(k for k in overrides if k.split(".")[0] == "model")}: '
+                         '--model is evaluated as the model config it stores, which overrides '
+                         'do not change')
     try:   # the flags, before anything is read
         check_checkpoint_arg(args.checkpoint)
     except ValueError as e:
@@ -150,7 +166,7 @@ def main(argv: list[str]) -> int:
         check_model_checkpoint(args.model, '--model')
     else:
         check_workdir(args.workdir)
-    config = config if config is not None else _workdir_config(args.workdir)
+    config = config if config is not None else _workdir_config(args.workdir, overrides)
     params, cfg, where = load_params(config, args.workdir, args.checkpoint, args.model)
     result = evaluate(config, params, cfg, args.split or config.eval_split)
     print(f"{where}: {result['split']} accuracy={result['accuracy']:.4f} loss={result['loss']:.4f} "

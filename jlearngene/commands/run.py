@@ -14,6 +14,7 @@ from jlearngene import compiler, data, distributed
 from jlearngene.data import DataError
 from jlearngene.models import ViTConfig, init, model_config
 from jlearngene.train import checkpoint, hooks, optim, step, trainer
+from jlearngene.train import metrics as metrics_lib
 from jlearngene.train.tasks import classification_eval, classification_loss
 
 log = logging.getLogger(__name__)
@@ -160,7 +161,24 @@ def run_classification(config, workdir: str, *, progress: bool = True):
     params, history = trainer.fit(
         classification_loss(cfg, label_smoothing=config.label_smoothing), params, train_it, tx,
         run, hooks=[evaluation])
+    model_dir = os.path.join(workdir, 'model')
+    if not history['train'] and not history['eval']:   # resumed at its last step: nothing ran
+        history['eval'] = [{k: v for k, v in r.items() if k == 'step' or k.startswith('eval/')}
+                           for r in metrics_lib.read_metrics(workdir, kind='eval')[-1:]]
+        history['finished_before'] = True
+        if _saved_steps(model_dir) == int(config.steps):   # its model is there already
+            return params, history
     final = history['eval'][-1] if history['eval'] else {}
-    checkpoint.save_model(os.path.join(workdir, 'model'), params, cfg, overwrite=True,
+    checkpoint.save_model(model_dir, params, cfg, overwrite=True,
                           extra={'source': 'jlearngene train', 'steps': int(config.steps), **final})
     return params, history
+
+
+def _saved_steps(model_dir: str) -> int | None:
+    """The steps of the run that saved the model in `model_dir`, None where there is none
+    (or it cannot be read: it is then written again)."""
+    try:
+        steps = checkpoint.model_metadata(model_dir).get('extra', {}).get('steps')
+    except (checkpoint.CheckpointError, AttributeError):
+        return None
+    return steps if isinstance(steps, int) else None

@@ -134,7 +134,12 @@ def _run_held(args: argparse.Namespace, config, task: str) -> int:
         return 0
     final = history['eval'][-1] if history['eval'] else {}
     summary = '  '.join(f'{k}={v:.4f}' for k, v in final.items() if k != 'step')
-    print(f'done in {time.time() - start:.1f}s; {summary}; model saved to {os.path.join(args.workdir, "model")}')
+    model = os.path.join(args.workdir, 'model')
+    if history.get('finished_before'):
+        print(f'already finished: {config.steps} steps in {args.workdir}; its last evaluation '
+              f'{summary or "none"}; its model is {model}')
+        return 0
+    print(f'done in {time.time() - start:.1f}s; {summary}; model saved to {model}')
     return 0
 
 

@@ -32,6 +32,7 @@ from jlearngene.train import optim as optimisers
 from jlearngene.train.evaluate import evaluate
 from jlearngene.train import metrics as metrics_lib
 from jlearngene.train.hooks import Evaluation, Hook, StopWhen
+from jlearngene.train.state import config_changes
 
 Config = Any   # an ml_collections.ConfigDict (or a dict of the same shape)
 
@@ -109,6 +110,7 @@ def claim_workdir(workdir: str, config: Config) -> None:
     to this one with another config: a workdir holds one study's runs, results and plot."""
     path = os.path.join(workdir, OWNER)
     mine = dict(experiment=config['experiment'], config_sha256=_fingerprint(config=plain(config)))
+    keys = tuple(mine)   # what must match; the config itself is kept to name what differs
     try:
         with open(path, encoding='utf-8') as f:
             owner = json.load(f)
@@ -124,12 +126,17 @@ def claim_workdir(workdir: str, config: Config) -> None:
         if os.path.exists(os.path.join(workdir, 'results.json')) or os.path.isdir(os.path.join(workdir, 'runs')):
             raise ValueError(f'workdir {workdir!r} holds runs or results of a study that is not '
                              'recorded there; give this study another --workdir')
-        files.write_text(path, json.dumps(mine, indent=1))
-    elif owner != mine:
-        what = ('the study ' + repr(owner.get('experiment')) if owner.get('experiment') != mine['experiment']
-                else f"the {mine['experiment']} study with another config")
+        files.write_text(path, json.dumps(dict(mine, config=checkpoint.to_json(plain(config))), indent=1))
+    elif {k: owner.get(k) for k in keys} != mine:
+        if owner.get('experiment') != mine['experiment']:
+            what = 'the study ' + repr(owner.get('experiment'))
+        else:
+            changes = config_changes(owner.get('config'), plain(config))
+            what = f"the {mine['experiment']} study with another config" + (
+                f" ({'; '.join(changes[:4])}{'; ...' if len(changes) > 4 else ''})" if changes else '')
         raise ValueError(f'workdir {workdir!r} belongs to {what} ({path}); give this study '
-                         'another --workdir, or delete that folder to start over')
+                         f'another --workdir (with ${STORE_VAR} set, runs of the same settings are '
+                         'shared between workdirs), or delete that folder to start over')
 
 
 # ----------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ and it round-trips through `to_dict` / `from_dict` (checkpoints store it that wa
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Any
 from collections.abc import Mapping
 
@@ -227,11 +228,15 @@ def expect_config(cfg: Any, what: str) -> ViTConfig:
 
 
 def _check_fields(names, problem: str) -> None:
-    """ConfigError `<problem> [unknown]; known fields: [...]` unless every name is a field."""
+    """ConfigError `<problem> [unknown] (did you mean ...?); known fields: [...]` unless
+    every name is a field; the closest field is named for each misspelt one."""
     known = {f.name for f in dataclasses.fields(ViTConfig)}
     unknown = sorted(set(names) - known)
     if unknown:
-        raise ConfigError(f'{problem} {unknown}; known fields: {sorted(known)}')
+        close = {u: difflib.get_close_matches(u, sorted(known), n=1) for u in unknown}
+        hint = ', '.join(f'{c[0]!r} for {u!r}' for u, c in close.items() if c)
+        raise ConfigError(f'{problem} {unknown}' + (f' (did you mean {hint}?)' if hint else '')
+                          + f'; known fields: {sorted(known)}')
 
 
 def _check(cond: bool, field: str, value: Any, why: str) -> None:

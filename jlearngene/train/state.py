@@ -146,7 +146,7 @@ def restore_or_start(ckpt: RunCheckpointer, state: dict, batches: Batches, workd
                 say(f'skipping the checkpoint of step {step}, which cannot be read: {e}. '
                     f'Moved it to {moved}; trying the previous one.')
                 continue
-            for change in _config_changes(meta.get('config'), config_json(config)):
+            for change in config_changes(meta.get('config'), config_json(config)):
                 say(f'resuming with a changed config: {change}')
             batches.set_state(local_data_state(meta['data_state']))
             return restored, int(meta['step'])
@@ -159,9 +159,9 @@ def restore_or_start(ckpt: RunCheckpointer, state: dict, batches: Batches, workd
     return state, 0
 
 
-def _config_changes(old, new, prefix: str = '') -> list[str]:
+def config_changes(old, new, prefix: str = '') -> list[str]:
     """'key: old -> new' for every field that differs between two config dicts (the one
-    stored in a checkpoint and the one of the resumed run)."""
+    stored in a checkpoint or a study's workdir, and the one of the run now)."""
     if old is None or new is None:
         return []
     new = to_json(new)
@@ -169,7 +169,7 @@ def _config_changes(old, new, prefix: str = '') -> list[str]:
     for k in sorted(set(old) | set(new)):
         a, b = old.get(k, '(absent)'), new.get(k, '(absent)')
         if isinstance(a, dict) and isinstance(b, dict):
-            out += _config_changes(a, b, f'{prefix}{k}.')
+            out += config_changes(a, b, f'{prefix}{k}.')
         elif a != b:
             note = ' (the learning-rate schedule and the end of the run follow the new value)' \
                 if f'{prefix}{k}' == 'steps' else ''

@@ -122,7 +122,14 @@ def load(spec: str, overrides: Mapping[str, Any] | None = None, *,
     where, arg = split(spec)
     if not (os.path.exists(where) or where.endswith('.py')):
         where = path(where)
-    config = _get_config(where, arg)
+    return override(_get_config(where, arg), overrides, from_text=from_text, where=where)
+
+
+def override(config: ml_collections.ConfigDict, overrides: Mapping[str, Any] | None, *,
+             from_text: bool = False, where: str = 'the config') -> ml_collections.ConfigDict:
+    """`config`, locked, with the dotted-key `overrides` applied and checked as `load` does
+    (`where`: what errors name as the config's source); e.g. a training workdir's
+    `config.json` with `jlearngene eval`'s overrides."""
     config.lock()
     for key, value in (overrides or {}).items():
         node, parts = config, key.split('.')
