@@ -306,7 +306,7 @@ def test_gene_command_from_a_run_and_from_a_model(tmp_path, capsys):
     assert meta['gene_options'] == {'clusters': [[0, 2], [1], [3, 0, 1], [2]]}
     capsys.readouterr()
     assert cli.main(['gene', '--method', 'tleg', '--from-model', model,
-                     '--out', str(tmp_path / 'x')]) == 1
+                     '--out', str(tmp_path / 'x')]) == 2
     assert "TLEG (source 'learned')" in capsys.readouterr().err
 
 

@@ -342,12 +342,12 @@ def test_gene_command_refuses_a_run_gene_and_options_the_method_lacks(tmp_path, 
     model = str(tmp_path / 'model')
     checkpoint.save_model(model, _gene('pre_fin'), GENE_CFG)
     line = _cli_error(['gene', '--method', 'he_lg', '--from-model', model, '--out', str(tmp_path / 'b'),
-                       '--option', 'kk=2'], capsys)
+                       '--option', 'kk=2'], capsys, code=2)
     assert "'kk'" in line and "'he_lg'" in line and 'k, embeddings' in line
     with pytest.raises(genes.GeneError, match="'epsilon'.*eps"):
         artefacts.save_model_gene(model, 'cluster', tmp_path / 'c', options={'clusters': None,
                                                                               'epsilon': 1.0})
     line = _cli_error(['gene', '--method', 'mango', '--from-model', model, '--out', str(tmp_path / 'm'),
-                       '--target-set', 'nosuch=1'], capsys)
+                       '--target-set', 'nosuch=1'], capsys, code=2)
     assert "'nosuch'" in line
     assert not any((tmp_path / d).exists() for d in ('a', 'b', 'c', 'm'))

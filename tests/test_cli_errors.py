@@ -379,3 +379,109 @@ def test_eval_of_a_study_or_one_of_its_runs_points_to_info(tmp_path, capsys):
     assert f'is a run of the study in {study}' in line and f'jlearngene info {study}' in line
     (tmp_path / 'other').mkdir()
     assert 'not a jlearngene train workdir' in cli_error(capsys, ['eval', '--workdir', str(tmp_path / 'other')], 'eval')
+
+
+def test_a_misspelt_set_field_names_the_closest_one(tmp_path, capsys):
+    line = cli_error(capsys, ['descend', 'letra_digits', '--set', 'num_clases=5', '--out',
+                              str(tmp_path / 'd')], 'descend', code=2)
+    assert "no field 'num_clases' (did you mean 'num_classes'?)" in line
+    line = cli_error(capsys, ['info', 'S', '--set', 'dept=6'], 'info')
+    assert "['dept'] (did you mean 'depth' for 'dept'?)" in line
+
+
+# ---------------------------------------------------------------------------------- render
+
+def test_render_names_what_a_folder_without_results_json_is(files, tmp_path, capsys):
+    line = cli_error(capsys, ['render', str(tmp_path / 'nosuch')], 'render')
+    assert 'does not exist' in line and 'Errno' not in line
+    workdir = tmp_path / 'run'
+    workdir.mkdir()
+    (workdir / 'config.json').write_text('{}')
+    (workdir / 'metrics.jsonl').write_text('{"step": 2, "kind": "train", "loss": 1.0}\n')
+    assert 'is a training workdir, not a study' in cli_error(capsys, ['render', str(workdir)], 'render')
+    study = tmp_path / 'study'
+    (study / 'runs').mkdir(parents=True)
+    (study / 'study.json').write_text('{}')
+    for argv in (['render', str(study)], ['render', '--headline', str(study)]):
+        line = cli_error(capsys, argv, 'render')
+        assert "is a study's workdir that has not finished" in line, line
+        assert f'jlearngene info {study}' in line
+    assert "not a study's folder" in cli_error(capsys, ['render', files['dir']], 'render')
+    line = cli_error(capsys, ['render', str(study / 'study.json')], 'render')
+    assert 'is a file' in line and 'Errno' not in line
+
+
+# ----------------------------------------------------------------------------- usage errors
+
+def test_gene_and_convert_flag_errors_exit_2_before_anything_is_read(files, tmp_path, capsys):
+    """Status 2, like descend's: the checkpoint named does not even exist."""
+    model, out = str(tmp_path / 'nosuch'), str(tmp_path / 'g')
+    for argv, says in (
+            (['gene', '--method', 'he_lg', '--from-model', model, '--option', 'bogus=1'], "no option 'bogus'"),
+            (['gene', '--from-model', model], '--from-model needs --method NAME'),
+            (['gene', '--method', 'bogus', '--from-model', model], "--method 'bogus': no such method"),
+            (['gene', '--method', 'tleg', '--from-model', model], "TLEG (source 'learned') does not take"),
+            (['gene', '--method', 'he_lg', '--from-model', model, '--target-set', 'width=64'],
+             'takes no target config'),
+            (['gene', '--method', 'mango', '--from-model', model, '--target-set', 'widht=64'],
+             "no field 'widht' (did you mean 'width'?)"),
+            (['gene', '--from-run', model, '--option', 'k=1'], 'apply to --from-model only')):
+        line = cli_error(capsys, argv + ['--out', out], 'gene', code=2)
+        assert says in line, line
+    for argv, says in (
+            (['--to-timm', model, '--out', str(tmp_path / 'x.npz')], 'give a file name ending in .safetensors'),
+            (['--to-big-vision', model, '--out', str(tmp_path / 'x.safetensors')], 'ending in .npz'),
+            (['--to-timm', model, '--out', str(tmp_path / 'x.safetensors'), '--set', 'depth=2'],
+             'apply to --from-timm / --from-big-vision only'),
+            (['--from-timm', files['timm'], '--out', out, '--set', 'bogus=1'], "no field 'bogus'"),
+            (['--from-timm', files['timm'], '--out', out, '--layout', 'vit'], '--to-big-vision only'),
+            (['--from-timm', files['timm'], '--out', out, '--embed-class'], '--to-timm only'),
+            (['--from-big-vision', files['big_vision'], '--out', out, '--num-heads', '2'], '--num-heads')):
+        line = cli_error(capsys, ['convert', *argv], 'convert', code=2)
+        assert says in line, line
+    assert not os.listdir(tmp_path)
+
+
+def test_mango_and_ligo_name_the_flag_of_their_target_config(tmp_path, capsys):
+    for method in ('mango', 'ligo'):
+        line = cli_error(capsys, ['gene', '--method', method, '--from-model', str(tmp_path / 'nosuch'),
+                                  '--out', str(tmp_path / 'g')], 'gene', code=2)
+        assert '--target-set FIELD=VALUE' in line and 'large_cfg' not in line, line
+
+
+# -------------------------------------------------------------------------------------- gene
+
+def test_gene_help_prints_its_examples_as_written(capsys):
+    from helpers import cli_status
+    assert cli_status(['gene', '--help']) == 0
+    out = capsys.readouterr().out
+    assert '--out genes/cluster \\\n      --option ' in out, out
+
+
+def test_no_command_docstring_swallows_a_backslash_newline():
+    """`--help` and the docs' CLI page print each command's module docstring as written."""
+    import importlib
+    for name in cli.COMMANDS:
+        module = importlib.import_module(f'jlearngene.commands.{name}')
+        with open(module.__file__, encoding='utf-8') as f:
+            source = f.read()
+        assert source.count('\\\n', 0, source.index('"""', 3)) == module.__doc__.count('\\\n'), name
+
+
+def test_gene_from_run_of_a_study_names_the_genes_in_it(tmp_path, capsys):
+    study = tmp_path / 'study'
+    for seed in (0, 1, 10, 2):
+        (study / 'genes' / 'tleg' / f'seed_{seed}').mkdir(parents=True)
+    (study / 'runs').mkdir()
+    (study / 'study.json').write_text('{}')
+    out = str(tmp_path / 'g')
+    line = cli_error(capsys, ['gene', '--from-run', str(study), '--out', out], 'gene')
+    assert "is a study's workdir, not a saved gene" in line and 'orbax' not in line, line
+    assert 'genes/tleg/seed_0, genes/tleg/seed_1, genes/tleg/seed_2, genes/tleg/seed_10' in line
+    assert f'--from-run {study}/genes/tleg/seed_0' in line
+    line = cli_error(capsys, ['gene', '--from-run', str(study / 'genes' / 'tleg'), '--out', out], 'gene')
+    assert "a study's 'tleg' genes" in line and 'seed_0, seed_1' in line, line
+    (tmp_path / 'empty' / 'runs').mkdir(parents=True)
+    line = cli_error(capsys, ['gene', '--from-run', str(tmp_path / 'empty'), '--out', out], 'gene')
+    assert "is a study's workdir, not a saved gene, and holds none" in line, line
+    assert not os.path.exists(out)

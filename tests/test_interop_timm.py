@@ -377,7 +377,7 @@ def test_cli_reports_bad_state_dict(tmp_path, capsys):
     err = capsys.readouterr().err
     assert 'blocks.0.attn.proj.bias' in err and 'missing keys (1)' in err
     assert not (tmp_path / 'ckpt').exists()
-    assert main(['convert', '--to-timm', str(tmp_path / 'ckpt'), '--out', str(tmp_path / 'x.npz')]) == 1
+    assert main(['convert', '--to-timm', str(tmp_path / 'ckpt'), '--out', str(tmp_path / 'x.npz')]) == 2
     assert '.safetensors' in capsys.readouterr().err
 
 

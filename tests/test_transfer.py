@@ -236,6 +236,38 @@ def test_the_headline_shows_each_method_at_its_first_variant():
     assert "its paper's default" in table
 
 
+def test_the_headline_legend_says_what_budget_each_ceiling_had():
+    """The legend under the headline is read from its records: the comparison's ceiling was
+    fine-tuned 0.35·S (238–519 steps), not for Scratch's steps (1,200–2,000), so the legend
+    says so and no column claims Scratch's steps; a record whose ceiling ran at Scratch's
+    steps gets that wording, and a mix names each study's."""
+    from jlearngene.experiments import headline
+    record = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments', 'compare', 'fashion')
+    table = headline.table([record])
+    assert "its only budget" not in table and "ceiling share at Scratch's steps" not in table
+    assert ("(the ceiling as its record fine-tuned it: compare 0.35·S, 238–519 steps against "
+            "Scratch's 1,200–2,000)") in table
+    assert "these records have no run at Scratch's steps" in table
+
+    def entry(study, name, kind, steps, fraction, equal=None):
+        return dict(study=study, name=name, budget_kind=kind, steps=steps, fraction=fraction, equal=equal)
+
+    equal = [entry('new', 'scratch', 'paper', 1000, 1.0), entry('new', 'tleg', 'paper', 350, 0.35, {}),
+             entry('new', 'ceiling', 'equal', 1000, 1.0, {})]
+    text = headline.legend(equal)
+    assert "(the ceiling: at Scratch's steps, its only budget)" in text
+    assert "Ceiling share: (method − Scratch) / (ceiling − Scratch), both fine-tuned for Scratch's own steps," in text
+    assert "in the run at Scratch's steps where there is one" in text
+    old = [entry('old', 'scratch', 'paper', 1500, 1.0), entry('old', 'ceiling', 'paper', 500, 0.35)]
+    text = headline.legend(equal + old)
+    assert ("(the ceiling as its record fine-tuned it: new at Scratch's steps; old 0.35·S, 500 steps "
+            "against Scratch's 1,500)") in text
+    assert "where the record has that budget (else at the largest)" in text
+    text = headline.legend(equal[:2])                                     # no ceiling row
+    assert "at the method's paper budget. Ceiling share: (method − Scratch) / (ceiling − Scratch), – " \
+           "throughout: these records have no ceiling row." in text
+
+
 def test_the_headline_counts_verdicts_per_budget_and_names_a_study_without_claims():
     from jlearngene.experiments import headline
     claims = {'budgets': {'0.01': {'verdicts': [{'verdict': 'reproduced'}, {'verdict': 'not reproduced'}]},

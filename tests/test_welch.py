@@ -94,14 +94,42 @@ def test_beats_needs_half_a_point_even_with_a_small_p():
     assert res.verdict(BEATS, _results([a + 0.01 for a in mine], theirs))['verdict'] == 'reproduced'
 
 
-def test_beats_on_one_seed_has_no_p_and_is_not_reproduced():
+def test_beats_on_one_seed_is_not_testable_either_way():
+    """With one seed on a side Welch's test cannot run: the claim is neither reproduced nor
+    refuted (a `,quick` study), whichever way the means lie; more seeds decide it."""
     v = res.verdict(BEATS, _results((0.99,), (0.50,)))
-    assert v['verdict'] == 'not reproduced'
-    assert v['detail'] == 'w8 L2: 0.990 ± 0.000 vs 0.500 ± 0.000 (Δ +0.490, p n/a)'
+    assert v['verdict'] == 'not testable here'
+    assert v['detail'] == ("w8 L2: 0.990 ± 0.000 vs 0.500 ± 0.000 (Δ +0.490, p n/a: 1 seed against 1, "
+                           "too few for Welch's test)")
+    v = res.verdict(BEATS, _results((0.40,), (0.50,)))                     # behind, on one seed
+    assert v['verdict'] == 'not testable here' and '(Δ -0.100, p n/a: 1 seed against 1' in v['detail']
     v = res.verdict(BEATS, _results((0.99,), (0.50, 0.51, 0.52)))          # one seed on one side
-    assert v['verdict'] == 'not reproduced' and 'p n/a' in v['detail']
-    v = res.verdict(BEATS, _results((0.99, 0.99), (0.50, 0.50)))           # both constant
-    assert v['verdict'] == 'not reproduced' and 'p n/a' in v['detail']
+    assert v['verdict'] == 'not testable here' and 'p n/a: 1 seed against 3' in v['detail']
+    # the same comparisons with seeds enough keep their verdicts
+    assert res.verdict(BEATS, _results((0.99, 0.98, 0.97), (0.50, 0.51, 0.52)))['verdict'] == 'reproduced'
+    v = res.verdict(BEATS, _results((0.40, 0.41, 0.42), (0.50, 0.51, 0.52)))
+    assert v['verdict'] == 'not reproduced' and '(Δ -0.100, p ' in v['detail']
+    v = res.verdict(BEATS, _results((0.99, 0.99), (0.50, 0.50)))           # both constant: p n/a
+    assert v['verdict'] == 'not reproduced' and v['detail'].endswith('(Δ +0.490, p n/a)')
+
+
+def test_a_shape_with_one_seed_decides_nothing_beside_tested_shapes():
+    """A claim over shapes is decided at the shapes Welch's test can run at; a one-seed
+    shape is listed beside them."""
+    results = _results((0.95, 0.96, 0.97), (0.90, 0.91, 0.92))
+    wide = [dict(r, shape=[16, 2]) for r in results['rows'] if r['seed'] == 0]
+    results['rows'] += wide
+    results['shapes'] = [[8, 2], [16, 2]]
+    results['summary'] = res.summarise(results, (1,))
+    v = res.verdict(BEATS, results)
+    assert v['verdict'] == 'reproduced'
+    assert v['detail'].split('; ')[1] == ("w16 L2: 0.950 ± 0.000 vs 0.900 ± 0.000 (Δ +0.050, p n/a: "
+                                          "1 seed against 1, too few for Welch's test)")
+    for r in results['rows']:                     # behind at the tested shape: not reproduced
+        if r['name'] == 'tleg' and r['shape'] == [8, 2]:
+            r['acc'] -= 0.2
+    results['summary'] = res.summarise(results, (1,))
+    assert res.verdict(BEATS, results)['verdict'] == 'not reproduced'
 
 
 def test_an_untuned_claim_is_not_testable_where_descendants_learn_a_new_task():
@@ -146,6 +174,17 @@ def test_cheaper_compares_the_flops_per_seed_with_welch():
     dear = _results(accs, accs, my_reach=(14.0, 15.0, 16.0), scratch_reach=(9.0, 10.0, 11.0))
     assert res.welch([24.0, 25.0, 26.0], [9.0, 10.0, 11.0]) < res.ALPHA
     assert res.verdict(cheaper, dear)['verdict'] == 'not reproduced'
+    # one seed a side: Welch's test cannot run, so neither cheaper nor not
+    for mine, theirs in (((4.0,), (19.0,)), ((14.0,), (9.0,))):
+        one = _results((0.9,), (0.9,), my_reach=mine, scratch_reach=theirs)
+        v = res.verdict(cheaper, one)
+        assert v['verdict'] == 'not testable here'
+        assert v['detail'].endswith("p n/a: 1 seed against 1, too few for Welch's test)")
+    # one seed that never reached the target: a missed target, which needs no test
+    missed = _results((0.9,), (0.9,), my_reach=(5.0,), scratch_reach=(19.0,))
+    next(r for r in missed['rows'] if r['name'] == 'tleg')['reach_flops'] = None
+    missed['summary'] = res.summarise(missed, (1,))
+    assert res.verdict(cheaper, missed)['verdict'] == 'not reproduced'
     # the other row at the target before any training (a function-preserving growth): no ratio
     free = _results(accs, accs, my_reach=(0.0,) * 3, scratch_reach=(0.0,) * 3)
     v = res.verdict(cheaper, free)

@@ -10,7 +10,6 @@ lines.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import json
 from typing import Any
@@ -23,7 +22,7 @@ from jlearngene import genes
 from jlearngene.artefacts.gene_file import (META_FILE, GeneFileError, as_method, configs,
                                             gene_shapes, has_checksums)
 from jlearngene.genes.common import GeneError, Method
-from jlearngene.models.config import ConfigError, ViTConfig
+from jlearngene.models.config import ConfigError, ViTConfig, no_field
 
 
 class NoDescendant(GeneError):
@@ -127,10 +126,8 @@ def _check_request(width, depth, heads, mlp_dim, overrides) -> None:
                             'non-empty list of them (one per layer)')
     unknown = [k for k in overrides if k not in _CONFIG_FIELDS]
     if unknown:
-        close = difflib.get_close_matches(unknown[0], _CONFIG_FIELDS, n=1)
-        raise GeneError(f"{FLAGS['overrides']} {unknown[0]}=...: ViTConfig has no field "
-                        f'{unknown[0]!r}' + (f' (did you mean {close[0]!r}?)' if close else '')
-                        + f'; its fields: {", ".join(_CONFIG_FIELDS)}')
+        raise GeneError(f"{FLAGS['overrides']} {unknown[0]}=...: {no_field(unknown[0])}; its "
+                        f'fields: {", ".join(_CONFIG_FIELDS)}')
 
 
 def _request_text(width, depth, heads, mlp_dim, overrides) -> str:

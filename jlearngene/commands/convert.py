@@ -60,6 +60,30 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_fields(pairs, flag: str) -> None:
+    """A UsageError naming `flag` for the first FIELD of `pairs` (`parse_override`'s
+    (FIELD, VALUE)) that ViTConfig does not have, before anything is read."""
+    import dataclasses
+
+    from jlearngene.commands.config_args import UsageError
+    from jlearngene.models.config import ViTConfig, no_field
+    fields = [f.name for f in dataclasses.fields(ViTConfig)]
+    for key, _ in pairs:
+        if key not in fields:
+            raise UsageError(f"{flag} {key}=...: {no_field(key)}; its fields: {', '.join(fields)}")
+
+
+def _check_export_name(out: str, fmt: str) -> None:
+    """A UsageError unless --out has the suffix of export format `fmt` (as
+    `interop.state_dict.check_output` requires), before the checkpoint is read."""
+    from jlearngene.commands.config_args import UsageError
+    from jlearngene.interop.state_dict import EXPORTS
+    what, suffix = EXPORTS[fmt]
+    if not out.endswith(suffix):
+        raise UsageError(f'--out {out!r}: {what} is written as {suffix}; give a file name ending '
+                         f'in {suffix}')
+
+
 def file_format(path: str) -> str:
     """What a checkpoint file holds, from its contents (`interop.state_dict.file_kind`): 'timm'
     (a .safetensors, torch or .npz state dict with timm's '.'-joined keys), 'big_vision' (an
@@ -284,19 +308,25 @@ def main(argv: list[str]) -> int:
     exit status 0.
 
     Raises:
-        ValueError: a flag that does not apply to the chosen direction (`--layout` without
-            `--to-big-vision`; `--num-heads` with `--from-big-vision`; `--set` or
-            `--num-heads` with an export).
+        UsageError: a flag that does not apply to the chosen direction (`--layout` without
+            `--to-big-vision`; `--embed-class` / `--no-embed-class` without `--to-timm`;
+            `--num-heads` with `--from-big-vision`; `--set` or `--num-heads` with an export),
+            a `--set` FIELD that ViTConfig lacks, or an export's --out without its format's
+            suffix; all before anything is read.
     """
+    from jlearngene.commands.config_args import UsageError
     args = _parser().parse_args(argv)
     from jlearngene import pytree
     if args.layout and not args.to_big_vision:
-        raise ValueError('--layout applies to --to-big-vision only')
+        raise UsageError('--layout applies to --to-big-vision only')
+    if args.no_embed_class is not None and not args.to_timm:
+        raise UsageError('--embed-class/--no-embed-class apply to --to-timm only')
     if args.from_timm or args.from_big_vision:
+        check_fields(args.set, '--set')
         overrides = dict(args.set)
         if args.num_heads is not None:
             if args.from_big_vision:
-                raise ValueError('--num-heads: a big_vision checkpoint has the head count in its '
+                raise UsageError('--num-heads: a big_vision checkpoint has the head count in its '
                                  'attention kernels (D, H, Dh)')
             overrides['num_heads'] = args.num_heads
         src = args.from_timm or args.from_big_vision
@@ -309,8 +339,9 @@ def main(argv: list[str]) -> int:
               f'({n / 1e6:.2f}M params) from {src}')
     else:
         if args.set or args.num_heads is not None:
-            raise ValueError('--set/--num-heads apply to --from-timm / --from-big-vision only; '
+            raise UsageError('--set/--num-heads apply to --from-timm / --from-big-vision only; '
                              "--to-timm / --to-big-vision use the checkpoint's config")
+        _check_export_name(args.out, 'timm' if args.to_timm else 'big_vision')
         if args.to_timm:
             sd, kwargs = to_timm_file(args.to_timm, args.out, no_embed_class=args.no_embed_class,
                                       overwrite=args.overwrite)

@@ -6,7 +6,9 @@ Scratch's own steps, (method − Scratch) / (ceiling − Scratch), beside what i
 gene's parameters over the source model's, heads left out), the training FLOPs until it
 first reaches Scratch's converged accuracy − 0.5 pt (its own, read from its run at
 Scratch's steps, plus its upstream amortised over N descendants, without and with the
-pretrained source), and each study's verdict counts.
+pretrained source), and each study's verdict counts. A record without runs at Scratch's
+steps (its ceiling fine-tuned at a fraction of S) gives all of these at the paper budgets;
+the legend under the table (`legend`) says which budgets its records hold.
 
     jlearngene render --headline experiments/tleg/fashion experiments/letra/fashion ...
 """
@@ -93,10 +95,11 @@ def shown(rows_spec: Sequence[str]) -> set[str]:
 def entries(recorded: dict, name: str) -> list[dict]:
     """One entry per (label budget, row `shown`, shape) of a transfer study's record
     `recorded`: `results.versus_scratch`'s (accuracy, Δ and p at the paper's budget, the
-    ceiling share at Scratch's steps), with what the row stores and its FLOPs to the target,
-    read from its run at Scratch's steps where it has one (evaluated at least 20 times), else
-    from its paper's budget. Converged Scratch comes first at each shape: the floor, with its
-    own FLOPs to the target."""
+    ceiling share at Scratch's steps), the `budget_kind` and `steps` that accuracy was
+    fine-tuned at, what the row stores and its FLOPs to the target, read from its run at
+    Scratch's steps where it has one (evaluated at least 20 times), else from its paper's
+    budget. Converged Scratch comes first at each shape: the floor, with its own FLOPs to the
+    target."""
     config = recorded['config']
     out = []
     for key, sub in recorded['budgets'].items():
@@ -105,11 +108,12 @@ def entries(recorded: dict, name: str) -> list[dict]:
         rows = shown(sub['rows_spec']) | {'scratch'}
         for e in (e for e in results.versus_scratch(sub) if e['name'] in rows):
             s, genes_ = e.pop('summary'), stored.get((e['name'], shape_key(e['shape'])))
+            at = dict(budget_kind=results.budget_kind(s), steps=s['steps'])
             if e['equal'] is not None:      # FLOPs to the target: the run at Scratch's steps
                 s = e['equal'].pop('summary')
             reach = s['reach_flops']
             out.append(dict(
-                e, study=name, budget=key, labels=sub['label_fraction'],
+                e, **at, study=name, budget=key, labels=sub['label_fraction'],
                 stored=None if genes_ is None else genes_ / stored['source', ''],
                 flops={n: None if reach is None else dict(
                     without_source=reach + s['upstream_flops_without_source'] / n,
@@ -131,33 +135,87 @@ def verdict_counts(recorded: dict) -> dict[str, dict[str, int]]:
 def markdown(records: Sequence[tuple[str, dict]]) -> str:
     """The headline table of `records` [(study name, record)], one row per (study, label
     budget, method, shape), then each study's verdict counts."""
+    rows = [e for name, recorded in records for e in entries(recorded, name)]
+    column = 'ceiling share' + (" at Scratch's steps" if _ceiling_at_equal(rows) else '')
     head = ("| study | labels | shape | method | acc. at paper budget (mean ± std) | Δ vs Scratch | Welch p "
-            "| ceiling share at Scratch's steps | stores (of source) "
+            f"| {column} | stores (of source) "
             '| GFLOPs to Scratch − 0.5 pt, N = 1 / 4 / 10: w/o source | with source |')
     lines = [head, '|' + '---|' * (head.count('|') - 1)]
-    for name, recorded in records:
-        for e in entries(recorded, name):
-            floor = e['name'] == 'scratch'      # Scratch has no upstream: both FLOPs columns agree
-            label, delta, p, share, stored = (
-                ('Scratch (converged, the floor)', '–', '–', '0', '–') if floor else (
-                    e['label'], f"{e['delta']:+.4f}", 'n/a' if e['p'] is None else f"{e['p']:.3g}",
-                    '–' if e['ceiling_share'] is None else f"{e['ceiling_share']:+.2f}",
-                    '–' if e['stored'] is None else f"{e['stored']:.2f}"))
-            flops = [' / '.join(gflops(None if e['flops'][n] is None else e['flops'][n][k]) for n in AMORTISE)
-                     for k in ('without_source', 'with_source')]
-            lines.append(f"| {name} | {e['labels'] * 100:g} % | {shape_text(e['shape'])} | {label} | "
-                         f"{e['acc']:.4f} ± {e['std']:.4f} | {delta} | {p} | {share} | {stored} | "
-                         f"{flops[0]} | {flops[1]} |")
-    lines += ['', 'Accuracy, Δ and Welch p: at the method\'s paper budget (the ceiling: at Scratch\'s '
-              'steps, its only budget). Ceiling share: (method − Scratch) / (ceiling − Scratch), both '
-              'fine-tuned for Scratch\'s own steps where the record has that budget (else at the largest), '
-              '– where the ceiling is not above Scratch. Stores: the gene\'s parameters over the source '
-              'model\'s, heads left out. GFLOPs: own training until the first evaluation at Scratch − '
-              '0.5 pt (in the run at Scratch\'s steps where there is one) plus upstream / N, – where a '
-              'seed never reaches it. A method with variants shows its first, its paper\'s default; the '
-              'others are in its study\'s record.']
+    for e in rows:
+        name = e['study']
+        floor = e['name'] == 'scratch'      # Scratch has no upstream: both FLOPs columns agree
+        label, delta, p, share, stored = (
+            ('Scratch (converged, the floor)', '–', '–', '0', '–') if floor else (
+                e['label'], f"{e['delta']:+.4f}", 'n/a' if e['p'] is None else f"{e['p']:.3g}",
+                '–' if e['ceiling_share'] is None else f"{e['ceiling_share']:+.2f}",
+                '–' if e['stored'] is None else f"{e['stored']:.2f}"))
+        flops = [' / '.join(gflops(None if e['flops'][n] is None else e['flops'][n][k]) for n in AMORTISE)
+                 for k in ('without_source', 'with_source')]
+        lines.append(f"| {name} | {e['labels'] * 100:g} % | {shape_text(e['shape'])} | {label} | "
+                     f"{e['acc']:.4f} ± {e['std']:.4f} | {delta} | {p} | {share} | {stored} | "
+                     f"{flops[0]} | {flops[1]} |")
+    lines += ['', legend(rows)]
     lines += ['', verdict_line(records)]
     return '\n'.join(lines)
+
+
+def _range(xs) -> str:
+    lo, hi = min(xs), max(xs)
+    return f'{lo:,}' if lo == hi else f'{lo:,}–{hi:,}'
+
+
+def _ceiling_at_equal(rows: Sequence[dict]) -> bool:
+    """Whether every ceiling among `entries` `rows` was fine-tuned for Scratch's steps (so
+    every ceiling share compares runs at Scratch's steps); True where there is no ceiling."""
+    return all(e['budget_kind'] == 'equal' for e in rows if e['name'] == 'ceiling')
+
+
+def legend(rows: Sequence[dict]) -> str:
+    """The legend under `markdown`'s table of `entries` `rows`, saying what the records hold:
+    the budget each study's ceiling was fine-tuned at (Scratch's steps, or a fraction of S
+    with its steps against Scratch's), at which budgets a ceiling share compares, and which
+    run the FLOPs to the target are read from."""
+    studies = list(dict.fromkeys(e['study'] for e in rows))
+    ceilings = {n: [e for e in rows if e['study'] == n and e['name'] == 'ceiling'] for n in studies}
+    ceilings = {n: c for n, c in ceilings.items() if c}
+    at_equal = {n: all(e['budget_kind'] == 'equal' for e in c) for n, c in ceilings.items()}
+    if not ceilings:
+        ceiling = ''
+    elif all(at_equal.values()):
+        ceiling = " (the ceiling: at Scratch's steps, its only budget)"
+    else:
+        parts = []
+        for n, c in ceilings.items():
+            if at_equal[n]:
+                parts.append(f"{n} at Scratch's steps")
+                continue
+            paper = [e for e in c if e['budget_kind'] != 'equal']
+            fractions = '/'.join(f'{f:g}' for f in sorted({e['fraction'] for e in paper}))
+            scratch = [e['steps'] for e in rows if e['study'] == n and e['name'] == 'scratch']
+            parts.append(f"{n} {fractions}·S, {_range([e['steps'] for e in paper])} steps against "
+                         f"Scratch's {_range(scratch)}"
+                         + (" (at Scratch's steps elsewhere)" if len(paper) < len(c) else ''))
+        ceiling = f" (the ceiling as its record fine-tuned it: {'; '.join(parts)})"
+    if not ceilings:
+        share = "– throughout: these records have no ceiling row"
+    elif not any(at_equal.values()):
+        share = ("the method at its paper budget and the ceiling at the budget above (these records "
+                 "have no ceiling run at Scratch's steps), – where the ceiling is not above Scratch")
+    elif all(at_equal.values()):
+        share = "both fine-tuned for Scratch's own steps, – where the ceiling is not above Scratch"
+    else:
+        share = ("both fine-tuned for Scratch's own steps where the record has that budget (else at "
+                 'the largest), – where the ceiling is not above Scratch')
+    if any(e['equal'] is not None for e in rows if e['name'] != 'scratch'):
+        flops = "in the run at Scratch's steps where there is one"
+    else:
+        flops = "in the run at the paper budget: these records have no run at Scratch's steps"
+    return (f"Accuracy, Δ and Welch p: at the method's paper budget{ceiling}. Ceiling share: "
+            f"(method − Scratch) / (ceiling − Scratch), {share}. Stores: the gene's parameters over "
+            "the source model's, heads left out. "
+            'GFLOPs: own training until the first evaluation at Scratch − 0.5 pt '
+            f'({flops}) plus upstream / N, – where a seed never reaches it. A method with variants '
+            "shows its first, its paper's default; the others are in its study's record.")
 
 
 def verdict_line(records: Sequence[tuple[str, dict]]) -> str:
@@ -203,7 +261,7 @@ def _once(workdirs: Sequence[str]) -> None:
         seen[real] = w
 
 
-__all__ = ['entries', 'load', 'markdown', 'shown', 'table', 'verdict_counts', 'verdict_line']
+__all__ = ['entries', 'legend', 'load', 'markdown', 'shown', 'table', 'verdict_counts', 'verdict_line']
 
 
 def readme_table(recorded: dict, labels: str = '0.01') -> str:

@@ -6,8 +6,9 @@ training (`study.render`).
 Statistics: every mean ± std over seeds uses the sample std (ddof = 1; 0.0 for a single
 seed, where it is undefined). A difference between two rows counts as reproduced only where
 Welch's t-test (`welch`) gives p < `ALPHA` and, for accuracies, the gap is at least `MIN_GAP`;
-where p cannot be computed (fewer than 2 seeds on either side, or both samples constant) it
-does not count.
+where p cannot be computed because both samples are constant it does not count, and where a
+side has fewer than 2 seeds (a one-seed study) the comparison is not tested: a claim that
+rests on such comparisons alone is 'not testable here', neither reproduced nor refuted.
 """
 from __future__ import annotations
 
@@ -458,15 +459,17 @@ class Claim:
       teacher, as the papers count, plus its descendants' own FLOPs).
     kind 'beats': `method` at `fraction` above `other` (at `other_fraction`, default the same)
       at every shape: the mean accuracy at least `MIN_GAP` (0.5 pt) higher and Welch's t-test
-      on the seeds' accuracies p < `ALPHA` (`welch`; with fewer than 2 seeds on either side,
-      or both sides constant, p is n/a and the shape does not count).
+      on the seeds' accuracies p < `ALPHA` (`welch`; with both sides constant p is n/a and
+      the shape does not count; with fewer than 2 seeds on either side the shape is not
+      tested, and a claim with no tested shape is 'not testable here').
     kind 'close': `method` at `fraction` no more than `tolerance` below `other` at every shape
       (mean against mean; the sample stds are reported).
     kind 'cheaper': `method` at `fraction` reaches the target with fewer training FLOPs than
       `other` (default Scratch's converged runs) at every shape: per seed, its own FLOPs to
       the target plus its upstream without the pretrained source; the method's mean lower
-      with Welch's p < `ALPHA` on the per-seed FLOPs (no minimum gap), and with `flops_ratio`
-      at most that fraction of the other's mean.
+      with Welch's p < `ALPHA` on the per-seed FLOPs (no minimum gap; fewer than 2 seeds on
+      either side: that shape is not tested, as for 'beats'), and with `flops_ratio` at most
+      that fraction of the other's mean.
     `shapes` limits a claim to those shapes ((width, depth) or (width, depth, heads); default:
     every shape).
     """
@@ -537,6 +540,12 @@ def welch(a, b) -> float | None:
 
 def _p_text(p: float | None) -> str:
     return 'p n/a' if p is None else f'p {p:.3g}'
+
+
+def _too_few_seeds(n: int, m: int) -> str:
+    """Why a comparison of `n` seeds against `m` is not tested: Welch's test needs at least 2
+    on each side (a one-seed study, `,quick`, gives neither a finding nor its absence)."""
+    return f"p n/a: {n} seed{'s' * (n != 1)} against {m}, too few for Welch's test"
 
 
 def summarise(results: dict, amortise: Sequence[float]) -> list[dict]:
@@ -651,7 +660,9 @@ def _untuned_on_a_new_task(claim: Claim, results: dict) -> str | None:
 
 def verdict(claim: Claim, results: dict) -> dict:
     """{'claim', 'verdict': 'reproduced' | 'not reproduced' | 'not testable here', 'detail'}:
-    the claim checked at every shape the method makes, in numbers."""
+    the claim checked at every shape the method makes, in numbers. A shape where Welch's test
+    cannot run for want of seeds (fewer than 2 on a side) is listed but decides nothing; a
+    claim where every compared shape is such is 'not testable here'."""
     summary, shapes = results['summary'], [tuple(s) for s in results['shapes']]
     if claim.shapes is not None:
         shapes = [s for s in shapes if s in {tuple(x) for x in claim.shapes}]
@@ -680,22 +691,31 @@ def verdict(claim: Claim, results: dict) -> dict:
                          f'({with_source / scratch_total:.2f}× with it; claim ≤ {claim.flops_ratio:g}×)')
     elif claim.kind in ('beats', 'close'):
         other_f = claim.fraction if claim.other_fraction is None else claim.other_fraction
+        untestable = []
         for sh, s in mine:
             o = _find(summary, claim.other, sh, other_f)
             if o is None:
                 continue
             diff = s['acc'] - o['acc']
+            text = (f"{shape_text(sh)}: {s['acc']:.3f} ± {s['std']:.3f} vs {o['acc']:.3f} ± "
+                    f"{o['std']:.3f} (Δ {diff:+.3f}, ")
             if claim.kind == 'beats':
-                p = welch([r['acc'] for r in _runs(results['rows'], claim.method, sh, claim.fraction)],
-                          [r['acc'] for r in _runs(results['rows'], claim.other, sh, other_f)])
+                a, b = (_runs(results['rows'], claim.method, sh, claim.fraction),
+                        _runs(results['rows'], claim.other, sh, other_f))
+                if min(len(a), len(b)) < 2:
+                    untestable.append(text + _too_few_seeds(len(a), len(b)) + ')')
+                    continue
+                p = welch([r['acc'] for r in a], [r['acc'] for r in b])
                 good = diff >= MIN_GAP and p is not None and p < ALPHA
                 test = _p_text(p)
             else:
                 good = diff >= -claim.tolerance
                 test = f'tolerance {claim.tolerance:.3f}'
             ok &= good
-            parts.append(f"{shape_text(sh)}: {s['acc']:.3f} ± {s['std']:.3f} vs {o['acc']:.3f} ± "
-                         f"{o['std']:.3f} (Δ {diff:+.3f}, {test})")
+            parts.append(text + test + ')')
+        if untestable and not parts:
+            return dict(claim=claim.text, verdict='not testable here', detail='; '.join(untestable))
+        parts += untestable
         if not parts:
             return dict(claim=claim.text, verdict='not testable here',
                         detail=_not_run(results, claim.other, other_f, [sh for sh, _ in mine]))
@@ -723,12 +743,16 @@ def verdict(claim: Claim, results: dict) -> dict:
                 parts.append(f'{shape_text(sh)}: not every {claim.method} seed reached the target')
                 continue
             (ma, sa), (mb, sb), p = _mean_std(a), _mean_std(b), welch(a, b)
+            ratio = f'{ma / mb:.2f}×' if mb > 0 else f'{other} there from the start'  # grown at the target
+            text = (f"{shape_text(sh)}: {ma / 1e9:.3g} ± {sa / 1e9:.2g} vs {mb / 1e9:.3g} ± "
+                    f"{sb / 1e9:.2g} GFLOPs to the target ({ratio}, ")
+            if min(len(a), len(b)) < 2:
+                untestable.append(text + _too_few_seeds(len(a), len(b)) + ')')
+                continue
             good = (ma < mb and p is not None and p < ALPHA
                     and (claim.flops_ratio is None or ma / mb <= claim.flops_ratio))
             ok &= good
-            ratio = f'{ma / mb:.2f}×' if mb > 0 else f'{other} there from the start'  # grown at the target
-            parts.append(f"{shape_text(sh)}: {ma / 1e9:.3g} ± {sa / 1e9:.2g} vs {mb / 1e9:.3g} ± "
-                         f"{sb / 1e9:.2g} GFLOPs to the target ({ratio}, {_p_text(p)})")
+            parts.append(text + _p_text(p) + ')')
         if untestable and not parts:
             return dict(claim=claim.text, verdict='not testable here', detail='; '.join(untestable))
         parts += untestable

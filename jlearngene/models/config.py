@@ -233,10 +233,22 @@ def _check_fields(names, problem: str) -> None:
     known = {f.name for f in dataclasses.fields(ViTConfig)}
     unknown = sorted(set(names) - known)
     if unknown:
-        close = {u: difflib.get_close_matches(u, sorted(known), n=1) for u in unknown}
-        hint = ', '.join(f'{c[0]!r} for {u!r}' for u, c in close.items() if c)
+        close = {u: closest_field(u) for u in unknown}
+        hint = ', '.join(f'{c!r} for {u!r}' for u, c in close.items() if c)
         raise ConfigError(f'{problem} {unknown}' + (f' (did you mean {hint}?)' if hint else '')
                           + f'; known fields: {sorted(known)}')
+
+
+def closest_field(name: str) -> str | None:
+    """The ViTConfig field a misspelt `name` most likely means (difflib's closest), or None."""
+    close = difflib.get_close_matches(name, [f.name for f in dataclasses.fields(ViTConfig)], n=1)
+    return close[0] if close else None
+
+
+def no_field(name: str) -> str:
+    """"ViTConfig has no field 'name' (did you mean 'x'?)" for an error message."""
+    close = closest_field(name)
+    return f'ViTConfig has no field {name!r}' + (f' (did you mean {close!r}?)' if close else '')
 
 
 def _check(cond: bool, field: str, value: Any, why: str) -> None:
