@@ -240,13 +240,28 @@ def _check_fields(names, problem: str) -> None:
 
 
 def closest_field(name: str) -> str | None:
-    """The ViTConfig field a misspelt `name` most likely means (difflib's closest), or None."""
+    """The ViTConfig field a misspelt name most likely means.
+
+    Args:
+        name: a field name that ViTConfig may not have.
+
+    Returns:
+        difflib's closest field name, or None where none is close.
+    """
     close = difflib.get_close_matches(name, [f.name for f in dataclasses.fields(ViTConfig)], n=1)
     return close[0] if close else None
 
 
 def no_field(name: str) -> str:
-    """"ViTConfig has no field 'name' (did you mean 'x'?)" for an error message."""
+    """The error text for a field that ViTConfig lacks, with the closest one.
+
+    Args:
+        name: the unknown field's name.
+
+    Returns:
+        "ViTConfig has no field 'name'", with " (did you mean 'x'?)" where `closest_field`
+        finds one.
+    """
     close = closest_field(name)
     return f'ViTConfig has no field {name!r}' + (f' (did you mean {close!r}?)' if close else '')
 

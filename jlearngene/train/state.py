@@ -160,8 +160,17 @@ def restore_or_start(ckpt: RunCheckpointer, state: dict, batches: Batches, workd
 
 
 def config_changes(old, new, prefix: str = '') -> list[str]:
-    """'key: old -> new' for every field that differs between two config dicts (the one
-    stored in a checkpoint or a study's workdir, and the one of the run now)."""
+    """What differs between two configs, field by field.
+
+    Args:
+        old: the stored config as JSON (a checkpoint's, a study workdir's), or None.
+        new: the config of the run now (a mapping or ConfigDict), or None.
+        prefix: the dotted path of the section being compared (for nested calls).
+
+    Returns:
+        A line `key: old -> new` for every field that differs, sections flattened to
+        dotted keys; empty where either config is None.
+    """
     if old is None or new is None:
         return []
     new = to_json(new)
