@@ -168,8 +168,8 @@ def config_changes(old, new, prefix: str = '') -> list[str]:
         prefix: the dotted path of the section being compared (for nested calls).
 
     Returns:
-        A line `key: old -> new` for every field that differs, sections flattened to
-        dotted keys; empty where either config is None.
+        One line per field that differs, its dotted key then `old -> new`; empty where
+        either config is None.
     """
     if old is None or new is None:
         return []
