@@ -53,8 +53,8 @@ def _not_a_training_workdir(workdir: str, path: str) -> str:
     """Why `workdir`, which has no `config.json`, is not what `eval --workdir` reads: a
     study's workdir or one of its runs (their accuracies are `jlearngene info`'s), or
     something else."""
-    from jlearngene.experiments.harness import FINISHED, OWNER, PROGRESS
-    if os.path.isfile(os.path.join(workdir, OWNER)) or os.path.isdir(os.path.join(workdir, 'runs')):
+    from jlearngene.experiments.harness import FINISHED, PROGRESS, holds_study_runs
+    if holds_study_runs(workdir):
         return (f'{workdir} holds the runs of a study (or of jlearngene demo), not one training '
                 f'run: `jlearngene info {workdir}` lists them and their accuracies')
     if any(os.path.isfile(os.path.join(workdir, f)) for f in (FINISHED, PROGRESS)):

@@ -32,7 +32,8 @@ def check_record(workdir: str) -> None:
     if all(os.path.isfile(os.path.join(workdir, f)) for f in ('config.json', 'metrics.jsonl')):
         raise ValueError(f'{workdir!r} is a training workdir, not a study: it has no {RESULTS} to '
                          f'render (`jlearngene info {workdir}` describes its run)')
-    if os.path.isfile(os.path.join(workdir, 'study.json')) or os.path.isdir(os.path.join(workdir, 'runs')):
+    from jlearngene.experiments.harness import holds_study_runs
+    if holds_study_runs(workdir):
         raise ValueError(f"{workdir!r} is a study's workdir that has not finished: no {RESULTS} "
                          f'yet (`jlearngene info {workdir}` tells where it stands)')
     raise FileNotFoundError(f"{workdir!r} holds no {RESULTS}: not a study's folder")

@@ -96,6 +96,12 @@ OWNER = 'study.json'   # which study and config a study's workdir belongs to
 PLAIN_RUN_FILES = ('metrics.jsonl', 'checkpoints', 'config.json', 'model')
 
 
+def holds_study_runs(path: str) -> bool:
+    """Whether the folder `path` holds a study's runs (its `study.json`, or a `runs/` folder
+    as `jlearngene demo` leaves), finished or not."""
+    return os.path.isfile(os.path.join(path, OWNER)) or os.path.isdir(os.path.join(path, 'runs'))
+
+
 def check_not_a_study(workdir: str) -> None:
     """A one-line ValueError where `workdir` belongs to a study (its `study.json`): a plain
     training run there would mix its checkpoints and metrics with the study's runs."""

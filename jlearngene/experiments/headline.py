@@ -178,7 +178,7 @@ def legend(rows: Sequence[dict]) -> str:
     studies = list(dict.fromkeys(e['study'] for e in rows))
     ceilings = {n: [e for e in rows if e['study'] == n and e['name'] == 'ceiling'] for n in studies}
     ceilings = {n: c for n, c in ceilings.items() if c}
-    at_equal = {n: all(e['budget_kind'] == 'equal' for e in c) for n, c in ceilings.items()}
+    at_equal = {n: _ceiling_at_equal(c) for n, c in ceilings.items()}
     if not ceilings:
         ceiling = ''
     elif all(at_equal.values()):
